@@ -1,1 +1,192 @@
-fn main() {}
+//! `tenet`: the command line. Parses arguments and delegates to the library crates; rendering of
+//! reports lives in `report.rs`.
+
+mod report;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use tenet_ir::{AnyDecodeError, Graph, codec, decode_any, text};
+use tenet_models::{WeightsFile, check_bindings};
+
+/// Largest graph file `tenet` reads (text or binary).
+const MAX_GRAPH_FILE_BYTES: u64 = 256 << 20;
+
+#[derive(Parser)]
+#[command(
+    name = "tenet",
+    version,
+    about = "tenet: verifiable tensor compute on machines you do not trust",
+    long_about = "tenet: verifiable tensor compute on machines you do not trust.\n\n\
+        A computation is a tenet graph: a closed, statically checked tensor program with named \
+        inputs and weights referenced by the hash of their safetensors file. Graphs are written \
+        as text (.tg), compiled to a canonical binary form (.tnt), and named by the blake3 hash \
+        of that form.",
+    after_help = "Examples:\n  tenet compile examples/matmul.tg -o matmul.tnt\n  tenet inspect matmul.tnt\n  \
+        tenet inspect examples/mlp.tg --weights examples/mlp.safetensors --json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile a graph (text or binary) into the canonical binary form and print its id.
+    Compile {
+        /// The graph to compile: text form (.tg) or binary (.tnt).
+        input: PathBuf,
+        /// Where to write the binary graph [default: the input path with extension .tnt].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Safetensors files to check the graph's weight references against (repeatable).
+        #[arg(long, value_name = "FILE")]
+        weights: Vec<PathBuf>,
+    },
+    /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
+    Inspect {
+        /// The graph: text form (.tg) or binary (.tnt).
+        file: PathBuf,
+        /// Print the graph's canonical text form instead of a summary.
+        #[arg(long, conflicts_with = "json")]
+        text: bool,
+        /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Safetensors files to check the graph's weight references against (repeatable).
+        #[arg(long, value_name = "FILE")]
+        weights: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tenet: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Compile {
+            input,
+            output,
+            weights,
+        } => {
+            let graph = load_graph(&input)?;
+            bind(&graph, &weights)?;
+            let output = output.unwrap_or_else(|| input.with_extension("tnt"));
+            if output == input {
+                bail!(
+                    "refusing to overwrite the input {}; pass -o",
+                    input.display()
+                );
+            }
+            write_atomically(&output, &graph.to_bytes())?;
+            println!("compiled {} -> {}", input.display(), output.display());
+            println!("id {}", graph.id());
+            Ok(())
+        }
+        Command::Inspect {
+            file,
+            text: as_text,
+            json,
+            weights,
+        } => {
+            let graph = load_graph(&file)?;
+            let bound = bind(&graph, &weights)?;
+            let out = if as_text {
+                text::print(&graph)
+            } else if json {
+                format!("{}\n", report::json(&graph, bound))
+            } else {
+                report::human(&graph, bound)
+            };
+            std::io::stdout()
+                .write_all(out.as_bytes())
+                .context("writing to stdout")?;
+            Ok(())
+        }
+    }
+}
+
+/// Read a graph file in either form, with errors in `path:line:col` or `path: byte N` form.
+fn load_graph(path: &Path) -> Result<Graph> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if size > MAX_GRAPH_FILE_BYTES {
+        bail!(
+            "{} is {size} bytes; graph files are limited to {MAX_GRAPH_FILE_BYTES}",
+            path.display()
+        );
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if looks_like_safetensors(&bytes) {
+        bail!(
+            "{} looks like a safetensors weights file, not a graph; pass it with --weights",
+            path.display()
+        );
+    }
+    decode_any(&bytes).map_err(|e| {
+        let p = path.display();
+        match e {
+            AnyDecodeError::Text(t) => {
+                anyhow::anyhow!("{p}:{}:{}: {}", t.line, t.column, t.message)
+            }
+            AnyDecodeError::Binary(codec::DecodeError { offset, kind }) => {
+                anyhow::anyhow!("{p}: byte {offset}: {kind}")
+            }
+            other => anyhow::anyhow!("{p}: {other}"),
+        }
+    })
+}
+
+/// A safetensors file starts with a little-endian u64 header length and a JSON object.
+fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    bytes.len() > 9 && bytes[8] == b'{' && bytes[6..8] == [0, 0]
+}
+
+/// Check weight references against the given files; returns whether any files were given.
+fn bind(graph: &Graph, paths: &[PathBuf]) -> Result<bool> {
+    if paths.is_empty() {
+        return Ok(false);
+    }
+    let files = paths
+        .iter()
+        .map(|p| WeightsFile::open(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_bindings(graph, &files)?;
+    Ok(true)
+}
+
+/// Write via a temporary file and rename, so a crash never leaves a partial graph behind.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().context("output path has no file name")?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("cannot write {}", path.display()))
+}

@@ -136,14 +136,9 @@ pub fn numel(shape: &[u64]) -> Option<u64> {
 
 impl fmt::Display for TensorType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}[", self.dtype)?;
-        for (i, d) in self.shape.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")
+        let dims: Vec<String> = self.shape.iter().map(u64::to_string).collect();
+        // `pad` so that width and alignment flags work in tables.
+        f.pad(&format!("{}[{}]", self.dtype, dims.join(",")))
     }
 }
 

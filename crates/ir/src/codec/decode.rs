@@ -157,19 +157,24 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A count of items of `item_size` bytes each: checked against `max` and against the bytes
-    /// left, so that allocating `count` items is always backed by real input.
+    /// A count of items of at least `item_size` bytes each: checked against `max` and against
+    /// the bytes left, so that allocating `count` items is always backed by real input.
     fn count(&mut self, what: &'static str, item_size: usize, max: usize) -> R<usize> {
         let at = self.pos;
         let n = self.u32(what)? as usize;
-        let max = max.min(self.remaining() / item_size.max(1));
         if n > max {
+            let (count, max) = (n as u64, max as u64);
+            return self.err(at, DecodeErrorKind::TooMany { what, count, max });
+        }
+        let needed = n.saturating_mul(item_size.max(1));
+        if needed > self.remaining() {
+            let (needed, available) = (needed as u64, self.remaining() as u64);
             return self.err(
                 at,
-                DecodeErrorKind::TooMany {
+                DecodeErrorKind::Truncated {
                     what,
-                    count: n as u64,
-                    max: max as u64,
+                    needed,
+                    available,
                 },
             );
         }

@@ -1,0 +1,195 @@
+//! Reading and writing safetensors files, and binding a graph's weight references to them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use tenet_ir::{DType, Graph, Op, TensorType, WeightsId};
+
+/// Largest weights file read whole into memory by this crate.
+pub const MAX_WEIGHTS_FILE_BYTES: u64 = 64 << 30;
+
+/// Why a weights file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("cannot read weights file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("weights file {path} is {size} bytes, above the {MAX_WEIGHTS_FILE_BYTES}-byte limit")]
+    TooLarge { path: String, size: u64 },
+    #[error("{path} is not a valid safetensors file: {reason}")]
+    Malformed { path: String, reason: String },
+}
+
+/// One tensor's entry in a weights file. `dtype` is `None` for safetensors dtypes tenet does not
+/// have (f64, i8, …); such tensors can exist in a file but cannot be referenced by a graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub dtype: Option<DType>,
+    pub safetensors_dtype: String,
+    pub shape: Vec<u64>,
+}
+
+/// A safetensors file's id and tensor index.
+#[derive(Clone, Debug)]
+pub struct WeightsFile {
+    pub id: WeightsId,
+    pub tensors: BTreeMap<String, TensorInfo>,
+    pub bytes: Vec<u8>,
+}
+
+fn to_tenet(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
+        Dtype::U8 => DType::U8,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn to_safetensors(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::U8 => Dtype::U8,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+impl WeightsFile {
+    /// Read and index a file. The header is validated by the `safetensors` crate, which checks
+    /// offsets against the file size and refuses oversized headers.
+    pub fn open(path: &Path) -> Result<WeightsFile, WeightsError> {
+        let shown = path.display().to_string();
+        let io = |source| WeightsError::Io {
+            path: shown.clone(),
+            source,
+        };
+        let size = std::fs::metadata(path).map_err(io)?.len();
+        if size > MAX_WEIGHTS_FILE_BYTES {
+            return Err(WeightsError::TooLarge { path: shown, size });
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        WeightsFile::from_bytes(bytes, &shown)
+    }
+
+    /// Index bytes already in memory; `name` is used in messages.
+    pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<WeightsFile, WeightsError> {
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| WeightsError::Malformed {
+            path: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        let tensors = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                let info = TensorInfo {
+                    dtype: to_tenet(view.dtype()),
+                    safetensors_dtype: format!("{:?}", view.dtype()),
+                    shape: view.shape().iter().map(|&d| d as u64).collect(),
+                };
+                (name, info)
+            })
+            .collect();
+        Ok(WeightsFile {
+            id: WeightsId::of_bytes(&bytes),
+            tensors,
+            bytes,
+        })
+    }
+}
+
+/// A graph's weight reference that the given files do not satisfy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    #[error(
+        "weight {tensor:?} refers to weights file {file}, which was not given (pass it with --weights)"
+    )]
+    MissingFile { file: String, tensor: String },
+    #[error("weights file {file} has no tensor {tensor:?}")]
+    MissingTensor { file: String, tensor: String },
+    #[error(
+        "weight {tensor:?} is declared {declared} in the graph but is {actual} in weights file {file}"
+    )]
+    Mismatch {
+        file: String,
+        tensor: String,
+        declared: String,
+        actual: String,
+    },
+}
+
+/// Check every weight reference of `graph` against `files`: the file with that hash is present,
+/// holds the tensor, with the declared dtype and shape.
+pub fn check_bindings(graph: &Graph, files: &[WeightsFile]) -> Result<(), BindError> {
+    for (_, op, ty) in graph.weights() {
+        let Op::Weight { file, tensor } = op else {
+            continue;
+        };
+        let Some(wf) = files.iter().find(|f| f.id == *file) else {
+            return Err(BindError::MissingFile {
+                file: file.to_hex(),
+                tensor: tensor.clone(),
+            });
+        };
+        let Some(info) = wf.tensors.get(tensor) else {
+            return Err(BindError::MissingTensor {
+                file: file.short(),
+                tensor: tensor.clone(),
+            });
+        };
+        let matches = info.dtype == Some(ty.dtype) && info.shape == ty.shape;
+        if !matches {
+            let shape = info
+                .shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            let actual = match info.dtype {
+                Some(d) => TensorType::new(d, info.shape.clone()).to_string(),
+                None => format!(
+                    "{}[{shape}] (a dtype tenet does not support)",
+                    info.safetensors_dtype
+                ),
+            };
+            return Err(BindError::Mismatch {
+                file: file.short(),
+                tensor: tensor.clone(),
+                declared: ty.to_string(),
+                actual,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Serialise tensors `(name, dtype, shape, little-endian bytes)` as a safetensors file. The
+/// output depends only on the tensors, so the file's hash is reproducible.
+pub fn write_safetensors(
+    tensors: &[(&str, DType, Vec<u64>, Vec<u8>)],
+) -> Result<Vec<u8>, WeightsError> {
+    let malformed = |reason: String| WeightsError::Malformed {
+        path: "<new file>".into(),
+        reason,
+    };
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            TensorView::new(to_safetensors(*dtype), shape, data)
+                .map(|v| (name.to_string(), v))
+                .map_err(|e| malformed(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::serialize(views, None).map_err(|e| malformed(e.to_string()))
+}
