@@ -1,6 +1,7 @@
 //! `tenet`: the command line. Parses arguments and delegates to the library crates; rendering of
 //! reports lives in `report.rs`.
 
+mod demo;
 mod report;
 
 use std::io::Write;
@@ -25,7 +26,7 @@ const MAX_GRAPH_FILE_BYTES: u64 = 256 << 20;
         inputs and weights referenced by the hash of their safetensors file. Graphs are written \
         as text (.tg), compiled to a canonical binary form (.tnt), and named by the blake3 hash \
         of that form.",
-    after_help = "Examples:\n  tenet compile examples/matmul.tg -o matmul.tnt\n  tenet inspect matmul.tnt\n  \
+    after_help = "Examples:\n  tenet demo\n  tenet compile examples/matmul.tg -o matmul.tnt\n  tenet inspect matmul.tnt\n  \
         tenet inspect examples/mlp.tg --weights examples/mlp.safetensors --json"
 )]
 struct Cli {
@@ -35,6 +36,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run tenet's main job end to end on this machine: build, compile, check and inspect the
+    /// example MLP.
+    Demo {
+        /// Directory for the files the demo writes [default: a new directory under the system
+        /// temporary directory].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print one JSON summary object instead of the report.
+        #[arg(long)]
+        json: bool,
+    },
     /// Compile a graph (text or binary) into the canonical binary form and print its id.
     Compile {
         /// The graph to compile: text form (.tg) or binary (.tnt).
@@ -75,6 +87,12 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Demo { dir, json } => {
+            let dir = dir.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("tenet-demo-{}", std::process::id()))
+            });
+            demo::run(&dir, json)
+        }
         Command::Compile {
             input,
             output,
@@ -168,7 +186,7 @@ fn bind(graph: &Graph, paths: &[PathBuf]) -> Result<bool> {
 }
 
 /// Write via a temporary file and rename, so a crash never leaves a partial graph behind.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())

@@ -179,3 +179,23 @@ fn tenet_models_free_file() -> Vec<u8> {
     v.extend_from_slice(&1.0f32.to_le_bytes());
     v
 }
+
+#[test]
+fn demo_runs_end_to_end() {
+    let dir = tmp("demo");
+    let o = stdout(&tenet(&["demo", "--dir", dir.to_str().unwrap()]));
+    assert!(o.contains("weights bind"), "{o}");
+    assert!(dir.join("mlp.tnt").exists() && dir.join("mlp.safetensors").exists());
+    let json: serde_json::Value = serde_json::from_str(&stdout(&tenet(&[
+        "demo",
+        "--json",
+        "--dir",
+        dir.to_str().unwrap(),
+    ])))
+    .unwrap();
+    assert_eq!(json["verified"], true);
+    // The demo's graph is the committed example.
+    let committed: serde_json::Value =
+        serde_json::from_str(&stdout(&tenet(&["inspect", "examples/mlp.tg", "--json"]))).unwrap();
+    assert_eq!(json["id"], committed["id"]);
+}

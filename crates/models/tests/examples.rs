@@ -37,7 +37,7 @@ fn mlp_weights_bind() {
     let graph = text::parse(&std::fs::read_to_string(example("mlp.tg")).unwrap()).unwrap();
     let file = WeightsFile::open(&example("mlp.safetensors")).unwrap();
     assert_eq!(file.tensors.len(), 4);
-    check_bindings(&graph, &[file.clone()]).unwrap();
+    check_bindings(&graph, std::slice::from_ref(&file)).unwrap();
     assert!(matches!(
         check_bindings(&graph, &[]),
         Err(BindError::MissingFile { .. })
