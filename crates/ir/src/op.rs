@@ -301,6 +301,73 @@ pub enum Op {
     },
 }
 
+/// Visit every operand slot of an op in order. Written once as a macro so that the same match
+/// serves `&Op` (bindings are `&NodeId`) and `&mut Op` (bindings are `&mut NodeId`).
+macro_rules! for_each_operand {
+    ($op:expr, $f:expr) => {{
+        #[allow(unused_mut)] // FnMut for `operands`, a plain Fn for `map_operands`
+        let mut f = $f;
+        match $op {
+            Op::Input { .. }
+            | Op::Weight { .. }
+            | Op::Constant { .. }
+            | Op::Iota { .. }
+            | Op::TriMask { .. }
+            | Op::Random { .. } => {}
+            Op::Unary { x, .. }
+            | Op::Cast { x }
+            | Op::Reduce { x, .. }
+            | Op::Reshape { x }
+            | Op::Permute { x, .. }
+            | Op::Expand { x }
+            | Op::Slice { x, .. }
+            | Op::Pad { x, .. }
+            | Op::Normalize { x, .. }
+            | Op::Pool2d { x, .. } => f(x),
+            Op::Binary { a, b, .. } | Op::MatMul { a, b } => {
+                f(a);
+                f(b);
+            }
+            Op::Where { cond, a, b } => {
+                f(cond);
+                f(a);
+                f(b);
+            }
+            Op::Concat { xs, .. } => {
+                for x in xs {
+                    f(x);
+                }
+            }
+            Op::Gather { x, indices, .. } => {
+                f(x);
+                f(indices);
+            }
+            Op::LayerNorm { x, gamma, beta, .. } => {
+                f(x);
+                if let Some(g) = gamma {
+                    f(g);
+                }
+                if let Some(b) = beta {
+                    f(b);
+                }
+            }
+            Op::RmsNorm { x, gamma, .. } => {
+                f(x);
+                if let Some(g) = gamma {
+                    f(g);
+                }
+            }
+            Op::Conv2d { x, w, bias, .. } => {
+                f(x);
+                f(w);
+                if let Some(b) = bias {
+                    f(b);
+                }
+            }
+        }
+    }};
+}
+
 impl Op {
     /// The name of this op in the text form and in messages.
     pub fn name(&self) -> &'static str {
@@ -334,43 +401,9 @@ impl Op {
 
     /// The operands, in order (optional operands that are absent are skipped).
     pub fn operands(&self) -> Vec<NodeId> {
-        match self {
-            Op::Input { .. }
-            | Op::Weight { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::TriMask { .. }
-            | Op::Random { .. } => Vec::new(),
-            Op::Unary { x, .. }
-            | Op::Cast { x }
-            | Op::Reduce { x, .. }
-            | Op::Reshape { x }
-            | Op::Permute { x, .. }
-            | Op::Expand { x }
-            | Op::Slice { x, .. }
-            | Op::Pad { x, .. }
-            | Op::Normalize { x, .. }
-            | Op::Pool2d { x, .. } => vec![*x],
-            Op::Binary { a, b, .. } | Op::MatMul { a, b } => vec![*a, *b],
-            Op::Where { cond, a, b } => vec![*cond, *a, *b],
-            Op::Concat { xs, .. } => xs.clone(),
-            Op::Gather { x, indices, .. } => vec![*x, *indices],
-            Op::LayerNorm { x, gamma, beta, .. } => {
-                let mut v = vec![*x];
-                v.extend(gamma.iter().chain(beta.iter()).copied());
-                v
-            }
-            Op::RmsNorm { x, gamma, .. } => {
-                let mut v = vec![*x];
-                v.extend(gamma.iter().copied());
-                v
-            }
-            Op::Conv2d { x, w, bias, .. } => {
-                let mut v = vec![*x, *w];
-                v.extend(bias.iter().copied());
-                v
-            }
-        }
+        let mut out = Vec::new();
+        for_each_operand!(self, |n: &NodeId| out.push(*n));
+        out
     }
 
     /// True for nodes that bring data into the graph rather than compute it.
@@ -386,52 +419,7 @@ impl Op {
     /// The same op with every operand replaced by `f(operand)`.
     pub fn map_operands(&self, f: impl Fn(NodeId) -> NodeId) -> Op {
         let mut op = self.clone();
-        let g = |n: &mut NodeId| *n = f(*n);
-        match &mut op {
-            Op::Input { .. }
-            | Op::Weight { .. }
-            | Op::Constant { .. }
-            | Op::Iota { .. }
-            | Op::TriMask { .. }
-            | Op::Random { .. } => {}
-            Op::Unary { x, .. }
-            | Op::Cast { x }
-            | Op::Reduce { x, .. }
-            | Op::Reshape { x }
-            | Op::Permute { x, .. }
-            | Op::Expand { x }
-            | Op::Slice { x, .. }
-            | Op::Pad { x, .. }
-            | Op::Normalize { x, .. }
-            | Op::Pool2d { x, .. } => g(x),
-            Op::Binary { a, b, .. } | Op::MatMul { a, b } => {
-                g(a);
-                g(b);
-            }
-            Op::Where { cond, a, b } => {
-                g(cond);
-                g(a);
-                g(b);
-            }
-            Op::Concat { xs, .. } => xs.iter_mut().for_each(g),
-            Op::Gather { x, indices, .. } => {
-                g(x);
-                g(indices);
-            }
-            Op::LayerNorm { x, gamma, beta, .. } => {
-                g(x);
-                gamma.iter_mut().chain(beta.iter_mut()).for_each(g);
-            }
-            Op::RmsNorm { x, gamma, .. } => {
-                g(x);
-                gamma.iter_mut().for_each(g);
-            }
-            Op::Conv2d { x, w, bias, .. } => {
-                g(x);
-                g(w);
-                bias.iter_mut().for_each(g);
-            }
-        }
+        for_each_operand!(&mut op, |n: &mut NodeId| *n = f(*n));
         op
     }
 }
