@@ -18,7 +18,10 @@ mod graph;
 mod id;
 mod infer;
 mod op;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod text;
+mod value;
 
 pub use builder::{BuildError, GraphBuilder, Tensor};
 pub use cost::Cost;
@@ -30,6 +33,7 @@ pub use infer::{MAX_NAME_LEN, RuleError, broadcast, check_name, infer};
 pub use op::{
     BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, ReduceOp, SliceRange, UnaryOp, Window2d,
 };
+pub use value::{HostTensor, NoWeights, ValueError, WeightSource};
 
 /// Decode a graph from bytes in either form: the binary encoding (starts with `TENETGRF`) or
 /// the text form. Errors say which form was assumed.

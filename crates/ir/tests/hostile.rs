@@ -1,9 +1,7 @@
 //! Hostile input: mutated encodings and texts never panic, and every failure is a typed error
 //! that points inside the input. Anything accepted must be canonical.
 
-mod common;
-
-use common::{Rng, random_graph};
+use tenet_ir::testing::{Rng, random_graph};
 use tenet_ir::*;
 
 const INTERESTING_U32: [u32; 8] = [0, 1, 2, 7, 255, 0x7fff_ffff, 0xffff_fffe, u32::MAX];
@@ -11,13 +9,13 @@ const INTERESTING_U32: [u32; 8] = [0, 1, 2, 7, 255, 0x7fff_ffff, 0xffff_fffe, u3
 fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
     for _ in 0..1 + rng.below(3) {
         if bytes.is_empty() {
-            bytes.push(rng.next() as u8);
+            bytes.push(rng.next_u64() as u8);
             continue;
         }
         let at = rng.below(bytes.len() as u64) as usize;
         match rng.below(7) {
             0 => bytes[at] ^= 1 << rng.below(8),
-            1 => bytes[at] = rng.next() as u8,
+            1 => bytes[at] = rng.next_u64() as u8,
             2 => {
                 let v = rng.pick(&INTERESTING_U32).to_le_bytes();
                 for (i, b) in v.iter().enumerate() {
@@ -29,7 +27,7 @@ fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
             3 => bytes.truncate(at),
             4 => {
                 let n = 1 + rng.below(8) as usize;
-                bytes.splice(at..at, (0..n).map(|_| rng.next() as u8));
+                bytes.splice(at..at, (0..n).map(|_| rng.next_u64() as u8));
             }
             5 => {
                 let end = (at + 1 + rng.below(16) as usize).min(bytes.len());
@@ -157,7 +155,7 @@ fn random_bytes_are_refused() {
     let mut rng = Rng(42);
     for len in [0usize, 1, 7, 8, 10, 14, 100, 1000] {
         for _ in 0..50 {
-            let mut bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            let mut bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             if rng.chance(50) && len >= 10 {
                 bytes[..8].copy_from_slice(codec::MAGIC);
                 bytes[8..10].copy_from_slice(&1u16.to_le_bytes());

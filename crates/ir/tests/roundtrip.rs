@@ -1,9 +1,7 @@
 //! Round trips: binary and text encodings preserve the graph and its id.
 
-mod common;
-
-use common::{op_names, random_graph};
 use proptest::prelude::*;
+use tenet_ir::testing::{op_names, random_graph};
 use tenet_ir::*;
 
 fn check_round_trips(g: &Graph) {

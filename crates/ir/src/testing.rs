@@ -1,13 +1,14 @@
-//! A generator of random valid graphs covering every op, for property tests.
-#![allow(dead_code)]
+//! Generators for property tests in this and other crates (feature `testing`): random valid
+//! graphs covering every op, and random tensors with the values that break kernels (NaN with
+//! payloads, infinities, signed zeros, denormals).
 
-use tenet_ir::*;
+use crate::*;
 
 /// splitmix64: tiny, deterministic, good enough to drive generators from a proptest seed.
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -15,7 +16,7 @@ impl Rng {
         z ^ (z >> 31)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
+        if n == 0 { 0 } else { self.next_u64() % n }
     }
     pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len() as u64) as usize]
@@ -34,7 +35,7 @@ fn random_shape(rng: &mut Rng, max_rank: u64) -> Vec<u64> {
 
 /// Interesting float bits: NaNs with payloads, infinities, signed zeros, denormals.
 fn random_f32_bits(rng: &mut Rng) -> u32 {
-    let random = rng.next() as u32;
+    let random = rng.next_u64() as u32;
     *rng.pick(&[
         0u32,
         0x8000_0000,
@@ -57,7 +58,7 @@ fn constant_data(rng: &mut Rng, ty: &TensorType) -> Vec<u8> {
         let bits: u64 = match ty.dtype {
             DType::F32 => random_f32_bits(rng) as u64,
             DType::Bool => rng.below(2),
-            _ => rng.next(),
+            _ => rng.next_u64(),
         };
         data.extend_from_slice(&bits.to_le_bytes()[..ty.dtype.size() as usize]);
     }
@@ -183,7 +184,7 @@ fn propose(rng: &mut Rng, nodes: &[Node]) -> (Op, Option<TensorType>) {
             let value = match tx.dtype {
                 DType::F32 => random_f32_bits(rng) as u64,
                 DType::Bool => rng.below(2),
-                d => rng.next() & ((1u128 << (8 * d.size())) - 1) as u64,
+                d => rng.next_u64() & ((1u128 << (8 * d.size())) - 1) as u64,
             };
             (Op::Pad { x, pads, value }, None)
         }
@@ -282,13 +283,13 @@ fn propose(rng: &mut Rng, nodes: &[Node]) -> (Op, Option<TensorType>) {
             (
                 Op::Random {
                     dist: *rng.pick(Distribution::ALL),
-                    key: rng.next(),
+                    key: rng.next_u64(),
                 },
                 Some(ty),
             )
         }
         23 => {
-            let file = WeightsId(std::array::from_fn(|_| rng.next() as u8));
+            let file = WeightsId(std::array::from_fn(|_| rng.next_u64() as u8));
             let ty = TensorType::new(float, random_shape(rng, 3));
             (
                 Op::Weight {
@@ -376,10 +377,39 @@ pub fn random_graph(seed: u64, steps: usize) -> Graph {
             node: NodeId(0),
         });
     }
-    Graph::new(nodes, outputs).expect("generator builds valid graphs")
+    Graph::new(nodes, outputs).expect("the generator builds valid graphs")
 }
 
 /// Which op names occur in a graph.
 pub fn op_names(g: &Graph) -> std::collections::BTreeSet<&'static str> {
     g.nodes().iter().map(|n| n.op.name()).collect()
+}
+
+/// A random tensor of type `ty`: floats mix ordinary values with NaN, ±inf, ±0 and denormals;
+/// integers span their range; bools are 0 or 1.
+pub fn random_tensor(rng: &mut Rng, ty: &TensorType) -> HostTensor {
+    let n = ty.numel().unwrap_or(0) as usize;
+    let mut data = Vec::with_capacity(n * ty.dtype.size() as usize);
+    for _ in 0..n {
+        let bits: u64 = match ty.dtype {
+            DType::F32 => {
+                if rng.chance(80) {
+                    ((rng.below(2001) as f32 - 1000.0) / 100.0).to_bits() as u64
+                } else {
+                    random_f32_bits(rng) as u64
+                }
+            }
+            DType::F16 => {
+                half::f16::from_f32((rng.below(2001) as f32 - 1000.0) / 100.0).to_bits() as u64
+            }
+            DType::BF16 => {
+                half::bf16::from_f32((rng.below(2001) as f32 - 1000.0) / 100.0).to_bits() as u64
+            }
+            DType::Bool => rng.below(2),
+            DType::I32 | DType::I64 if rng.chance(70) => (rng.below(9) as i64 - 4) as u64,
+            _ => rng.next_u64(),
+        };
+        data.extend_from_slice(&bits.to_le_bytes()[..ty.dtype.size() as usize]);
+    }
+    HostTensor::new(ty.clone(), data).expect("sized to the type")
 }

@@ -1,0 +1,12 @@
+//! `tenet-reference`: the reference interpreter, which defines the bits of every op in the
+//! `exact` tier.
+//!
+//! It is deliberately plain: one loop per op, written to be read next to docs/OPS.md, no
+//! threads, no SIMD, no cleverness. Fast executors are tested bit for bit against it. Its own
+//! transcendental functions are in `math`; the counter-based generator in `philox`.
+
+mod interp;
+pub mod math;
+pub mod philox;
+
+pub use interp::{RunError, run, sum_ordered};
