@@ -3,6 +3,7 @@
 
 mod demo;
 mod report;
+mod run;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,30 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         weights: Vec<PathBuf>,
     },
+    /// Run a graph on this machine and write or print its outputs.
+    ///
+    /// Inputs come from .npy, .json or .safetensors files; outputs go to files of the same kinds,
+    /// chosen by extension. Runs on the reference interpreter, which defines the exact bits.
+    Run {
+        /// The graph: text form (.tg) or binary (.tnt).
+        graph: PathBuf,
+        /// A graph input, NAME=PATH (.npy, .json, or .safetensors holding NAME or one tensor).
+        #[arg(long = "input", short = 'i', value_name = "NAME=PATH")]
+        inputs: Vec<String>,
+        /// Safetensors files holding the graph's weights (repeatable).
+        #[arg(long, value_name = "FILE")]
+        weights: Vec<PathBuf>,
+        /// Where to write outputs: PATH (.npy for the only output; .json or .safetensors for all
+        /// of them) or NAME=PATH for one output (repeatable). Without it, a summary is printed.
+        #[arg(long = "output", short = 'o', value_name = "[NAME=]PATH")]
+        outputs: Vec<String>,
+        /// Seed of the job, for graphs with random ops.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print all outputs as one JSON object {name: {dtype, shape, data}}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
     Inspect {
         /// The graph: text form (.tg) or binary (.tnt).
@@ -112,6 +137,14 @@ fn run(cli: Cli) -> Result<()> {
             println!("id {}", graph.id());
             Ok(())
         }
+        Command::Run {
+            graph,
+            inputs,
+            weights,
+            outputs,
+            seed,
+            json,
+        } => run::run(&graph, &inputs, &weights, &outputs, seed, json),
         Command::Inspect {
             file,
             text: as_text,
@@ -136,7 +169,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Read a graph file in either form, with errors in `path:line:col` or `path: byte N` form.
-fn load_graph(path: &Path) -> Result<Graph> {
+pub(crate) fn load_graph(path: &Path) -> Result<Graph> {
     let size = std::fs::metadata(path)
         .with_context(|| format!("cannot read {}", path.display()))?
         .len();
@@ -173,7 +206,7 @@ fn looks_like_safetensors(bytes: &[u8]) -> bool {
 }
 
 /// Check weight references against the given files; returns whether any files were given.
-fn bind(graph: &Graph, paths: &[PathBuf]) -> Result<bool> {
+pub(crate) fn bind(graph: &Graph, paths: &[PathBuf]) -> Result<bool> {
     if paths.is_empty() {
         return Ok(false);
     }
@@ -185,26 +218,8 @@ fn bind(graph: &Graph, paths: &[PathBuf]) -> Result<bool> {
     Ok(true)
 }
 
-/// Write via a temporary file and rename, so a crash never leaves a partial graph behind.
+/// Write a file whole or not at all.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().context("output path has no file name")?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("cannot write {}", path.display()))
+    tenet_models::write_atomically(path, bytes)
+        .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -199,3 +199,165 @@ fn demo_runs_end_to_end() {
         serde_json::from_str(&stdout(&tenet(&["inspect", "examples/mlp.tg", "--json"]))).unwrap();
     assert_eq!(json["id"], committed["id"]);
 }
+
+fn write_npy(path: &Path, t: &tenet_ir::HostTensor) {
+    std::fs::write(path, tenet_models::npy_bytes(t).unwrap()).unwrap();
+}
+
+#[test]
+fn run_matmul_from_npy_agrees_with_f64() {
+    let g = tmp("mm.tg");
+    std::fs::write(&g, "tenet graph v1\n%0 = input(\"a\") : f32[16,32]\n%1 = input(\"b\") : f32[32,8]\n%2 = matmul(%0, %1) : f32[16,8]\noutput \"c\" = %2\n").unwrap();
+    let av: Vec<f32> = (0..16 * 32)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+        .collect();
+    let bv: Vec<f32> = (0..32 * 8)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 5.0)
+        .collect();
+    let (a, b, c) = (tmp("a.npy"), tmp("b.npy"), tmp("c.npy"));
+    write_npy(&a, &tenet_ir::HostTensor::from_f32(&[16, 32], &av).unwrap());
+    write_npy(&b, &tenet_ir::HostTensor::from_f32(&[32, 8], &bv).unwrap());
+    let arg = |n: &str, p: &Path| format!("{n}={}", p.display());
+    stdout(&tenet(&[
+        "run",
+        g.to_str().unwrap(),
+        "-i",
+        &arg("a", &a),
+        "-i",
+        &arg("b", &b),
+        "-o",
+        c.to_str().unwrap(),
+    ]));
+    let bytes = std::fs::read(&c).unwrap();
+    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let out: Vec<f32> = bytes[10 + header..]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(out.len(), 16 * 8);
+    for i in 0..16 {
+        for j in 0..8 {
+            let exact: f64 = (0..32)
+                .map(|p| av[i * 32 + p] as f64 * bv[p * 8 + j] as f64)
+                .sum();
+            let bound: f64 = (0..32)
+                .map(|p| (av[i * 32 + p] as f64 * bv[p * 8 + j] as f64).abs())
+                .sum::<f64>()
+                * 32.0
+                * f32::EPSILON as f64;
+            assert!((out[i * 8 + j] as f64 - exact).abs() <= bound, "c[{i},{j}]");
+        }
+    }
+}
+
+#[test]
+fn run_mlp_with_weights_prints_json() {
+    let x = tmp("x.json");
+    let rows: Vec<String> = (0..8)
+        .map(|r| {
+            format!(
+                "[{}]",
+                (0..64)
+                    .map(|c| ((r * 64 + c) % 17) as f32 / 16.0)
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })
+        .collect();
+    std::fs::write(&x, format!("[{}]", rows.join(","))).unwrap();
+    let o = stdout(&tenet(&[
+        "run",
+        "examples/mlp.tg",
+        "--weights",
+        "examples/mlp.safetensors",
+        "-i",
+        &format!("x={}", x.display()),
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    assert_eq!(v["probs"]["shape"], serde_json::json!([8, 10]));
+    let probs: Vec<f64> = v["probs"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_f64().unwrap())
+        .collect();
+    for row in probs.chunks(10) {
+        assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-5, "{row:?}");
+    }
+    // Same inputs, same bits: the output file is reproducible.
+    let (o1, o2) = (tmp("mlp1.safetensors"), tmp("mlp2.safetensors"));
+    for o in [&o1, &o2] {
+        stdout(&tenet(&[
+            "run",
+            "examples/mlp.tg",
+            "--weights",
+            "examples/mlp.safetensors",
+            "-i",
+            &format!("x={}", x.display()),
+            "-o",
+            o.to_str().unwrap(),
+        ]));
+    }
+    assert_eq!(std::fs::read(&o1).unwrap(), std::fs::read(&o2).unwrap());
+}
+
+#[test]
+fn run_reports_input_mistakes() {
+    let a = tmp("a3.npy");
+    write_npy(
+        &a,
+        &tenet_ir::HostTensor::from_f32(&[3], &[1.0, 2.0, 3.0]).unwrap(),
+    );
+    let e = stderr_of_failure(&[
+        "run",
+        "examples/matmul.tg",
+        "-i",
+        &format!("a={}", a.display()),
+    ]);
+    assert!(
+        e.contains("holds f32[3], but input \"a\" is f32[1024,1024]"),
+        "{e}"
+    );
+    let e = stderr_of_failure(&[
+        "run",
+        "examples/matmul.tg",
+        "-i",
+        &format!("z={}", a.display()),
+    ]);
+    assert!(
+        e.contains("no input \"z\"") && e.contains("a (f32[1024,1024])"),
+        "{e}"
+    );
+    let e = stderr_of_failure(&["run", "examples/matmul.tg"]);
+    assert!(
+        e.contains("missing --input for: a (f32[1024,1024]), b (f32[1024,1024])"),
+        "{e}"
+    );
+    let e = stderr_of_failure(&["run", "examples/matmul.tg", "-i", "a"]);
+    assert!(e.contains("must be NAME=PATH"), "{e}");
+    let e = stderr_of_failure(&[
+        "run",
+        "examples/mlp.tg",
+        "-i",
+        &format!("x={}", a.display()),
+    ]);
+    assert!(e.contains("pass it with --weights"), "{e}");
+    // A float64 .npy gets a hint.
+    let f64_npy = tmp("f64.npy");
+    let mut bytes =
+        tenet_models::npy_bytes(&tenet_ir::HostTensor::from_f32(&[2], &[1.0, 2.0]).unwrap())
+            .unwrap();
+    let text = String::from_utf8_lossy(&bytes[10..]).replace("<f4", "<f8");
+    bytes.truncate(10);
+    bytes.extend_from_slice(text.as_bytes());
+    std::fs::write(&f64_npy, bytes).unwrap();
+    let e = stderr_of_failure(&[
+        "run",
+        "examples/matmul.tg",
+        "-i",
+        &format!("a={}", f64_npy.display()),
+    ]);
+    assert!(e.contains("astype(numpy.float32)"), "{e}");
+}

@@ -1,13 +1,18 @@
-//! `tenet-models`: weights and model builders.
+//! `tenet-models`: weights, tensor files, and model builders.
 //!
 //! Weights live in safetensors files named by the blake3 hash of their bytes (`WeightsId`); a
 //! graph refers to a tensor as (file hash, tensor name). This crate reads such files without
-//! trusting them, checks that a graph's weight references match the files at hand, and builds
-//! example models as graphs.
+//! trusting them, checks that a graph's weight references match the files at hand, reads and
+//! writes tensors as `.npy`, `.safetensors` and JSON, and builds example models as graphs.
 
 pub mod examples;
 mod safetensors_io;
+mod tensor_io;
 
 pub use safetensors_io::{
-    BindError, TensorInfo, WeightsError, WeightsFile, check_bindings, write_safetensors,
+    BindError, TensorInfo, WeightSet, WeightsError, WeightsFile, check_bindings, write_safetensors,
+};
+pub use tensor_io::{
+    MAX_TENSOR_FILE_BYTES, TensorIoError, npy_bytes, outputs_json, read_tensor, write_atomically,
+    write_outputs,
 };

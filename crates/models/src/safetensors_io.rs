@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use tenet_ir::{DType, Graph, Op, TensorType, WeightsId};
+use tenet_ir::{DType, Graph, HostTensor, Op, TensorType, WeightSource, WeightsId};
 
 /// Largest weights file read whole into memory by this crate.
 pub const MAX_WEIGHTS_FILE_BYTES: u64 = 64 << 30;
@@ -30,6 +30,8 @@ pub struct TensorInfo {
     pub dtype: Option<DType>,
     pub safetensors_dtype: String,
     pub shape: Vec<u64>,
+    /// Byte range of the tensor's data within the file.
+    pub range: std::ops::Range<usize>,
 }
 
 /// A safetensors file's id and tensor index.
@@ -88,14 +90,18 @@ impl WeightsFile {
             path: name.to_string(),
             reason: e.to_string(),
         })?;
+        let base = bytes.as_ptr() as usize;
         let tensors = st
             .tensors()
             .into_iter()
             .map(|(name, view)| {
+                // The view borrows `bytes`; its offset within them is where the data lives.
+                let start = view.data().as_ptr() as usize - base;
                 let info = TensorInfo {
                     dtype: to_tenet(view.dtype()),
                     safetensors_dtype: format!("{:?}", view.dtype()),
                     shape: view.shape().iter().map(|&d| d as u64).collect(),
+                    range: start..start + view.data().len(),
                 };
                 (name, info)
             })
@@ -105,6 +111,25 @@ impl WeightsFile {
             tensors,
             bytes,
         })
+    }
+}
+
+impl WeightsFile {
+    /// Tensor `name` as a host tensor, if the file has it in a dtype tenet supports.
+    pub fn tensor(&self, name: &str) -> Option<HostTensor> {
+        let info = self.tensors.get(name)?;
+        let ty = TensorType::new(info.dtype?, info.shape.clone());
+        HostTensor::new(ty, self.bytes.get(info.range.clone())?.to_vec()).ok()
+    }
+}
+
+/// Weights from several files, each looked up by its hash.
+#[derive(Clone, Debug, Default)]
+pub struct WeightSet(pub Vec<WeightsFile>);
+
+impl WeightSource for WeightSet {
+    fn weight(&self, file: &WeightsId, tensor: &str) -> Option<HostTensor> {
+        self.0.iter().find(|f| f.id == *file)?.tensor(tensor)
     }
 }
 

@@ -1,0 +1,125 @@
+//! `tenet run`: read inputs from files, run the graph, write or print the outputs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use tenet_ir::{Graph, HostTensor};
+use tenet_models::{
+    WeightSet, WeightsFile, check_bindings, outputs_json, read_tensor, write_outputs,
+};
+
+/// Split `NAME=PATH`.
+fn split_assignment(arg: &str, what: &str) -> Result<(String, PathBuf)> {
+    match arg.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => bail!("{what} {arg:?} must be NAME=PATH"),
+    }
+}
+
+fn read_inputs(graph: &Graph, args: &[String]) -> Result<HashMap<String, HostTensor>> {
+    let expected: HashMap<&str, _> = graph.inputs().map(|(_, n, t)| (n, t)).collect();
+    let mut inputs = HashMap::new();
+    for arg in args {
+        let (name, path) = split_assignment(arg, "--input")?;
+        let Some(ty) = expected.get(name.as_str()) else {
+            let known: Vec<String> = graph
+                .inputs()
+                .map(|(_, n, t)| format!("{n} ({t})"))
+                .collect();
+            bail!(
+                "the graph has no input {name:?}; its inputs are: {}",
+                known.join(", ")
+            );
+        };
+        if inputs.contains_key(&name) {
+            bail!("input {name:?} is given twice");
+        }
+        inputs.insert(name.clone(), read_tensor(&path, &name, ty)?);
+    }
+    let missing: Vec<String> = graph
+        .inputs()
+        .filter(|(_, n, _)| !inputs.contains_key(*n))
+        .map(|(_, n, t)| format!("{n} ({t})"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "missing --input for: {} (give each as NAME=PATH)",
+            missing.join(", ")
+        );
+    }
+    Ok(inputs)
+}
+
+/// Write outputs as the `--output` arguments say.
+fn write_requested(outputs: &[(String, HostTensor)], args: &[String]) -> Result<()> {
+    for arg in args {
+        let named = arg
+            .split_once('=')
+            .filter(|(n, _)| outputs.iter().any(|(o, _)| o == n));
+        match named {
+            Some((name, path)) => {
+                let one: Vec<(String, HostTensor)> =
+                    outputs.iter().filter(|(o, _)| o == name).cloned().collect();
+                write_outputs(Path::new(path), &one)?;
+            }
+            None => write_outputs(Path::new(arg), outputs)?,
+        }
+    }
+    Ok(())
+}
+
+fn summary(outputs: &[(String, HostTensor)]) -> String {
+    let mut s = String::new();
+    for (name, t) in outputs {
+        let hash: String = t.hash()[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let n = t.numel().min(6);
+        let head: Vec<String> = (0..n)
+            .map(|i| {
+                if t.dtype().is_float() {
+                    format!("{}", t.get_f32(i))
+                } else {
+                    t.get_i64(i).to_string()
+                }
+            })
+            .collect();
+        let more = if t.numel() > n { ", ..." } else { "" };
+        s.push_str(&format!(
+            "{name:<16} {:<24} hash {hash}  [{}{more}]\n",
+            t.ty().to_string(),
+            head.join(", ")
+        ));
+    }
+    s
+}
+
+pub fn run(
+    graph_path: &Path,
+    input_args: &[String],
+    weight_paths: &[PathBuf],
+    output_args: &[String],
+    seed: u64,
+    json: bool,
+) -> Result<()> {
+    let graph = crate::load_graph(graph_path)?;
+    let weights = WeightSet(
+        weight_paths
+            .iter()
+            .map(|p| WeightsFile::open(p))
+            .collect::<Result<_, _>>()?,
+    );
+    // Running needs every weight: check before reading any input.
+    check_bindings(&graph, &weights.0)?;
+    let inputs = read_inputs(&graph, input_args)?;
+    let outputs = tenet_reference::run(&graph, &inputs, &weights, seed)
+        .with_context(|| format!("running graph {}", graph.id().short()))?;
+    write_requested(&outputs, output_args)?;
+    if json {
+        println!("{}", outputs_json(&outputs));
+    } else if output_args.is_empty() {
+        print!("{}", summary(&outputs));
+    }
+    Ok(())
+}
