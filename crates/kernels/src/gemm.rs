@@ -1,0 +1,564 @@
+//! Deterministic single-precision matrix product `C = A·B`.
+//!
+//! Every `C[i, j]` is one unbroken chain of fused multiply-adds along `k`, starting from `+0`
+//! (docs/OPS.md, "Matrix product"). The driver blocks the problem BLIS-style (panels of B in
+//! cache, panels of A packed, register-blocked micro-kernels), and each k-block of a C tile
+//! starts from the partial result the previous k-block stored, so blocking, SIMD width and the
+//! split of rows over threads never change a bit.
+
+use crate::SimdLevel;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GemmError {
+    #[error(
+        "{operand} needs at least {needed} elements for this shape and strides, the slice has {len}"
+    )]
+    OutOfBounds {
+        operand: &'static str,
+        needed: usize,
+        len: usize,
+    },
+    #[error("output row stride {rs} is smaller than n = {n}, so rows would overlap")]
+    OverlappingRows { rs: usize, n: usize },
+    #[error("SIMD level {0} is not supported by this CPU")]
+    Unsupported(&'static str),
+}
+
+/// A read-only matrix: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Strided<'a> {
+    /// A row-major matrix with `cols` columns.
+    pub fn row_major(data: &'a [f32], cols: usize) -> Strided<'a> {
+        Strided {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    fn offset_rows(self, rows: usize) -> Strided<'a> {
+        Strided {
+            data: &self.data[rows * self.rs..],
+            ..self
+        }
+    }
+}
+
+/// Elements a `rows × cols` view with these strides spans, or `None` on overflow.
+fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
+    if rows == 0 || cols == 0 {
+        return Some(0);
+    }
+    (rows - 1)
+        .checked_mul(rs)?
+        .checked_add((cols - 1).checked_mul(cs)?)?
+        .checked_add(1)
+}
+
+fn check(operand: &'static str, needed: Option<usize>, len: usize) -> Result<(), GemmError> {
+    match needed {
+        Some(n) if n <= len => Ok(()),
+        _ => Err(GemmError::OutOfBounds {
+            operand,
+            needed: needed.unwrap_or(usize::MAX),
+            len,
+        }),
+    }
+}
+
+/// `C[m × n] = A[m × k] · B[k × n]`, C row-major with row stride `c_rs`, on up to `threads`
+/// threads. The result is bit-identical to the reference for every level and thread count.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    b: Strided<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+) -> Result<(), GemmError> {
+    if !level.supported() {
+        return Err(GemmError::Unsupported(level.name()));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if c_rs < n {
+        return Err(GemmError::OverlappingRows { rs: c_rs, n });
+    }
+    check("A", span(m, k, a.rs, a.cs), a.data.len())?;
+    check("B", span(k, n, b.rs, b.cs), b.data.len())?;
+    check("C", span(m, n, c_rs, 1), c.len())?;
+    if k == 0 {
+        for i in 0..m {
+            c[i * c_rs..i * c_rs + n].fill(0.0);
+        }
+        return Ok(());
+    }
+    let cfg = Config::for_level(level);
+    // Split rows into contiguous chunks, whole micro-panels each, one per thread.
+    let threads = threads.clamp(1, m.div_ceil(cfg.mr));
+    let rows_per = m.div_ceil(threads).div_ceil(cfg.mr) * cfg.mr;
+    if threads == 1 {
+        (cfg.run)(&cfg, m, n, k, a, b, c, c_rs);
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        let mut rest: &mut [f32] = c;
+        let mut row = 0;
+        while row < m {
+            let rows = rows_per.min(m - row);
+            let take = if row + rows == m {
+                rest.len()
+            } else {
+                rows * c_rs
+            };
+            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(take);
+            rest = tail;
+            let a_rows = a.offset_rows(row);
+            let cfg = &cfg;
+            scope.spawn(move || (cfg.run)(cfg, rows, n, k, a_rows, b, chunk, c_rs));
+            row += rows;
+        }
+    });
+    Ok(())
+}
+
+/// A micro-kernel: `C[MR × NR] (+)= Apanel · Bpanel` over `kc` steps, where the panels are
+/// packed (`a[p * MR + i]`, `b[p * NR + j]`), `load` says whether C holds a partial chain, and
+/// `last` that this is the final k-block, whose NaN results are stored as the canonical NaN.
+/// `next` is the C tile the following call will use (null if none): the kernel prefetches it.
+type Kernel = unsafe fn(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+    last: bool,
+    next: *const f32,
+);
+
+/// The canonical quiet NaN (docs/OPS.md).
+const CANONICAL_NAN: f32 = f32::from_bits(0x7fc0_0000);
+
+struct Config {
+    mr: usize,
+    kc: usize,
+    mc: usize,
+    nc: usize,
+    kernel: Kernel,
+    /// `serial::<MR, NR>` for this kernel's tile.
+    run: Serial,
+}
+
+type Serial = fn(&Config, usize, usize, usize, Strided<'_>, Strided<'_>, &mut [f32], usize);
+
+impl Config {
+    fn for_level(level: SimdLevel) -> Config {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            // 12×32 tiles: 24 zmm accumulators. KC·NR·4 = 32 KiB of B stays in L1 across a
+            // column of tiles; MC·KC·4 = 240 KiB of A stays in L2 (measured on Zen 5, see README).
+            SimdLevel::Avx512 => Config {
+                mr: 12,
+                kc: 256,
+                mc: 240,
+                nc: 2048,
+                kernel: x86::kernel_avx512::<12, 2>,
+                run: serial::<12, 32>,
+            },
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => Config {
+                mr: 6,
+                kc: 256,
+                mc: 120,
+                nc: 2048,
+                kernel: x86::kernel_avx2,
+                run: serial::<6, 16>,
+            },
+            _ => Config {
+                mr: PMR,
+                kc: 256,
+                mc: 64,
+                nc: 256,
+                kernel: kernel_portable,
+                run: serial::<PMR, PNR>,
+            },
+        }
+    }
+}
+
+/// Pack `rows × kc` of A (from row `r0`, column `p0`) as panels of `MR` rows: within a panel,
+/// step `p` holds the `MR` values of column `p0 + p`. Rows past `rows` are zero.
+fn pack_a<const MR: usize>(
+    dst: &mut [f32],
+    a: Strided<'_>,
+    r0: usize,
+    rows: usize,
+    p0: usize,
+    kc: usize,
+) {
+    for (q, panel) in dst.chunks_mut(MR * kc).take(rows.div_ceil(MR)).enumerate() {
+        let valid = MR.min(rows - q * MR);
+        if a.cs == 1 && valid == MR {
+            // Read MR rows side by side, write the panel front to back.
+            let src: [&[f32]; MR] =
+                std::array::from_fn(|i| &a.data[(r0 + q * MR + i) * a.rs + p0..][..kc]);
+            for (p, out) in panel.chunks_exact_mut(MR).enumerate() {
+                for (o, row) in out.iter_mut().zip(&src) {
+                    *o = row[p];
+                }
+            }
+        } else {
+            for (p, out) in panel.chunks_exact_mut(MR).enumerate() {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = if i < valid {
+                        a.data[(r0 + q * MR + i) * a.rs + (p0 + p) * a.cs]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Pack `kc × cols` of B (from row `p0`, column `c0`) as panels of `NR` columns: within a
+/// panel, step `p` holds the `NR` values of row `p0 + p`. Columns past `cols` are zero.
+fn pack_b<const NR: usize>(
+    dst: &mut [f32],
+    b: Strided<'_>,
+    p0: usize,
+    kc: usize,
+    c0: usize,
+    cols: usize,
+) {
+    let panels = cols.div_ceil(NR);
+    let full = if b.cs == 1 { cols / NR } else { 0 };
+    // Full panels row by row: each row of B is read front to back.
+    for p in 0..kc {
+        let row = &b.data[(p0 + p) * b.rs + c0..];
+        for q in 0..full {
+            let src: &[f32; NR] = row[q * NR..][..NR].try_into().expect("NR values");
+            dst[q * NR * kc + p * NR..][..NR].copy_from_slice(src);
+        }
+    }
+    // Strided B and the partial last panel, element by element.
+    for q in full..panels {
+        let j0 = c0 + q * NR;
+        let valid = NR.min(cols - q * NR);
+        for p in 0..kc {
+            let out = &mut dst[q * NR * kc + p * NR..][..NR];
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = if j < valid {
+                    b.data[(p0 + p) * b.rs + (j0 + j) * b.cs]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serial<const MR: usize, const NR: usize>(
+    cfg: &Config,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    b: Strided<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+) {
+    let (mr, nr) = (MR, NR);
+    let mut ap = vec![0.0f32; cfg.mc.div_ceil(mr) * mr * cfg.kc];
+    let mut bp = vec![0.0f32; cfg.nc.div_ceil(nr) * nr * cfg.kc];
+    let mut tile = vec![0.0f32; mr * nr];
+    for jc in (0..n).step_by(cfg.nc) {
+        let nc = cfg.nc.min(n - jc);
+        for pc in (0..k).step_by(cfg.kc) {
+            let kc = cfg.kc.min(k - pc);
+            let (load, last) = (pc > 0, pc + kc == k);
+            pack_b::<NR>(&mut bp, b, pc, kc, jc, nc);
+            for ic in (0..m).step_by(cfg.mc) {
+                let mc = cfg.mc.min(m - ic);
+                pack_a::<MR>(&mut ap, a, ic, mc, pc, kc);
+                for jr in (0..nc).step_by(nr) {
+                    let cols = nr.min(nc - jr);
+                    let bpanel = &bp[(jr / nr) * nr * kc..][..nr * kc];
+                    for ir in (0..mc).step_by(mr) {
+                        let rows = mr.min(mc - ir);
+                        let apanel = &ap[(ir / mr) * mr * kc..][..mr * kc];
+                        let (row, col) = (ic + ir, jc + jr);
+                        // The next full tile down this column of tiles, for prefetching.
+                        let next = if ir + 2 * mr <= mc {
+                            c[(row + mr) * c_rs + col..].as_ptr()
+                        } else {
+                            std::ptr::null()
+                        };
+                        if rows == mr && cols == nr {
+                            // The whole tile lies inside C: rows row..row+mr < m and columns
+                            // col..col+nr ≤ n, and C spans (m-1)·c_rs + n elements.
+                            let base = row * c_rs + col;
+                            debug_assert!(base + (mr - 1) * c_rs + nr <= c.len());
+                            // SAFETY: the kernel reads kc·mr values of `apanel` and kc·nr of
+                            // `bpanel` (both that long) and reads/writes mr rows of nr values at
+                            // stride c_rs from `base`, all inside `c` as argued above; the CPU
+                            // supports the kernel's instructions (checked in `sgemm`).
+                            unsafe {
+                                (cfg.kernel)(
+                                    kc,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    c.as_mut_ptr().add(base),
+                                    c_rs,
+                                    load,
+                                    last,
+                                    next,
+                                )
+                            };
+                        } else {
+                            // Edge tile: run on a full-size scratch tile, copy the valid part.
+                            for i in 0..rows {
+                                let src = &c[(row + i) * c_rs + col..][..cols];
+                                tile[i * nr..i * nr + cols].copy_from_slice(src);
+                            }
+                            // SAFETY: as above, with C replaced by `tile` (mr × nr, ldc = nr).
+                            unsafe {
+                                (cfg.kernel)(
+                                    kc,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    tile.as_mut_ptr(),
+                                    nr,
+                                    load,
+                                    last,
+                                    std::ptr::null(),
+                                )
+                            };
+                            for i in 0..rows {
+                                c[(row + i) * c_rs + col..][..cols]
+                                    .copy_from_slice(&tile[i * nr..i * nr + cols]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+const PMR: usize = 4;
+const PNR: usize = 4;
+
+/// Portable 4×4 micro-kernel (plain Rust; `mul_add` is the IEEE fused multiply-add).
+///
+/// # Safety
+/// `a` must hold `kc·4` values, `b` `kc·4`, and `c` 4 rows of 4 values at stride `ldc`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_portable(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+    last: bool,
+    _next: *const f32,
+) {
+    // SAFETY: the caller guarantees the extents stated above.
+    let (a, b) = unsafe {
+        (
+            std::slice::from_raw_parts(a, kc * PMR),
+            std::slice::from_raw_parts(b, kc * PNR),
+        )
+    };
+    let mut acc = [[0.0f32; PNR]; PMR];
+    if load {
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: row i of the tile is inside `c` (caller's guarantee).
+            let src = unsafe { std::slice::from_raw_parts(c.add(i * ldc), PNR) };
+            row.copy_from_slice(src);
+        }
+    }
+    for p in 0..kc {
+        for (i, row) in acc.iter_mut().enumerate() {
+            let ai = a[p * PMR + i];
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = ai.mul_add(b[p * PNR + j], *v);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        // SAFETY: row i of the tile is inside `c` (caller's guarantee).
+        let dst = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), PNR) };
+        for (d, &v) in dst.iter_mut().zip(row) {
+            *d = if last && v.is_nan() { CANONICAL_NAN } else { v };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// How many k steps ahead the AVX-512 kernel prefetches its A panel.
+    const PREFETCH_STEPS: usize = 64;
+
+    /// AVX-512 micro-kernel of `MR` rows × `NV` vectors of 16 columns: `MR·NV` accumulators,
+    /// one fma chain per C element.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `a` holds `kc·MR` values, `b` `kc·16·NV`, and `c` `MR` rows
+    /// of `16·NV` values at stride `ldc`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn kernel_avx512<const MR: usize, const NV: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
+        last: bool,
+        next: *const f32,
+    ) {
+        let nr = 16 * NV;
+        if !next.is_null() {
+            for i in 0..MR {
+                for v in 0..NV {
+                    // Prefetching never faults, wherever it points.
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * ldc + 16 * v) as *const i8);
+                }
+            }
+        }
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        if load {
+            for (i, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    // SAFETY: row i, vector v of the tile is inside `c`.
+                    *x = unsafe { _mm512_loadu_ps(c.add(i * ldc + 16 * v)) };
+                }
+            }
+        }
+        // One k step: NV vector loads of B, MR broadcasts of A, MR·NV fmas.
+        let step = |acc: &mut [[__m512; NV]; MR], p: usize| {
+            // Prefetching never faults, even past the panel's end.
+            _mm_prefetch::<_MM_HINT_T0>(a.wrapping_add((p + PREFETCH_STEPS) * MR) as *const i8);
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                // SAFETY: step p < kc reads b[p·nr .. (p+1)·nr], inside the B panel.
+                *x = unsafe { _mm512_loadu_ps(b.add(p * nr + 16 * v)) };
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                // SAFETY: step p < kc, i < MR: inside the A panel.
+                let ai = _mm512_set1_ps(unsafe { *a.add(p * MR + i) });
+                for (x, &bvv) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_fmadd_ps(ai, bvv, *x);
+                }
+            }
+        };
+        let mut p = 0;
+        while p + 4 <= kc {
+            step(&mut acc, p);
+            step(&mut acc, p + 1);
+            step(&mut acc, p + 2);
+            step(&mut acc, p + 3);
+            p += 4;
+        }
+        while p < kc {
+            step(&mut acc, p);
+            p += 1;
+        }
+        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                let x = if last {
+                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan)
+                } else {
+                    x
+                };
+                // SAFETY: row i, vector v of the tile is inside `c`.
+                unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), x) };
+            }
+        }
+    }
+
+    /// AVX2+FMA 6×16 micro-kernel: 12 accumulators, one fma chain per C element.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `a` holds `kc·6` values, `b` `kc·16`, and `c` 6 rows of
+    /// 16 values at stride `ldc`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn kernel_avx2(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
+        last: bool,
+        next: *const f32,
+    ) {
+        const MR: usize = 6;
+        if !next.is_null() {
+            for i in 0..MR {
+                // Prefetching never faults, wherever it points.
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * ldc) as *const i8);
+            }
+        }
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        if load {
+            for (i, row) in acc.iter_mut().enumerate() {
+                // SAFETY: row i (16 values) of the tile is inside `c`.
+                unsafe {
+                    row[0] = _mm256_loadu_ps(c.add(i * ldc));
+                    row[1] = _mm256_loadu_ps(c.add(i * ldc + 8));
+                }
+            }
+        }
+        for p in 0..kc {
+            // SAFETY: step p reads b[p·16 .. p·16+16] and a[p·6 .. p·6+6], inside the panels.
+            let (b0, b1, ap) = unsafe {
+                (
+                    _mm256_loadu_ps(b.add(p * 16)),
+                    _mm256_loadu_ps(b.add(p * 16 + 8)),
+                    a.add(p * MR),
+                )
+            };
+            for (i, row) in acc.iter_mut().enumerate() {
+                // SAFETY: i < 6, inside step p of the A panel.
+                let ai = _mm256_set1_ps(unsafe { *ap.add(i) });
+                row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+            }
+        }
+        let nan = _mm256_set1_ps(super::CANONICAL_NAN);
+        for (i, row) in acc.iter().enumerate() {
+            let fix = |v: __m256| {
+                if last {
+                    _mm256_blendv_ps(v, nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v))
+                } else {
+                    v
+                }
+            };
+            // SAFETY: row i (16 values) of the tile is inside `c`.
+            unsafe {
+                _mm256_storeu_ps(c.add(i * ldc), fix(row[0]));
+                _mm256_storeu_ps(c.add(i * ldc + 8), fix(row[1]));
+            }
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! `tenet-kernels`: every SIMD intrinsic and every `unsafe` block of the project, behind safe
+//! functions.
+//!
+//! Each kernel reproduces the bits of the reference interpreter (`tenet-reference`) exactly, at
+//! every SIMD level and any thread count: the arithmetic order is fixed by docs/OPS.md, and the
+//! kernels only change how that order is scheduled, never the order itself. The CPU's features
+//! are detected at run time; `TENET_SIMD=avx512|avx2|portable` forces a level (see `SimdLevel`).
+
+pub mod gemm;
+mod peak;
+mod simd;
+
+pub use peak::fma_peak_gflops;
+pub use simd::{SimdError, SimdLevel};
