@@ -62,7 +62,8 @@ enum Command {
     /// Run a graph on this machine and write or print its outputs.
     ///
     /// Inputs come from .npy, .json or .safetensors files; outputs go to files of the same kinds,
-    /// chosen by extension. Runs on the reference interpreter, which defines the exact bits.
+    /// chosen by extension. The result is bit-identical for every thread count and SIMD level
+    /// (force one with TENET_SIMD=avx512|avx2|portable).
     Run {
         /// The graph: text form (.tg) or binary (.tnt).
         graph: PathBuf,
@@ -82,6 +83,12 @@ enum Command {
         /// Print all outputs as one JSON object {name: {dtype, shape, data}}.
         #[arg(long)]
         json: bool,
+        /// Worker threads [default: all cores].
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+        /// Run on the slow reference interpreter instead of the fast executor (same bits).
+        #[arg(long)]
+        reference: bool,
     },
     /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
     Inspect {
@@ -144,7 +151,20 @@ fn run(cli: Cli) -> Result<()> {
             outputs,
             seed,
             json,
-        } => run::run(&graph, &inputs, &weights, &outputs, seed, json),
+            threads,
+            reference,
+        } => run::run(
+            &graph,
+            &run::Options {
+                inputs,
+                weights,
+                outputs,
+                seed,
+                json,
+                threads,
+                reference,
+            },
+        ),
         Command::Inspect {
             file,
             text: as_text,

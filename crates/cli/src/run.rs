@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use tenet_exec::{Backend, CpuBackend};
 use tenet_ir::{Graph, HostTensor};
 use tenet_models::{
     WeightSet, WeightsFile, check_bindings, outputs_json, read_tensor, write_outputs,
@@ -95,30 +96,48 @@ fn summary(outputs: &[(String, HostTensor)]) -> String {
     s
 }
 
-pub fn run(
-    graph_path: &Path,
-    input_args: &[String],
-    weight_paths: &[PathBuf],
-    output_args: &[String],
-    seed: u64,
-    json: bool,
-) -> Result<()> {
+/// What `tenet run` was asked to do.
+pub struct Options {
+    pub inputs: Vec<String>,
+    pub weights: Vec<PathBuf>,
+    pub outputs: Vec<String>,
+    pub seed: u64,
+    pub json: bool,
+    pub threads: Option<usize>,
+    pub reference: bool,
+}
+
+pub fn run(graph_path: &Path, o: &Options) -> Result<()> {
     let graph = crate::load_graph(graph_path)?;
     let weights = WeightSet(
-        weight_paths
+        o.weights
             .iter()
             .map(|p| WeightsFile::open(p))
             .collect::<Result<_, _>>()?,
     );
     // Running needs every weight: check before reading any input.
     check_bindings(&graph, &weights.0)?;
-    let inputs = read_inputs(&graph, input_args)?;
-    let outputs = tenet_reference::run(&graph, &inputs, &weights, seed)
-        .with_context(|| format!("running graph {}", graph.id().short()))?;
-    write_requested(&outputs, output_args)?;
-    if json {
+    let inputs = read_inputs(&graph, &o.inputs)?;
+    let context = || format!("running graph {}", graph.id().short());
+    let outputs = if o.reference {
+        tenet_reference::run(&graph, &inputs, &weights, o.seed).with_context(context)?
+    } else {
+        let mut backend = CpuBackend::auto();
+        if let Some(t) = o.threads {
+            if t == 0 {
+                bail!("--threads must be at least 1");
+            }
+            backend = CpuBackend::new(t, backend.level());
+        }
+        backend
+            .prepare(&graph)?
+            .run(&inputs, &weights, o.seed)
+            .with_context(context)?
+    };
+    write_requested(&outputs, &o.outputs)?;
+    if o.json {
         println!("{}", outputs_json(&outputs));
-    } else if output_args.is_empty() {
+    } else if o.outputs.is_empty() {
         print!("{}", summary(&outputs));
     }
     Ok(())

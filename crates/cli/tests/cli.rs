@@ -361,3 +361,51 @@ fn run_reports_input_mistakes() {
     ]);
     assert!(e.contains("astype(numpy.float32)"), "{e}");
 }
+
+#[test]
+fn run_is_byte_identical_across_threads_and_the_reference() {
+    let g = tmp("mm2.tg");
+    std::fs::write(&g, "tenet graph v1\n%0 = input(\"a\") : f32[64,300]\n%1 = input(\"b\") : f32[300,48]\n%2 = matmul(%0, %1) : f32[64,48]\n%3 = softmax(%2, axis=1) : f32[64,48]\noutput \"c\" = %2\noutput \"p\" = %3\n").unwrap();
+    let av: Vec<f32> = (0..64 * 300)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 97.0)
+        .collect();
+    let bv: Vec<f32> = (0..300 * 48)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 89.0)
+        .collect();
+    let (a, b) = (tmp("ta.npy"), tmp("tb.npy"));
+    write_npy(
+        &a,
+        &tenet_ir::HostTensor::from_f32(&[64, 300], &av).unwrap(),
+    );
+    write_npy(
+        &b,
+        &tenet_ir::HostTensor::from_f32(&[300, 48], &bv).unwrap(),
+    );
+    let (ia, ib) = (format!("a={}", a.display()), format!("b={}", b.display()));
+    let mut files = Vec::new();
+    for (name, extra) in [
+        ("t1", vec!["--threads", "1"]),
+        ("t2", vec!["--threads", "2"]),
+        ("ref", vec!["--reference"]),
+    ] {
+        let out = tmp(&format!("{name}.safetensors"));
+        let mut args = vec![
+            "run",
+            g.to_str().unwrap(),
+            "-i",
+            &ia,
+            "-i",
+            &ib,
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        stdout(&tenet(&args));
+        files.push(std::fs::read(&out).unwrap());
+    }
+    assert_eq!(files[0], files[1], "--threads 1 and 2 differ");
+    assert_eq!(
+        files[0], files[2],
+        "the executor differs from the reference"
+    );
+}

@@ -58,11 +58,21 @@ pub fn run(
     }
     let mut values: Vec<Option<HostTensor>> = vec![None; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
+        let operands: Vec<&HostTensor> = node
+            .op
+            .operands()
+            .iter()
+            .map(|o| {
+                values[o.index()]
+                    .as_ref()
+                    .expect("operands precede their users")
+            })
+            .collect();
         let value = eval(
             NodeId(i as u32),
             &node.op,
             &node.ty,
-            &values,
+            &operands,
             inputs,
             weights,
             seed,
@@ -86,7 +96,29 @@ pub fn run(
         .collect())
 }
 
-fn check_inputs(graph: &Graph, inputs: &HashMap<String, HostTensor>) -> Result<(), RunError> {
+/// Evaluate one computing node (not an input or weight) on its operand values, given in the
+/// order of `op.operands()`. This is the definition executors fall back to for ops they do not
+/// accelerate.
+pub fn eval_op(
+    node: NodeId,
+    op: &Op,
+    ty: &TensorType,
+    operands: &[&HostTensor],
+    seed: u64,
+) -> Result<HostTensor, RunError> {
+    eval(
+        node,
+        op,
+        ty,
+        operands,
+        &HashMap::new(),
+        &tenet_ir::NoWeights,
+        seed,
+    )
+}
+
+/// Check that `inputs` are exactly the graph's inputs, each of its declared type.
+pub fn check_inputs(graph: &Graph, inputs: &HashMap<String, HostTensor>) -> Result<(), RunError> {
     for (_, name, ty) in graph.inputs() {
         match inputs.get(name) {
             None => {
@@ -276,15 +308,18 @@ fn eval(
     id: NodeId,
     op: &Op,
     ty: &TensorType,
-    values: &[Option<HostTensor>],
+    operands: &[&HostTensor],
     inputs: &HashMap<String, HostTensor>,
     weights: &dyn WeightSource,
     seed: u64,
 ) -> Result<HostTensor, RunError> {
-    let arg = |n: &NodeId| {
-        values[n.index()]
-            .as_ref()
-            .expect("operands precede their users")
+    let ids = op.operands();
+    let arg = |n: &NodeId| -> &HostTensor {
+        let at = ids
+            .iter()
+            .position(|i| i == n)
+            .expect("an operand of this op");
+        operands[at]
     };
     Ok(match op {
         Op::Input { name } => inputs[name].clone(),
@@ -437,40 +472,15 @@ fn eval(
             let g = gamma.as_ref().map(|g| arg(g).to_f32_vec());
             let b = beta.as_ref().map(|b| arg(b).to_f32_vec());
             let eps = f32::from_bits(*eps_bits);
-            rows(arg(x), ty, |row| {
-                let n = row.len() as f32;
-                let mean = sum_ordered(row.iter().copied()) / n;
-                let d: Vec<f32> = row.iter().map(|&v| v - mean).collect();
-                let var = sum_ordered(d.iter().map(|&v| v * v)) / n;
-                let r = 1.0 / (var + eps).sqrt();
-                d.iter()
-                    .enumerate()
-                    .map(|(j, &v)| {
-                        let mut y = v * r;
-                        if let Some(g) = &g {
-                            y *= g[j];
-                        }
-                        if let Some(b) = &b {
-                            y += b[j];
-                        }
-                        y
-                    })
-                    .collect()
+            rows(arg(x), ty, |row, out| {
+                layer_norm_row(row, g.as_deref(), b.as_deref(), eps, out)
             })
         }
         Op::RmsNorm { x, gamma, eps_bits } => {
             let g = gamma.as_ref().map(|g| arg(g).to_f32_vec());
             let eps = f32::from_bits(*eps_bits);
-            rows(arg(x), ty, |row| {
-                let ms = sum_ordered(row.iter().map(|&v| v * v)) / row.len() as f32;
-                let r = 1.0 / (ms + eps).sqrt();
-                row.iter()
-                    .enumerate()
-                    .map(|(j, &v)| match &g {
-                        Some(g) => (v * r) * g[j],
-                        None => v * r,
-                    })
-                    .collect()
+            rows(arg(x), ty, |row, out| {
+                rms_norm_row(row, g.as_deref(), eps, out)
             })
         }
         Op::Conv2d {
@@ -548,7 +558,7 @@ fn unary(op: UnaryOp, x: &HostTensor) -> HostTensor {
 }
 
 /// One float element of a unary op (docs/OPS.md, "Elementwise").
-pub(crate) fn unary_f32(op: UnaryOp, x: f32) -> f32 {
+pub fn unary_f32(op: UnaryOp, x: f32) -> f32 {
     use UnaryOp::*;
     match op {
         Neg => -x,
@@ -608,18 +618,7 @@ fn binary(op: BinaryOp, a: &HostTensor, b: &HostTensor, ty: &TensorType) -> Host
                 let r = pairs.map(|(&i, &j)| compare(op, x[i].partial_cmp(&y[j])));
                 return bools_to(&ty.shape, r.collect::<Vec<_>>());
             }
-            let r = pairs.map(|(&i, &j)| {
-                let (p, q) = (x[i], y[j]);
-                match op {
-                    Add => p + q,
-                    Sub => p - q,
-                    Mul => p * q,
-                    Div => p / q,
-                    Pow => math::pow(p, q),
-                    Max => fmax(p, q),
-                    _ => fmin(p, q),
-                }
-            });
+            let r = pairs.map(|(&i, &j)| binary_f32(op, x[i], y[j]));
             floats_to(ty, r.collect::<Vec<_>>())
         }
         (Vals::I(x), Vals::I(y)) => {
@@ -649,6 +648,22 @@ fn binary(op: BinaryOp, a: &HostTensor, b: &HostTensor, ty: &TensorType) -> Host
             ints_to(ty, r.collect::<Vec<_>>())
         }
         _ => unreachable!("validated graphs have operands of one dtype"),
+    }
+}
+
+/// One element of a float arithmetic binary op (add, sub, mul, div, pow, max, min), before
+/// rounding to the storage type (docs/OPS.md, "Elementwise").
+pub fn binary_f32(op: BinaryOp, p: f32, q: f32) -> f32 {
+    use BinaryOp::*;
+    match op {
+        Add => p + q,
+        Sub => p - q,
+        Mul => p * q,
+        Div => p / q,
+        Pow => math::pow(p, q),
+        Max => fmax(p, q),
+        Min => fmin(p, q),
+        _ => NAN, // comparisons and logic produce bool; handled by the caller
     }
 }
 
@@ -889,33 +904,86 @@ fn gather(
 }
 
 /// Apply `f` to every row along the last axis of float tensor `x`.
-fn rows(x: &HostTensor, ty: &TensorType, f: impl Fn(&[f32]) -> Vec<f32>) -> HostTensor {
+fn rows(x: &HostTensor, ty: &TensorType, f: impl Fn(&[f32], &mut [f32])) -> HostTensor {
     let v = x.to_f32_vec();
     let n = *x.shape().last().unwrap_or(&1) as usize;
-    let out: Vec<f32> = if n == 0 {
-        Vec::new()
-    } else {
-        v.chunks(n).flat_map(&f).collect()
-    };
+    let mut out = vec![0.0f32; v.len()];
+    if n > 0 {
+        for (row, o) in v.chunks(n).zip(out.chunks_mut(n)) {
+            f(row, o);
+        }
+    }
     floats_to(ty, out)
+}
+
+/// Layer normalisation of one row (docs/OPS.md, "Normalisations").
+pub fn layer_norm_row(
+    row: &[f32],
+    gamma: Option<&[f32]>,
+    beta: Option<&[f32]>,
+    eps: f32,
+    out: &mut [f32],
+) {
+    let n = row.len() as f32;
+    let mean = sum_ordered(row.iter().copied()) / n;
+    let var = sum_ordered(row.iter().map(|&v| (v - mean) * (v - mean))) / n;
+    let r = 1.0 / (var + eps).sqrt();
+    for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+        let mut y = (v - mean) * r;
+        if let Some(g) = gamma {
+            y *= g[j];
+        }
+        if let Some(b) = beta {
+            y += b[j];
+        }
+        *o = y;
+    }
+}
+
+/// RMS normalisation of one row (docs/OPS.md, "Normalisations").
+pub fn rms_norm_row(row: &[f32], gamma: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let ms = sum_ordered(row.iter().map(|&v| v * v)) / row.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+        *o = match gamma {
+            Some(g) => (v * r) * g[j],
+            None => v * r,
+        };
+    }
+}
+
+/// Softmax or log-softmax of one contiguous row (docs/OPS.md, "Normalisations").
+pub fn softmax_row(op: NormOp, row: &[f32], out: &mut [f32]) {
+    let Some(m) = row.iter().copied().reduce(fmax) else {
+        return;
+    };
+    for (o, &a) in out.iter_mut().zip(row) {
+        *o = math::exp(a - m);
+    }
+    let s = sum_ordered(out.iter().copied());
+    match op {
+        NormOp::Softmax => out.iter_mut().for_each(|e| *e /= s),
+        NormOp::LogSoftmax => {
+            let ls = math::log(s);
+            for (o, &a) in out.iter_mut().zip(row) {
+                *o = (a - m) - ls;
+            }
+        }
+    }
 }
 
 fn normalize(op: NormOp, x: &HostTensor, axis: usize, ty: &TensorType) -> HostTensor {
     let v = x.to_f32_vec();
     let (kept, red) = split_offsets(x.shape(), &[axis as u32]);
     let mut out = vec![0.0f32; v.len()];
+    let (mut row, mut res) = (vec![0.0f32; red.len()], vec![0.0f32; red.len()]);
     for &base in &kept {
-        let row: Vec<f32> = red.iter().map(|&r| v[base + r]).collect();
-        let Some(m) = row.iter().copied().reduce(fmax) else {
-            continue;
-        };
-        let e: Vec<f32> = row.iter().map(|&a| math::exp(a - m)).collect();
-        let s = sum_ordered(e.iter().copied());
-        for (j, &r) in red.iter().enumerate() {
-            out[base + r] = match op {
-                NormOp::Softmax => e[j] / s,
-                NormOp::LogSoftmax => (row[j] - m) - math::log(s),
-            };
+        for (r, &off) in row.iter_mut().zip(&red) {
+            *r = v[base + off];
+        }
+        softmax_row(op, &row, &mut res);
+        for (&y, &off) in res.iter().zip(&red) {
+            out[base + off] = y;
         }
     }
     floats_to(ty, out)

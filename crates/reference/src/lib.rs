@@ -9,4 +9,7 @@ mod interp;
 pub mod math;
 pub mod philox;
 
-pub use interp::{RunError, run, sum_ordered};
+pub use interp::{
+    RunError, binary_f32, check_inputs, eval_op, layer_norm_row, rms_norm_row, run, softmax_row,
+    sum_ordered, unary_f32,
+};

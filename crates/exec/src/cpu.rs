@@ -1,0 +1,332 @@
+//! The CPU backend.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
+use tenet_kernels::SimdLevel;
+use tenet_kernels::gemm::{Strided, sgemm};
+use tenet_reference::{RunError, check_inputs, eval_op, layer_norm_row, rms_norm_row, softmax_row};
+
+use crate::fused;
+use crate::plan::{Plan, Step, plan};
+use crate::view::{f32s, make_f32, par_chunks};
+use crate::{Backend, ExecError, Prepared};
+
+/// Runs graphs on this machine's cores at a chosen SIMD level.
+#[derive(Clone, Debug)]
+pub struct CpuBackend {
+    threads: usize,
+    level: SimdLevel,
+}
+
+impl CpuBackend {
+    /// `threads` worker threads (at least 1) at `level` (downgraded if the CPU lacks it).
+    pub fn new(threads: usize, level: SimdLevel) -> CpuBackend {
+        CpuBackend {
+            threads: threads.max(1),
+            level: level.or_supported(),
+        }
+    }
+
+    /// All cores, the best SIMD level (or `TENET_SIMD`'s, if set and supported).
+    pub fn auto() -> CpuBackend {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        CpuBackend::new(
+            threads,
+            SimdLevel::from_env().unwrap_or_else(|_| SimdLevel::detect()),
+        )
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub fn level(&self) -> SimdLevel {
+        self.level
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!(
+            "cpu {} × {} thread{}",
+            self.level.name(),
+            self.threads,
+            if self.threads == 1 { "" } else { "s" }
+        )
+    }
+
+    fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError> {
+        Ok(Box::new(CpuPrepared {
+            graph: graph.clone(),
+            plan: plan(graph),
+            backend: self.clone(),
+        }))
+    }
+}
+
+struct CpuPrepared {
+    graph: Graph,
+    plan: Plan,
+    backend: CpuBackend,
+}
+
+/// A node's value: borrowed from the caller (inputs) or owned.
+enum Val<'a> {
+    Borrowed(&'a HostTensor),
+    Owned(HostTensor),
+}
+
+impl Val<'_> {
+    fn get(&self) -> &HostTensor {
+        match self {
+            Val::Borrowed(t) => t,
+            Val::Owned(t) => t,
+        }
+    }
+}
+
+impl Prepared for CpuPrepared {
+    fn run(
+        &self,
+        inputs: &HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+    ) -> Result<Vec<(String, HostTensor)>, ExecError> {
+        check_inputs(&self.graph, inputs)?;
+        let g = &self.graph;
+        let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
+        for (s, step) in self.plan.steps.iter().enumerate() {
+            let (id, value) = self.step(step, &values, inputs, weights, seed)?;
+            values[id.index()] = Some(value);
+            for r in &self.plan.release[s] {
+                values[r.index()] = None;
+            }
+        }
+        let mut outs = Vec::with_capacity(g.outputs().len());
+        for o in g.outputs() {
+            let t = values[o.node.index()]
+                .as_ref()
+                .expect("outputs are kept")
+                .get()
+                .clone();
+            outs.push((o.name.clone(), t));
+        }
+        Ok(outs)
+    }
+}
+
+impl CpuPrepared {
+    fn step<'a>(
+        &self,
+        step: &Step,
+        values: &[Option<Val<'a>>],
+        inputs: &'a HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+    ) -> Result<(NodeId, Val<'a>), ExecError> {
+        let g = &self.graph;
+        let val = |id: NodeId| {
+            values[id.index()]
+                .as_ref()
+                .expect("operands are computed before use")
+                .get()
+        };
+        let threads = self.backend.threads;
+        Ok(match step {
+            Step::Source(id) => {
+                let node = g.node(*id);
+                let v = match &node.op {
+                    Op::Input { name } => Val::Borrowed(&inputs[name]),
+                    Op::Weight { file, tensor } => {
+                        let w = weights.weight(file, tensor).ok_or_else(|| {
+                            RunError::MissingWeight {
+                                file: file.to_hex(),
+                                tensor: tensor.clone(),
+                            }
+                        })?;
+                        if w.ty() != &node.ty {
+                            return Err(RunError::WeightType {
+                                tensor: tensor.clone(),
+                                expected: node.ty.clone(),
+                                actual: w.ty().clone(),
+                            }
+                            .into());
+                        }
+                        Val::Owned(w)
+                    }
+                    op => Val::Owned(eval_op(*id, op, &node.ty, &[], seed)?),
+                };
+                (*id, v)
+            }
+            Step::Generic(id) => {
+                let node = g.node(*id);
+                let operands: Vec<&HostTensor> =
+                    node.op.operands().iter().map(|&o| val(o)).collect();
+                (
+                    *id,
+                    Val::Owned(eval_op(*id, &node.op, &node.ty, &operands, seed)?),
+                )
+            }
+            Step::Gemm(id) => (*id, Val::Owned(self.gemm(*id, val)?)),
+            Step::Rows(id) => {
+                let node = g.node(*id);
+                let x = f32s(val(node.op.operands()[0]));
+                let n = *node.ty.shape.last().unwrap_or(&1) as usize;
+                let t = match &node.op {
+                    Op::Normalize { op, .. } => {
+                        let op: NormOp = *op;
+                        rows(&node.ty, &x, n, threads, |row, out| {
+                            softmax_row(op, row, out)
+                        })
+                    }
+                    Op::LayerNorm {
+                        gamma,
+                        beta,
+                        eps_bits,
+                        ..
+                    } => {
+                        let gm = gamma.map(|o| f32s(val(o)));
+                        let bt = beta.map(|o| f32s(val(o)));
+                        let eps = f32::from_bits(*eps_bits);
+                        rows(&node.ty, &x, n, threads, |row, out| {
+                            layer_norm_row(row, gm.as_deref(), bt.as_deref(), eps, out)
+                        })
+                    }
+                    Op::RmsNorm {
+                        gamma, eps_bits, ..
+                    } => {
+                        let gm = gamma.map(|o| f32s(val(o)));
+                        let eps = f32::from_bits(*eps_bits);
+                        rows(&node.ty, &x, n, threads, |row, out| {
+                            rms_norm_row(row, gm.as_deref(), eps, out)
+                        })
+                    }
+                    _ => unreachable!("the planner only marks normalisations as rows"),
+                };
+                (*id, Val::Owned(t))
+            }
+            Step::Fused(ids) => {
+                let last = *ids.last().expect("groups are non-empty");
+                let ty = &g.node(last).ty;
+                // Views of external operands, kept alive for the pass.
+                let externals: HashMap<NodeId, Cow<'_, [f32]>> = ids
+                    .iter()
+                    .flat_map(|&id| g.node(id).op.operands())
+                    .filter(|o| !ids.contains(o))
+                    .map(|o| (o, f32s(val(o))))
+                    .collect();
+                let members = fused::members(g, ids, &|o| &externals[&o][..]);
+                let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+                let t = make_f32(ty, |out| {
+                    par_chunks(out, threads, fused::CHUNK, |range, chunk| {
+                        fused::eval_range(&members, &dims, range, chunk)
+                    })
+                });
+                (last, Val::Owned(t))
+            }
+        })
+    }
+
+    fn gemm<'v>(
+        &self,
+        id: NodeId,
+        val: impl Fn(NodeId) -> &'v HostTensor,
+    ) -> Result<HostTensor, ExecError> {
+        let node = self.graph.node(id);
+        let Op::MatMul { a, b } = node.op else {
+            unreachable!("gemm steps are matmuls")
+        };
+        let (ta, tb) = (val(a), val(b));
+        let (av, bv) = (f32s(ta), f32s(tb));
+        let (ra, rb, r) = (ta.shape().len(), tb.shape().len(), node.ty.rank());
+        let (m, k, n) = (
+            ta.shape()[ra - 2] as usize,
+            ta.shape()[ra - 1] as usize,
+            tb.shape()[rb - 1] as usize,
+        );
+        let batch: Vec<u64> = node.ty.shape[..r - 2].to_vec();
+        let offsets = |shape: &[u64], rows: usize, cols: usize| -> Vec<usize> {
+            // Flat offset of each output batch's matrix within an operand, by broadcasting.
+            let own = &shape[..shape.len() - 2];
+            let pad = batch.len() - own.len();
+            let count: usize = batch.iter().product::<u64>() as usize;
+            (0..count)
+                .map(|flat| {
+                    let (mut rem, mut off, mut stride) = (flat, 0usize, rows * cols);
+                    for d in (0..batch.len()).rev() {
+                        let idx = rem % batch[d] as usize;
+                        rem /= batch[d] as usize;
+                        if d >= pad {
+                            let dim = own[d - pad] as usize;
+                            if dim != 1 {
+                                off += idx * stride;
+                            }
+                            stride *= dim;
+                        }
+                    }
+                    off
+                })
+                .collect()
+        };
+        let (oa, ob) = (offsets(ta.shape(), m, k), offsets(tb.shape(), k, n));
+        let mut result = Ok(());
+        let t = make_f32(&node.ty, |out| {
+            for (bi, (&x, &y)) in oa.iter().zip(&ob).enumerate() {
+                let c = &mut out[bi * m * n..(bi + 1) * m * n];
+                let r = sgemm(
+                    self.backend.level,
+                    self.backend.threads,
+                    m,
+                    n,
+                    k,
+                    Strided {
+                        data: &av[x..],
+                        rs: k,
+                        cs: 1,
+                    },
+                    Strided {
+                        data: &bv[y..],
+                        rs: n,
+                        cs: 1,
+                    },
+                    c,
+                    n,
+                );
+                if let Err(e) = r {
+                    result = Err(ExecError::Kernel {
+                        node: id,
+                        message: e.to_string(),
+                    });
+                    return;
+                }
+            }
+        });
+        result.map(|()| t)
+    }
+}
+
+/// Apply a row function over the last axis (`n` elements per row) on several threads.
+fn rows(
+    ty: &tenet_ir::TensorType,
+    x: &[f32],
+    n: usize,
+    threads: usize,
+    f: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> HostTensor {
+    make_f32(ty, |out| {
+        if n == 0 {
+            return;
+        }
+        par_chunks(out, threads, n, |range, chunk| {
+            for (row, o) in x[range].chunks(n).zip(chunk.chunks_mut(n)) {
+                f(row, o);
+                // Computed NaNs are canonical (docs/OPS.md), as the reference encodes them.
+                o.iter_mut()
+                    .filter(|v| v.is_nan())
+                    .for_each(|v| *v = tenet_reference::math::NAN);
+            }
+        })
+    })
+}

@@ -1,0 +1,207 @@
+//! One pass over memory for a chain of f32 elementwise ops.
+//!
+//! The output is cut into chunks that stay in L1; each member of the chain is computed for a
+//! chunk from its operands (earlier members' chunk buffers, or external tensors read with
+//! broadcasting), and only the last member is written out. Each element is computed exactly as
+//! the reference computes it (same scalar functions, NaN made canonical after every computing
+//! op), so fusion changes where values live, never their bits.
+
+use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+use tenet_reference::math::NAN;
+use tenet_reference::{binary_f32, unary_f32};
+
+/// Elements per chunk: a few chunk buffers fit in L1.
+pub(crate) const CHUNK: usize = 2048;
+
+/// Where a member's operand comes from.
+#[derive(Clone)]
+pub(crate) enum Src<'a> {
+    /// An earlier member of the group.
+    Member(usize),
+    /// An external tensor of the output's shape.
+    Full(&'a [f32]),
+    /// A single value broadcast everywhere.
+    Scalar(f32),
+    /// An external tensor broadcast to the output shape: `strides[d]` is 0 on broadcast axes.
+    Broadcast {
+        data: &'a [f32],
+        strides: Vec<usize>,
+    },
+}
+
+pub(crate) enum Kind {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+}
+
+pub(crate) struct Member<'a> {
+    pub kind: Kind,
+    pub srcs: Vec<Src<'a>>,
+}
+
+/// Describe the group `ids` of `graph`, reading externals through `value`.
+pub(crate) fn members<'a>(
+    graph: &Graph,
+    ids: &[NodeId],
+    value: &dyn Fn(NodeId) -> &'a [f32],
+) -> Vec<Member<'a>> {
+    let out_shape = &graph
+        .node(*ids.last().expect("groups are non-empty"))
+        .ty
+        .shape;
+    let src = |o: NodeId| -> Src<'a> {
+        if let Some(m) = ids.iter().position(|&x| x == o) {
+            return Src::Member(m);
+        }
+        let shape = &graph.node(o).ty.shape;
+        let data = value(o);
+        if shape == out_shape {
+            Src::Full(data)
+        } else if data.len() == 1 {
+            Src::Scalar(data[0])
+        } else {
+            // Broadcast strides, aligned at the right.
+            let mut strides = vec![0usize; out_shape.len()];
+            let off = out_shape.len() - shape.len();
+            let mut s = 1usize;
+            for d in (0..shape.len()).rev() {
+                if shape[d] != 1 {
+                    strides[off + d] = s;
+                }
+                s *= shape[d] as usize;
+            }
+            Src::Broadcast { data, strides }
+        }
+    };
+    ids.iter()
+        .map(|&id| match &graph.node(id).op {
+            Op::Unary { op, x } => Member {
+                kind: Kind::Unary(*op),
+                srcs: vec![src(*x)],
+            },
+            Op::Binary { op, a, b } => Member {
+                kind: Kind::Binary(*op),
+                srcs: vec![src(*a), src(*b)],
+            },
+            _ => unreachable!("the planner fuses only unary and binary f32 ops"),
+        })
+        .collect()
+}
+
+fn canon(v: f32) -> f32 {
+    if v.is_nan() { NAN } else { v }
+}
+
+/// Read `len` elements of `src` starting at flat output index `start` into `buf`, or return a
+/// direct slice when the data is already laid out that way.
+fn operand<'b>(
+    src: &'b Src<'_>,
+    bufs: &'b [Vec<f32>],
+    start: usize,
+    len: usize,
+    out_dims: &[usize],
+    scratch: &'b mut Vec<f32>,
+) -> &'b [f32] {
+    match src {
+        Src::Member(m) => &bufs[*m][..len],
+        Src::Full(d) => &d[start..start + len],
+        Src::Scalar(v) => {
+            scratch.clear();
+            scratch.resize(len, *v);
+            scratch
+        }
+        Src::Broadcast { data, strides } => {
+            scratch.clear();
+            for flat in start..start + len {
+                let (mut rem, mut at) = (flat, 0usize);
+                for d in (0..out_dims.len()).rev() {
+                    at += (rem % out_dims[d]) * strides[d];
+                    rem /= out_dims[d];
+                }
+                scratch.push(data[at]);
+            }
+            scratch
+        }
+    }
+}
+
+/// Compute one member for `len` elements starting at `start` into `dst`.
+fn compute(
+    m: &Member<'_>,
+    done: &[Vec<f32>],
+    start: usize,
+    out_dims: &[usize],
+    dst: &mut [f32],
+    scratch: &mut [Vec<f32>; 2],
+) {
+    let len = dst.len();
+    let [s0, s1] = scratch;
+    match &m.kind {
+        Kind::Unary(op) => {
+            let x = operand(&m.srcs[0], done, start, len, out_dims, s0);
+            match op {
+                UnaryOp::Neg => dst
+                    .iter_mut()
+                    .zip(x)
+                    .for_each(|(d, &v)| *d = f32::from_bits(v.to_bits() ^ 0x8000_0000)),
+                UnaryOp::Abs => dst
+                    .iter_mut()
+                    .zip(x)
+                    .for_each(|(d, &v)| *d = f32::from_bits(v.to_bits() & 0x7fff_ffff)),
+                op => dst
+                    .iter_mut()
+                    .zip(x)
+                    .for_each(|(d, &v)| *d = canon(unary_f32(*op, v))),
+            }
+        }
+        Kind::Binary(op) => {
+            let a = operand(&m.srcs[0], done, start, len, out_dims, s0);
+            let b = operand(&m.srcs[1], done, start, len, out_dims, s1);
+            let it = dst.iter_mut().zip(a.iter().zip(b));
+            match op {
+                BinaryOp::Add => it.for_each(|(d, (&p, &q))| *d = canon(p + q)),
+                BinaryOp::Sub => it.for_each(|(d, (&p, &q))| *d = canon(p - q)),
+                BinaryOp::Mul => it.for_each(|(d, (&p, &q))| *d = canon(p * q)),
+                BinaryOp::Div => it.for_each(|(d, (&p, &q))| *d = canon(p / q)),
+                op => it.for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q))),
+            }
+        }
+    }
+}
+
+/// Evaluate the group for output elements `range`, writing the last member into `out`.
+pub(crate) fn eval_range(
+    members: &[Member<'_>],
+    out_dims: &[usize],
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let last = members.len() - 1;
+    let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; CHUNK]; last];
+    let mut scratch = [Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK)];
+    let mut start = range.start;
+    while start < range.end {
+        let len = CHUNK.min(range.end - start);
+        for mi in 0..last {
+            let (done, rest) = bufs.split_at_mut(mi);
+            compute(
+                &members[mi],
+                done,
+                start,
+                out_dims,
+                &mut rest[0][..len],
+                &mut scratch,
+            );
+        }
+        let o = start - range.start;
+        compute(
+            &members[last],
+            &bufs,
+            start,
+            out_dims,
+            &mut out[o..o + len],
+            &mut scratch,
+        );
+        start += len;
+    }
+}

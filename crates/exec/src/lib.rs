@@ -1,0 +1,55 @@
+//! `tenet-exec`: running graphs fast, with exactly the reference's bits.
+//!
+//! A `Backend` prepares a graph once (`prepare`) into something that runs many times (`run`).
+//! The CPU backend plans the graph in its own order (graph order, the order the cost
+//! certificate assumes), releases every buffer after its last use, runs f32 matrix products on
+//! the deterministic GEMM of `tenet-kernels`, fuses chains of elementwise ops into single passes
+//! over memory, parallelises rows of normalisations, and hands every other op to the reference
+//! interpreter's own code. Threads only ever split independent output elements, so the thread
+//! count never changes a bit. A GPU backend implements the same two traits.
+
+mod cpu;
+mod fused;
+mod plan;
+mod view;
+
+use std::collections::HashMap;
+
+use tenet_ir::{Graph, HostTensor, WeightSource};
+
+pub use cpu::CpuBackend;
+pub use tenet_kernels::SimdLevel;
+
+/// Why a graph could not be run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// Inputs, weights or a run-time condition (such as a gather index) rejected by the op rules.
+    #[error(transparent)]
+    Run(#[from] tenet_reference::RunError),
+    /// A kernel refused its arguments; this is a bug in the planner.
+    #[error("kernel error in node {node}: {message}")]
+    Kernel {
+        node: tenet_ir::NodeId,
+        message: String,
+    },
+}
+
+/// A way of executing graphs: the CPU today, a GPU behind a feature later.
+pub trait Backend: Send + Sync {
+    /// A short description, such as `cpu avx512 × 2 threads`.
+    fn name(&self) -> String;
+    /// Plan `graph` for repeated runs.
+    fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError>;
+}
+
+/// A graph planned by a backend.
+pub trait Prepared: Send + Sync {
+    /// Run on named inputs with weights from `weights`; `seed` feeds the random ops. Outputs
+    /// come back in the graph's output order.
+    fn run(
+        &self,
+        inputs: &HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+    ) -> Result<Vec<(String, HostTensor)>, ExecError>;
+}

@@ -1,0 +1,132 @@
+//! The CPU plan: which kernel runs each node, which elementwise nodes fuse into one pass, and
+//! when each buffer can be released.
+
+use tenet_ir::{DType, Graph, NodeId, NormOp, Op, UnaryOp};
+
+/// One step of the plan, in graph order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// An input, weight or constant.
+    Source(NodeId),
+    /// An f32 matrix product on the deterministic GEMM.
+    Gemm(NodeId),
+    /// Consecutive f32 elementwise nodes of one shape evaluated in a single pass; only the last
+    /// node's result is materialised (the others are used only inside the group).
+    Fused(Vec<NodeId>),
+    /// An f32 softmax/log-softmax over the last axis, or an f32 layer/RMS norm, row-parallel.
+    Rows(NodeId),
+    /// Anything else, on the reference interpreter's code.
+    Generic(NodeId),
+}
+
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub steps: Vec<Step>,
+    /// Nodes whose buffers can be dropped after each step.
+    pub release: Vec<Vec<NodeId>>,
+}
+
+/// An f32 elementwise op the fused loop implements.
+pub(crate) fn fusable(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    let f32s = |ids: &[NodeId]| ids.iter().all(|&o| graph.node(o).ty.dtype == DType::F32);
+    node.ty.dtype == DType::F32
+        && match &node.op {
+            Op::Unary { op, x } => *op != UnaryOp::Not && f32s(&[*x]),
+            Op::Binary { op, a, b } => !op.is_comparison() && !op.is_logical() && f32s(&[*a, *b]),
+            _ => false,
+        }
+}
+
+fn rows_op(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    let all_f32 = node.ty.dtype == DType::F32
+        && node
+            .op
+            .operands()
+            .iter()
+            .all(|&o| graph.node(o).ty.dtype == DType::F32);
+    all_f32
+        && match &node.op {
+            Op::Normalize {
+                op: NormOp::Softmax | NormOp::LogSoftmax,
+                axis,
+                ..
+            } => *axis as usize + 1 == node.ty.rank(),
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => true,
+            _ => false,
+        }
+}
+
+pub(crate) fn plan(graph: &Graph) -> Plan {
+    let nodes = graph.nodes();
+    let n = nodes.len();
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, node) in nodes.iter().enumerate() {
+        for o in node.op.operands() {
+            users[o.index()].push(i);
+        }
+    }
+    let mut is_output = vec![false; n];
+    for o in graph.outputs() {
+        is_output[o.node.index()] = true;
+    }
+
+    let mut steps = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let id = NodeId(i as u32);
+        let node = &nodes[i];
+        if node.op.is_source() {
+            steps.push(Step::Source(id));
+        } else if matches!(node.op, Op::MatMul { .. }) && node.ty.dtype == DType::F32 {
+            steps.push(Step::Gemm(id));
+        } else if rows_op(graph, id) {
+            steps.push(Step::Rows(id));
+        } else if fusable(graph, id) {
+            // The longest run of fusable nodes of this shape...
+            let mut end = i;
+            while end + 1 < n
+                && fusable(graph, NodeId(end as u32 + 1))
+                && nodes[end + 1].ty.shape == node.ty.shape
+            {
+                end += 1;
+            }
+            // ...cut back until every member but the last is used only inside the group.
+            let internal = |e: usize| {
+                (i..e).all(|m| !is_output[m] && users[m].iter().all(|&u| u > m && u <= e))
+            };
+            while end > i && !internal(end) {
+                end -= 1;
+            }
+            steps.push(Step::Fused((i..=end).map(|m| NodeId(m as u32)).collect()));
+            i = end + 1;
+            continue;
+        } else {
+            steps.push(Step::Generic(id));
+        }
+        i += 1;
+    }
+
+    // A node's buffer is released after the step that last reads it (outputs never).
+    let mut step_of = vec![0usize; n];
+    for (s, step) in steps.iter().enumerate() {
+        match step {
+            Step::Fused(ids) => ids.iter().for_each(|id| step_of[id.index()] = s),
+            Step::Source(id) | Step::Gemm(id) | Step::Rows(id) | Step::Generic(id) => {
+                step_of[id.index()] = s
+            }
+        }
+    }
+    let mut release = vec![Vec::new(); steps.len()];
+    for (m, us) in users.iter().enumerate() {
+        if is_output[m] {
+            continue;
+        }
+        let last = us.iter().map(|&u| step_of[u]).max().unwrap_or(step_of[m]);
+        if last != step_of[m] || us.is_empty() {
+            release[last].push(NodeId(m as u32));
+        }
+    }
+    Plan { steps, release }
+}

@@ -1,0 +1,62 @@
+//! f32 views of host tensors and f32 output buffers that become host tensors without a copy.
+
+use std::borrow::Cow;
+
+use tenet_ir::{HostTensor, TensorType};
+
+/// The elements of an f32 tensor, borrowed when its bytes are aligned (they are whenever the
+/// allocator returned them, which is always in practice), copied otherwise.
+pub(crate) fn f32s(t: &HostTensor) -> Cow<'_, [f32]> {
+    match bytemuck::try_cast_slice::<u8, f32>(t.bytes()) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(t.to_f32_vec()),
+    }
+}
+
+/// Compute an f32 tensor of type `ty` by filling its elements with `fill`.
+pub(crate) fn make_f32(ty: &TensorType, fill: impl FnOnce(&mut [f32])) -> HostTensor {
+    let n = ty.numel().unwrap_or(0) as usize;
+    let mut bytes = vec![0u8; n * 4];
+    match bytemuck::try_cast_slice_mut::<u8, f32>(&mut bytes) {
+        Ok(out) => fill(out),
+        Err(_) => {
+            let mut tmp = vec![0.0f32; n];
+            fill(&mut tmp);
+            bytes = tmp.iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+    }
+    HostTensor::new(ty.clone(), bytes).expect("sized to the type")
+}
+
+/// Split `0..n` into `parts` contiguous ranges whose starts are multiples of `align`.
+pub(crate) fn ranges(n: usize, parts: usize, align: usize) -> Vec<std::ops::Range<usize>> {
+    let per = n.div_ceil(parts.max(1)).div_ceil(align.max(1)) * align.max(1);
+    (0..n)
+        .step_by(per.max(1))
+        .map(|s| s..(s + per).min(n))
+        .collect()
+}
+
+/// Run `f(range, out_slice)` over disjoint pieces of `out` on up to `threads` threads, each
+/// range a multiple of `align` elements (except the last).
+pub(crate) fn par_chunks<T: Send>(
+    out: &mut [T],
+    threads: usize,
+    align: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut [T]) + Sync,
+) {
+    let parts = ranges(out.len(), threads, align);
+    if parts.len() <= 1 {
+        f(0..out.len(), out);
+        return;
+    }
+    std::thread::scope(|s| {
+        let mut rest = out;
+        for r in parts {
+            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+            rest = tail;
+            let f = &f;
+            s.spawn(move || f(r, chunk));
+        }
+    });
+}

@@ -1,0 +1,136 @@
+//! The CPU backend against the reference: the same bits for every graph, SIMD level and thread
+//! count.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_ir::testing::{Rng, random_graph, random_tensor};
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Op, WeightsId};
+
+fn backends() -> Vec<CpuBackend> {
+    let mut v = Vec::new();
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+        for threads in [1, 2, 3] {
+            v.push(CpuBackend::new(threads, level));
+        }
+    }
+    v
+}
+
+type Weights = HashMap<(WeightsId, String), HostTensor>;
+
+fn random_io(graph: &Graph, seed: u64) -> (HashMap<String, HostTensor>, Weights) {
+    let mut rng = Rng(seed);
+    let inputs = graph
+        .inputs()
+        .map(|(_, n, t)| (n.to_string(), random_tensor(&mut rng, t)))
+        .collect();
+    let weights = graph
+        .weights()
+        .filter_map(|(_, op, ty)| match op {
+            Op::Weight { file, tensor } => {
+                Some(((*file, tensor.clone()), random_tensor(&mut rng, ty)))
+            }
+            _ => None,
+        })
+        .collect();
+    (inputs, weights)
+}
+
+fn assert_same_everywhere(
+    graph: &Graph,
+    inputs: &HashMap<String, HostTensor>,
+    weights: &Weights,
+    seed: u64,
+) {
+    let want = tenet_reference::run(graph, inputs, weights, seed);
+    for b in backends() {
+        let got = b.prepare(graph).unwrap().run(inputs, weights, seed);
+        match (&want, &got) {
+            (Ok(w), Ok(g)) => {
+                for ((name, wt), (_, gt)) in w.iter().zip(g) {
+                    assert_eq!(wt.ty(), gt.ty(), "{} output {name}", b.name());
+                    assert!(
+                        wt.bytes() == gt.bytes(),
+                        "{}: output {name} differs from the reference",
+                        b.name()
+                    );
+                }
+            }
+            (Err(w), Err(g)) => assert_eq!(w.to_string(), g.to_string()),
+            _ => panic!(
+                "{}: reference {:?} vs backend {:?}",
+                b.name(),
+                want.as_ref().err(),
+                got.as_ref().err()
+            ),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(120))]
+    #[test]
+    fn random_graphs_match_the_reference(seed in any::<u64>()) {
+        let graph = random_graph(seed, 25);
+        let (inputs, weights) = random_io(&graph, seed ^ 0xabc);
+        assert_same_everywhere(&graph, &inputs, &weights, seed);
+    }
+}
+
+#[test]
+fn large_fused_chains_with_broadcasting() {
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[3, 5000]);
+    let y = g.input("y", DType::F32, &[3, 5000]);
+    let z = g.input("z", DType::F32, &[5000]);
+    let s = g.input("s", DType::F32, &[3, 1]);
+    let out = (((&x * &y) + &z).relu() * &s).neg().exp() / 3.0;
+    let graph = g.finish(&[("out", &out)]).unwrap();
+    let (inputs, weights) = random_io(&graph, 7);
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
+
+#[test]
+fn batched_matmul_softmax_and_norms() {
+    let g = GraphBuilder::new();
+    let a = g.input("a", DType::F32, &[2, 1, 37, 300]);
+    let b = g.input("b", DType::F32, &[3, 300, 41]);
+    let gamma = g.input("gamma", DType::F32, &[41]);
+    let c = a.matmul(&b);
+    let p = c.softmax(-1);
+    let l = c.layer_norm(Some(&gamma), None, 1e-5);
+    let r = c.rms_norm(Some(&gamma), 1e-6).log_softmax(-1);
+    let graph = g
+        .finish(&[("c", &c), ("p", &p), ("l", &l), ("r", &r)])
+        .unwrap();
+    let (inputs, weights) = random_io(&graph, 11);
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
+
+#[test]
+fn errors_match_the_reference() {
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[4]);
+    let i = g.input("i", DType::I64, &[2]);
+    let y = x.gather(&i, 0);
+    let graph = g.finish(&[("y", &y)]).unwrap();
+    let inputs = HashMap::from([
+        (
+            "x".to_string(),
+            HostTensor::from_f32(&[4], &[1.0, 2.0, 3.0, 4.0]).unwrap(),
+        ),
+        (
+            "i".to_string(),
+            HostTensor::from_i64(&[2], &[0, 9]).unwrap(),
+        ),
+    ]);
+    assert_same_everywhere(&graph, &inputs, &HashMap::new(), 0);
+    let e = CpuBackend::new(1, SimdLevel::Portable)
+        .prepare(&graph)
+        .unwrap()
+        .run(&HashMap::new(), &HashMap::new(), 0)
+        .unwrap_err();
+    assert!(e.to_string().contains("missing input"), "{e}");
+}
