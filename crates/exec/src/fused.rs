@@ -182,10 +182,10 @@ pub(crate) fn eval_range(
     let mut start = range.start;
     while start < range.end {
         let len = CHUNK.min(range.end - start);
-        for mi in 0..last {
+        for (mi, member) in members[..last].iter().enumerate() {
             let (done, rest) = bufs.split_at_mut(mi);
             compute(
-                &members[mi],
+                member,
                 done,
                 start,
                 out_dims,
