@@ -90,6 +90,21 @@ enum Command {
         #[arg(long)]
         reference: bool,
     },
+    /// Measure tenet against numpy and this machine's FMA peak, in one run.
+    ///
+    /// numpy is run through python3 (or TENET_PYTHON) in the same invocation; without numpy its
+    /// column is empty and says why. Medians over repeats; compare ratios, not absolute times.
+    Bench {
+        /// Print one JSON array: name, tenet_ms, numpy_ms, gflops, ratio_to_peak per workload.
+        #[arg(long)]
+        json: bool,
+        /// Smaller sizes, for a quick look.
+        #[arg(long)]
+        quick: bool,
+        /// Worker threads [default: all cores].
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+    },
     /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
     Inspect {
         /// The graph: text form (.tg) or binary (.tnt).
@@ -165,6 +180,25 @@ fn run(cli: Cli) -> Result<()> {
                 reference,
             },
         ),
+        Command::Bench {
+            json,
+            quick,
+            threads,
+        } => {
+            let auto = tenet_exec::CpuBackend::auto();
+            let backend =
+                tenet_exec::CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
+            let python = std::env::var("TENET_PYTHON").unwrap_or_else(|_| "python3".to_string());
+            let report = tenet_bench::run(&backend, &python, quick, |what| {
+                eprintln!("tenet bench: {what}...")
+            });
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        }
         Command::Inspect {
             file,
             text: as_text,

@@ -104,13 +104,23 @@ impl Prepared for CpuPrepared {
                 values[r.index()] = None;
             }
         }
+        // Move each output out of the table; copy only an input returned as an output, or a
+        // node named by two outputs.
         let mut outs = Vec::with_capacity(g.outputs().len());
-        for o in g.outputs() {
-            let t = values[o.node.index()]
-                .as_ref()
-                .expect("outputs are kept")
-                .get()
-                .clone();
+        for (i, o) in g.outputs().iter().enumerate() {
+            let again = g.outputs()[i + 1..]
+                .iter()
+                .any(|later| later.node == o.node);
+            let slot = &mut values[o.node.index()];
+            let t = match (again, slot.take()) {
+                (false, Some(Val::Owned(t))) => t,
+                (_, Some(v)) => {
+                    let t = v.get().clone();
+                    *slot = Some(v);
+                    t
+                }
+                (_, None) => unreachable!("outputs are kept until the end"),
+            };
             outs.push((o.name.clone(), t));
         }
         Ok(outs)

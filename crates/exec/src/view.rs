@@ -16,7 +16,7 @@ pub(crate) fn f32s(t: &HostTensor) -> Cow<'_, [f32]> {
 /// Compute an f32 tensor of type `ty` by filling its elements with `fill`.
 pub(crate) fn make_f32(ty: &TensorType, fill: impl FnOnce(&mut [f32])) -> HostTensor {
     let n = ty.numel().unwrap_or(0) as usize;
-    let mut bytes = vec![0u8; n * 4];
+    let mut bytes = tenet_kernels::memory::zeroed_bytes(n * 4);
     match bytemuck::try_cast_slice_mut::<u8, f32>(&mut bytes) {
         Ok(out) => fill(out),
         Err(_) => {

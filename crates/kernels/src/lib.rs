@@ -7,6 +7,7 @@
 //! are detected at run time; `TENET_SIMD=avx512|avx2|portable` forces a level (see `SimdLevel`).
 
 pub mod gemm;
+pub mod memory;
 mod peak;
 mod simd;
 

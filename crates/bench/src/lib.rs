@@ -1,0 +1,247 @@
+//! `tenet bench`: workloads timed on the executor, on numpy (run through `python3` in the same
+//! invocation), and against the FMA peak measured in the same run. Medians over repeats; the
+//! machine is shared and noisy, so only ratios from one run mean much.
+
+mod numpy;
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tenet_exec::{Backend, CpuBackend};
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, NoWeights};
+
+/// One measured workload.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub name: String,
+    pub tenet_ms: f64,
+    pub numpy_ms: Option<f64>,
+    pub flops: Option<f64>,
+    pub peak_gflops: f64,
+}
+
+impl Row {
+    pub fn gflops(&self) -> Option<f64> {
+        self.flops.map(|f| f / (self.tenet_ms * 1e6))
+    }
+
+    pub fn json(&self, numpy_note: &Option<String>) -> Value {
+        json!({
+            "name": self.name,
+            "tenet_ms": round(self.tenet_ms),
+            "numpy_ms": self.numpy_ms.map(round),
+            "numpy_note": numpy_note,
+            "tenet_over_numpy": self.numpy_ms.map(|n| round(self.tenet_ms / n)),
+            "gflops": self.gflops().map(round),
+            "ratio_to_peak": self.gflops().map(|g| round(g / self.peak_gflops)),
+        })
+    }
+}
+
+fn round(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// A workload: a graph and how to make its inputs; `numpy` is the expression the peer times.
+struct Workload {
+    name: &'static str,
+    graph: Graph,
+    flops: Option<f64>,
+    numpy: &'static str,
+    shapes: Vec<(&'static str, Vec<u64>)>,
+}
+
+fn workloads(quick: bool) -> Vec<Workload> {
+    let mut w = Vec::new();
+    let sizes: &[u64] = if quick { &[256, 512] } else { &[1024, 2048] };
+    for &n in sizes {
+        let g = GraphBuilder::new();
+        let (a, b) = (
+            g.input("a", DType::F32, &[n, n]),
+            g.input("b", DType::F32, &[n, n]),
+        );
+        let graph = g.finish(&[("c", &a.matmul(&b))]).expect("valid");
+        w.push(Workload {
+            name: if n == 1024 {
+                "matmul f32 1024²"
+            } else if n == 2048 {
+                "matmul f32 2048²"
+            } else if n == 256 {
+                "matmul f32 256²"
+            } else {
+                "matmul f32 512²"
+            },
+            graph,
+            flops: Some(2.0 * (n as f64).powi(3)),
+            numpy: "a @ b",
+            shapes: vec![("a", vec![n, n]), ("b", vec![n, n])],
+        });
+    }
+    let len: u64 = if quick { 1 << 20 } else { 1 << 24 };
+    let g = GraphBuilder::new();
+    let (x, y, z) = (
+        g.input("x", DType::F32, &[len]),
+        g.input("y", DType::F32, &[len]),
+        g.input("z", DType::F32, &[len]),
+    );
+    w.push(Workload {
+        name: if quick {
+            "x*y+z over 1M f32"
+        } else {
+            "x*y+z over 16M f32"
+        },
+        graph: g.finish(&[("o", &(x * y + z))]).expect("valid"),
+        flops: None,
+        numpy: "x * y + z",
+        shapes: vec![("x", vec![len]), ("y", vec![len]), ("z", vec![len])],
+    });
+    let side: u64 = if quick { 1024 } else { 4096 };
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[side, side]);
+    w.push(Workload {
+        name: if quick { "softmax (1024, 1024)" } else { "softmax (4096, 4096)" },
+        graph: g.finish(&[("p", &x.softmax(-1))]).expect("valid"),
+        flops: None,
+        numpy: "(lambda e: e / e.sum(axis=-1, keepdims=True))(np.exp(x - x.max(axis=-1, keepdims=True)))",
+        shapes: vec![("x", vec![side, side])],
+    });
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[side, side]);
+    w.push(Workload {
+        name: if quick { "layer_norm (1024, 1024)" } else { "layer_norm (4096, 4096)" },
+        graph: g.finish(&[("l", &x.layer_norm(None, None, 1e-5))]).expect("valid"),
+        flops: None,
+        numpy: "(lambda d: d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5))(x - x.mean(axis=-1, keepdims=True))",
+        shapes: vec![("x", vec![side, side])],
+    });
+    w
+}
+
+/// Deterministic values in [-1, 1).
+fn input(shape: &[u64], salt: u64) -> HostTensor {
+    let n: u64 = shape.iter().product();
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ salt;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect();
+    HostTensor::from_f32(shape, &v).expect("sized")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Everything one run measured.
+pub struct Report {
+    pub backend: String,
+    pub peak_gflops: f64,
+    pub numpy: Result<String, String>,
+    pub rows: Vec<Row>,
+}
+
+/// Run every workload; `progress` hears what is being measured.
+pub fn run(
+    backend: &CpuBackend,
+    python: &str,
+    quick: bool,
+    mut progress: impl FnMut(&str),
+) -> Report {
+    progress("measuring the FMA peak");
+    let peak = median(
+        (0..3)
+            .map(|_| tenet_kernels::fma_peak_gflops(backend.level(), backend.threads(), 200))
+            .collect(),
+    );
+    let work = workloads(quick);
+    progress("running the numpy side");
+    let numpy = numpy::measure(
+        python,
+        backend.threads(),
+        &work
+            .iter()
+            .map(|w| (w.name, w.numpy, w.shapes.clone()))
+            .collect::<Vec<_>>(),
+    );
+    let mut rows = Vec::new();
+    for w in &work {
+        progress(&format!("running {} on tenet", w.name));
+        let prepared = backend.prepare(&w.graph).expect("bench graphs are valid");
+        let inputs: HashMap<String, HostTensor> = w
+            .shapes
+            .iter()
+            .enumerate()
+            .map(|(i, (n, s))| (n.to_string(), input(s, i as u64)))
+            .collect();
+        let reps = if quick { 5 } else { 9 };
+        let times = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                let out = prepared
+                    .run(&inputs, &NoWeights, 0)
+                    .expect("bench graphs run");
+                std::hint::black_box(out);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        rows.push(Row {
+            name: w.name.to_string(),
+            tenet_ms: median(times),
+            numpy_ms: numpy
+                .as_ref()
+                .ok()
+                .and_then(|m| m.times.get(w.name).copied()),
+            flops: w.flops,
+            peak_gflops: peak,
+        });
+    }
+    Report {
+        backend: backend.name(),
+        peak_gflops: peak,
+        numpy: numpy.map(|m| m.version),
+        rows,
+    }
+}
+
+impl Report {
+    pub fn json(&self) -> Value {
+        let note = self.numpy.as_ref().err().cloned();
+        Value::Array(self.rows.iter().map(|r| r.json(&note)).collect())
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "tenet bench — {}; FMA peak {:.0} GFLOP/s measured in this run; numpy: {}\n\n",
+            self.backend,
+            self.peak_gflops,
+            match &self.numpy {
+                Ok(v) => v.clone(),
+                Err(e) => format!("not measured ({e})"),
+            }
+        );
+        s.push_str(&format!(
+            "{:<26} {:>10} {:>10} {:>12} {:>9} {:>8}\n",
+            "workload", "tenet ms", "numpy ms", "tenet/numpy", "GFLOP/s", "of peak"
+        ));
+        for r in &self.rows {
+            let opt =
+                |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
+            s.push_str(&format!(
+                "{:<26} {:>10.2} {:>10} {:>12} {:>9} {:>8}\n",
+                r.name,
+                r.tenet_ms,
+                opt(r.numpy_ms, 2),
+                opt(r.numpy_ms.map(|n| r.tenet_ms / n), 2),
+                opt(r.gflops(), 0),
+                opt(r.gflops().map(|g| g / r.peak_gflops), 2),
+            ));
+        }
+        s
+    }
+}
