@@ -29,12 +29,11 @@ for w in spec:
 print(json.dumps(out))
 "#;
 
+/// A workload for numpy: name, expression, and the name and shape of each input.
+pub type Spec<'a> = (&'a str, &'a str, Vec<(&'a str, Vec<u64>)>);
+
 /// Time `(name, numpy expression, input shapes)` workloads; `Err` says why numpy could not run.
-pub fn measure(
-    python: &str,
-    threads: usize,
-    work: &[(&str, &str, Vec<(&str, Vec<u64>)>)],
-) -> Result<Measured, String> {
+pub fn measure(python: &str, threads: usize, work: &[Spec<'_>]) -> Result<Measured, String> {
     let spec: Vec<serde_json::Value> = work
         .iter()
         .map(|(name, expr, shapes)| serde_json::json!({"name": name, "expr": expr, "shapes": shapes, "reps": 9}))
