@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::gemm::{Strided, sgemm};
-use tenet_reference::{RunError, check_inputs, eval_op, layer_norm_row, rms_norm_row, softmax_row};
+use tenet_reference::{RunError, check_inputs, eval_op, layer_norm_row, rms_norm_row};
 
 use crate::fused;
 use crate::plan::{Plan, Step, plan};
@@ -186,9 +186,9 @@ impl CpuPrepared {
                 let n = *node.ty.shape.last().unwrap_or(&1) as usize;
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
-                        let op: NormOp = *op;
+                        let (log, level) = (*op == NormOp::LogSoftmax, self.backend.level);
                         rows(&node.ty, &x, n, threads, |row, out| {
-                            softmax_row(op, row, out)
+                            tenet_kernels::softmax::softmax_rows(level, log, row, row.len(), out)
                         })
                     }
                     Op::LayerNorm {
@@ -230,8 +230,9 @@ impl CpuPrepared {
                 let members = fused::members(g, ids, &|o| &externals[&o][..]);
                 let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
                 let t = make_f32(ty, |out| {
+                    let level = self.backend.level;
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
-                        fused::eval_range(&members, &dims, range, chunk)
+                        fused::eval_range(level, &members, &dims, range, chunk)
                     })
                 });
                 (last, Val::Owned(t))

@@ -7,6 +7,7 @@
 //! op), so fusion changes where values live, never their bits.
 
 use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+use tenet_kernels::SimdLevel;
 use tenet_reference::math::NAN;
 use tenet_reference::{binary_f32, unary_f32};
 
@@ -127,6 +128,7 @@ fn operand<'b>(
 
 /// Compute one member for `len` elements starting at `start` into `dst`.
 fn compute(
+    level: SimdLevel,
     m: &Member<'_>,
     done: &[Vec<f32>],
     start: usize,
@@ -148,6 +150,7 @@ fn compute(
                     .iter_mut()
                     .zip(x)
                     .for_each(|(d, &v)| *d = f32::from_bits(v.to_bits() & 0x7fff_ffff)),
+                UnaryOp::Exp => tenet_kernels::vmath::exp_slice(level, x, dst),
                 op => dst
                     .iter_mut()
                     .zip(x)
@@ -171,6 +174,7 @@ fn compute(
 
 /// Evaluate the group for output elements `range`, writing the last member into `out`.
 pub(crate) fn eval_range(
+    level: SimdLevel,
     members: &[Member<'_>],
     out_dims: &[usize],
     range: std::ops::Range<usize>,
@@ -185,6 +189,7 @@ pub(crate) fn eval_range(
         for (mi, member) in members[..last].iter().enumerate() {
             let (done, rest) = bufs.split_at_mut(mi);
             compute(
+                level,
                 member,
                 done,
                 start,
@@ -195,6 +200,7 @@ pub(crate) fn eval_range(
         }
         let o = start - range.start;
         compute(
+            level,
             &members[last],
             &bufs,
             start,

@@ -10,6 +10,8 @@ pub mod gemm;
 pub mod memory;
 mod peak;
 mod simd;
+pub mod softmax;
+pub mod vmath;
 
 pub use peak::fma_peak_gflops;
 pub use simd::{SimdError, SimdLevel};

@@ -11,13 +11,13 @@
 /// The canonical quiet NaN every computing op produces.
 pub const NAN: f32 = f32::from_bits(0x7fc0_0000);
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split so that `k * LN2_HI` is exact for |k| < 2^8.
-const LN2_HI: f32 = f32::from_bits(0x3f31_7180); // 0.69313812 (low bits zero)
-const LN2_LO: f32 = f32::from_bits(0x3717_f7d1); // 9.058e-6 = ln 2 − LN2_HI
+pub const LN2_HI: f32 = f32::from_bits(0x3f31_7180); // 0.69313812 (low bits zero)
+pub const LN2_LO: f32 = f32::from_bits(0x3717_f7d1); // 9.058e-6 = ln 2 − LN2_HI
 /// Adding and subtracting 1.5 × 2^23 rounds an f32 of magnitude below 2^22 to an integer,
 /// ties to even.
-const ROUND_SHIFT: f32 = 12_582_912.0;
+pub const ROUND_SHIFT: f32 = 12_582_912.0;
 
 fn fma(a: f32, b: f32, c: f32) -> f32 {
     a.mul_add(b, c)
@@ -34,6 +34,21 @@ fn pow2_split(k: i32) -> (f32, f32) {
     )
 }
 
+/// Input range of `exp` before reduction: below it the result is 0, above it infinity.
+pub const EXP_CLAMP: (f32, f32) = (-104.0, 89.0);
+
+/// Taylor coefficients of e^r in Horner order (1/7!, 1/6!, …, 1/1!, 1/0!).
+pub const EXP_TAYLOR: [f32; 8] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// e^x.
 ///
 /// `k = round(x·log2 e)`; `r = x − k·ln2` by Cody–Waite with fma, `|r| ≤ 0.35`; `e^r` by its
@@ -42,18 +57,14 @@ pub fn exp(x: f32) -> f32 {
     if x.is_nan() {
         return NAN;
     }
-    let xc = x.clamp(-104.0, 89.0);
+    let xc = x.clamp(EXP_CLAMP.0, EXP_CLAMP.1);
     let k = (xc * LOG2E + ROUND_SHIFT) - ROUND_SHIFT;
     let r = fma(k, -LN2_HI, xc);
     let r = fma(k, -LN2_LO, r);
-    let mut p = 1.0 / 5040.0;
-    p = fma(p, r, 1.0 / 720.0);
-    p = fma(p, r, 1.0 / 120.0);
-    p = fma(p, r, 1.0 / 24.0);
-    p = fma(p, r, 1.0 / 6.0);
-    p = fma(p, r, 0.5);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
+    let mut p = EXP_TAYLOR[0];
+    for &c in &EXP_TAYLOR[1..] {
+        p = fma(p, r, c);
+    }
     let (s1, s2) = pow2_split(k as i32);
     p * s1 * s2
 }

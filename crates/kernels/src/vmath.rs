@@ -1,0 +1,69 @@
+//! Vectorised elementwise math with the reference's bits: each function evaluates the scalar
+//! definition in `tenet_reference::math` operation for operation, in SIMD lanes.
+
+use tenet_reference::math;
+
+use crate::SimdLevel;
+
+/// `out[i] = exp(x[i])`, bit-identical to `tenet_reference::math::exp`.
+pub fn exp_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "input and output differ in length");
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::exp_slice_avx512(x, out) },
+        _ => out.iter_mut().zip(x).for_each(|(o, &v)| *o = math::exp(v)),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    use tenet_reference::math::{EXP_CLAMP, EXP_TAYLOR, LN2_HI, LN2_LO, LOG2E, NAN, ROUND_SHIFT};
+
+    /// e^x in 16 lanes: the same operations as `tenet_reference::math::exp`, in the same order.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn exp16(x: __m512) -> __m512 {
+        let nan_mask = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        let xc = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(EXP_CLAMP.0)),
+            _mm512_set1_ps(EXP_CLAMP.1),
+        );
+        let shift = _mm512_set1_ps(ROUND_SHIFT);
+        let k = _mm512_sub_ps(
+            _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)), shift),
+            shift,
+        );
+        let r = _mm512_fmadd_ps(k, _mm512_set1_ps(-LN2_HI), xc);
+        let r = _mm512_fmadd_ps(k, _mm512_set1_ps(-LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_TAYLOR[0]);
+        for &c in &EXP_TAYLOR[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let ki = _mm512_cvtps_epi32(k);
+        let k1 = _mm512_srai_epi32::<1>(ki);
+        let k2 = _mm512_sub_epi32(ki, k1);
+        let bias = _mm512_set1_epi32(127);
+        let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k1, bias)));
+        let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k2, bias)));
+        let y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+        _mm512_mask_blend_ps(nan_mask, y, _mm512_set1_ps(NAN))
+    }
+
+    /// # Safety
+    /// The CPU supports AVX-512F; `x` and `out` have the same length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_slice_avx512(x: &[f32], out: &mut [f32]) {
+        let n = x.len();
+        for j in (0..n).step_by(16) {
+            let len = (n - j).min(16);
+            let lanes: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
+            // SAFETY: the mask enables only lanes j..j+len, inside both slices.
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(lanes, x.as_ptr().add(j));
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, exp16(v));
+            }
+        }
+    }
+}

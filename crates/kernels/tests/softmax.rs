@@ -1,0 +1,126 @@
+//! Vectorised softmax rows against the reference, bit for bit, on hostile values.
+
+use proptest::prelude::*;
+use tenet_ir::NormOp;
+use tenet_ir::testing::{Rng, random_tensor};
+use tenet_ir::{DType, TensorType};
+use tenet_kernels::SimdLevel;
+use tenet_kernels::softmax::softmax_rows;
+
+fn check(rows: usize, n: usize, seed: u64, scale: f32) {
+    let mut rng = Rng(seed);
+    let x: Vec<f32> = random_tensor(&mut rng, &TensorType::new(DType::F32, [(rows * n) as u64]))
+        .to_f32_vec()
+        .into_iter()
+        .map(|v| v * scale)
+        .collect();
+    for log in [false, true] {
+        let op = if log {
+            NormOp::LogSoftmax
+        } else {
+            NormOp::Softmax
+        };
+        let mut want = vec![0.0f32; x.len()];
+        if n > 0 {
+            for (r, o) in x.chunks(n).zip(want.chunks_mut(n)) {
+                tenet_reference::softmax_row(op, r, o);
+            }
+        }
+        let want: Vec<u32> = want
+            .iter()
+            .map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() })
+            .collect();
+        for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+            let mut got = vec![0.0f32; x.len()];
+            softmax_rows(level, log, &x, n, &mut got);
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{level:?} log={log} rows={rows} n={n}");
+        }
+    }
+}
+
+#[test]
+fn edge_rows() {
+    check(1, 1, 1, 1.0);
+    check(3, 17, 2, 1.0);
+    check(2, 0, 3, 1.0);
+    check(4, 33, 4, 100.0); // large spread: exps underflow
+    check(5, 64, 5, 1e-30); // tiny values around zero, signed zeros
+}
+
+#[test]
+fn special_rows() {
+    for row in [
+        vec![-0.0f32, 0.0, -0.0],
+        vec![-0.0f32; 5],
+        vec![f32::NEG_INFINITY, 1.0, 2.0],
+        vec![f32::INFINITY, 1.0],
+        vec![f32::NEG_INFINITY; 20],
+        vec![-5.0, -3.0, -7.0, -1.0],
+        vec![1.0, f32::from_bits(0xffc0_1234), 2.0],
+    ] {
+        for log in [false, true] {
+            let op = if log {
+                NormOp::LogSoftmax
+            } else {
+                NormOp::Softmax
+            };
+            let mut want = vec![0.0f32; row.len()];
+            tenet_reference::softmax_row(op, &row, &mut want);
+            let want: Vec<u32> = want
+                .iter()
+                .map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() })
+                .collect();
+            for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+                let mut got = vec![0.0f32; row.len()];
+                softmax_rows(level, log, &row, row.len(), &mut got);
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want,
+                    "{level:?} log={log} {row:?}"
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_rows(rows in 1usize..6, n in 1usize..300, seed in any::<u64>(), scale in prop::sample::select(vec![1.0f32, 10.0, 1e-3, 50.0])) {
+        check(rows, n, seed, scale);
+    }
+}
+
+#[test]
+fn vector_exp_matches_the_scalar_definition_everywhere() {
+    let mut xs: Vec<f32> = (0..200_000)
+        .map(|i| -110.0 + 200.0 * (i as f32 / 200_000.0))
+        .collect();
+    xs.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(0xffc0_0001),
+        88.72,
+        88.73,
+        -87.3,
+        -103.9,
+        1e-40,
+    ]);
+    let mut rng = Rng(9);
+    xs.extend((0..50_000).map(|_| f32::from_bits(rng.next_u64() as u32)));
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+        let mut out = vec![0.0f32; xs.len()];
+        tenet_kernels::vmath::exp_slice(level, &xs, &mut out);
+        for (&x, &y) in xs.iter().zip(&out) {
+            assert_eq!(
+                y.to_bits(),
+                tenet_reference::math::exp(x).to_bits(),
+                "{level:?} exp({x:e})"
+            );
+        }
+    }
+}
