@@ -11,7 +11,7 @@ use tenet_reference::{RunError, check_inputs, eval_op, layer_norm_row, rms_norm_
 use crate::fused;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{f32s, make_f32, par_chunks};
-use crate::{Backend, ExecError, Prepared};
+use crate::{Backend, ExecError, Prepared, RunStats};
 
 /// Runs graphs on this machine's cores at a chosen SIMD level.
 #[derive(Clone, Debug)]
@@ -88,20 +88,38 @@ impl Val<'_> {
 }
 
 impl Prepared for CpuPrepared {
-    fn run(
+    fn run_with_stats(
         &self,
         inputs: &HashMap<String, HostTensor>,
         weights: &dyn WeightSource,
         seed: u64,
-    ) -> Result<Vec<(String, HostTensor)>, ExecError> {
+    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
         check_inputs(&self.graph, inputs)?;
         let g = &self.graph;
+        let bytes = |v: &Option<Val<'_>>| v.as_ref().map_or(0, |v| v.get().bytes().len() as u64);
+        // Inputs count from the start, as in the certificate.
+        let mut live: u64 = g
+            .inputs()
+            .map(|(_, name, _)| inputs[name].bytes().len() as u64)
+            .sum();
+        let mut peak = live;
         let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
         for (s, step) in self.plan.steps.iter().enumerate() {
             let (id, value) = self.step(step, &values, inputs, weights, seed)?;
+            let is_input = matches!(g.node(id).op, Op::Input { .. });
             values[id.index()] = Some(value);
+            if !is_input {
+                live += bytes(&values[id.index()]);
+            }
+            peak = peak.max(live);
             for r in &self.plan.release[s] {
+                if !matches!(g.node(*r).op, Op::Input { .. }) {
+                    live -= bytes(&values[r.index()]);
+                }
                 values[r.index()] = None;
+            }
+            for r in &self.plan.input_release[s] {
+                live -= g.node(*r).ty.bytes().unwrap_or(0);
             }
         }
         // Move each output out of the table; copy only an input returned as an output, or a
@@ -123,7 +141,7 @@ impl Prepared for CpuPrepared {
             };
             outs.push((o.name.clone(), t));
         }
-        Ok(outs)
+        Ok((outs, RunStats { peak_bytes: peak }))
     }
 }
 

@@ -42,6 +42,15 @@ pub trait Backend: Send + Sync {
     fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError>;
 }
 
+/// What one run measured about itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// The most tensor bytes live at once, counted as the cost certificate counts them
+    /// (operands and result of the running step; inputs until their last use). Kernel scratch
+    /// (GEMM packing, a few MiB per thread) is not tensor memory and is not included.
+    pub peak_bytes: u64,
+}
+
 /// A graph planned by a backend.
 pub trait Prepared: Send + Sync {
     /// Run on named inputs with weights from `weights`; `seed` feeds the random ops. Outputs
@@ -51,5 +60,16 @@ pub trait Prepared: Send + Sync {
         inputs: &HashMap<String, HostTensor>,
         weights: &dyn WeightSource,
         seed: u64,
-    ) -> Result<Vec<(String, HostTensor)>, ExecError>;
+    ) -> Result<Vec<(String, HostTensor)>, ExecError> {
+        self.run_with_stats(inputs, weights, seed)
+            .map(|(outputs, _)| outputs)
+    }
+
+    /// `run`, also reporting what the run measured.
+    fn run_with_stats(
+        &self,
+        inputs: &HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError>;
 }

@@ -24,6 +24,9 @@ pub(crate) struct Plan {
     pub steps: Vec<Step>,
     /// Nodes whose buffers can be dropped after each step.
     pub release: Vec<Vec<NodeId>>,
+    /// Graph inputs whose last reader is each step (unused inputs: the first step). Inputs are
+    /// the caller's memory, but they stop counting as live there, as in the cost certificate.
+    pub input_release: Vec<Vec<NodeId>>,
 }
 
 /// An f32 elementwise op the fused loop implements.
@@ -128,5 +131,16 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
             release[last].push(NodeId(m as u32));
         }
     }
-    Plan { steps, release }
+    let mut input_release = vec![Vec::new(); steps.len()];
+    for (m, node) in nodes.iter().enumerate() {
+        if matches!(node.op, Op::Input { .. }) && !is_output[m] {
+            let last = users[m].iter().map(|&u| step_of[u]).max().unwrap_or(0);
+            input_release[last].push(NodeId(m as u32));
+        }
+    }
+    Plan {
+        steps,
+        release,
+        input_release,
+    }
 }

@@ -46,7 +46,20 @@ fn assert_same_everywhere(
 ) {
     let want = tenet_reference::run(graph, inputs, weights, seed);
     for b in backends() {
-        let got = b.prepare(graph).unwrap().run(inputs, weights, seed);
+        let got = b
+            .prepare(graph)
+            .unwrap()
+            .run_with_stats(inputs, weights, seed)
+            .map(|(o, stats)| {
+                assert!(
+                    stats.peak_bytes <= graph.cost().peak_bytes,
+                    "{}: peak {} above the certificate's {}",
+                    b.name(),
+                    stats.peak_bytes,
+                    graph.cost().peak_bytes
+                );
+                o
+            });
         match (&want, &got) {
             (Ok(w), Ok(g)) => {
                 for ((name, wt), (_, gt)) in w.iter().zip(g) {
