@@ -64,32 +64,7 @@ enum Command {
     /// Inputs come from .npy, .json or .safetensors files; outputs go to files of the same kinds,
     /// chosen by extension. The result is bit-identical for every thread count and SIMD level
     /// (force one with TENET_SIMD=avx512|avx2|portable).
-    Run {
-        /// The graph: text form (.tg) or binary (.tnt).
-        graph: PathBuf,
-        /// A graph input, NAME=PATH (.npy, .json, or .safetensors holding NAME or one tensor).
-        #[arg(long = "input", short = 'i', value_name = "NAME=PATH")]
-        inputs: Vec<String>,
-        /// Safetensors files holding the graph's weights (repeatable).
-        #[arg(long, value_name = "FILE")]
-        weights: Vec<PathBuf>,
-        /// Where to write outputs: PATH (.npy for the only output; .json or .safetensors for all
-        /// of them) or NAME=PATH for one output (repeatable). Without it, a summary is printed.
-        #[arg(long = "output", short = 'o', value_name = "[NAME=]PATH")]
-        outputs: Vec<String>,
-        /// Seed of the job, for graphs with random ops.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Print all outputs as one JSON object {name: {dtype, shape, data}}.
-        #[arg(long)]
-        json: bool,
-        /// Worker threads [default: all cores].
-        #[arg(long, value_name = "N")]
-        threads: Option<usize>,
-        /// Run on the slow reference interpreter instead of the fast executor (same bits).
-        #[arg(long)]
-        reference: bool,
-    },
+    Run(run::RunArgs),
     /// Measure tenet against numpy and this machine's FMA peak, in one run.
     ///
     /// numpy is run through python3 (or TENET_PYTHON) in the same invocation; without numpy its
@@ -159,27 +134,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("id {}", graph.id());
             Ok(())
         }
-        Command::Run {
-            graph,
-            inputs,
-            weights,
-            outputs,
-            seed,
-            json,
-            threads,
-            reference,
-        } => run::run(
-            &graph,
-            &run::Options {
-                inputs,
-                weights,
-                outputs,
-                seed,
-                json,
-                threads,
-                reference,
-            },
-        ),
+        Command::Run(args) => run::run(&args),
         Command::Bench {
             json,
             quick,

@@ -96,19 +96,37 @@ fn summary(outputs: &[(String, HostTensor)]) -> String {
     s
 }
 
-/// What `tenet run` was asked to do.
-pub struct Options {
+/// The arguments of `tenet run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The graph: text form (.tg) or binary (.tnt).
+    pub graph: PathBuf,
+    /// A graph input, NAME=PATH (.npy, .json, or .safetensors holding NAME or one tensor).
+    #[arg(long = "input", short = 'i', value_name = "NAME=PATH")]
     pub inputs: Vec<String>,
+    /// Safetensors files holding the graph's weights (repeatable).
+    #[arg(long, value_name = "FILE")]
     pub weights: Vec<PathBuf>,
+    /// Where to write outputs: PATH (.npy for the only output; .json or .safetensors for all
+    /// of them) or NAME=PATH for one output (repeatable). Without it, a summary is printed.
+    #[arg(long = "output", short = 'o', value_name = "[NAME=]PATH")]
     pub outputs: Vec<String>,
+    /// Seed of the job, for graphs with random ops.
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Print all outputs as one JSON object {name: {dtype, shape, data}}.
+    #[arg(long)]
     pub json: bool,
+    /// Worker threads [default: all cores].
+    #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Run on the slow reference interpreter instead of the fast executor (same bits).
+    #[arg(long)]
     pub reference: bool,
 }
 
-pub fn run(graph_path: &Path, o: &Options) -> Result<()> {
-    let graph = crate::load_graph(graph_path)?;
+pub fn run(o: &RunArgs) -> Result<()> {
+    let graph = crate::load_graph(&o.graph)?;
     let weights = WeightSet(
         o.weights
             .iter()
