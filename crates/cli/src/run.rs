@@ -135,6 +135,14 @@ pub fn run(o: &RunArgs) -> Result<()> {
     );
     // Running needs every weight: check before reading any input.
     check_bindings(&graph, &weights.0)?;
+    // Refuse, before reading inputs, a graph this machine cannot hold.
+    let needed = graph.cost().peak_bytes;
+    if let Some(available) = available_memory().filter(|&a| needed > a) {
+        bail!(
+            "graph {} needs up to {needed} bytes of tensor memory (its cost certificate) and this machine has {available} available",
+            graph.id().short()
+        );
+    }
     let inputs = read_inputs(&graph, &o.inputs)?;
     let context = || format!("running graph {}", graph.id().short());
     let outputs = if o.reference {
@@ -159,4 +167,12 @@ pub fn run(o: &RunArgs) -> Result<()> {
         print!("{}", summary(&outputs));
     }
     Ok(())
+}
+
+/// Memory the OS says is available now (Linux `MemAvailable`), if it says.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

@@ -409,3 +409,22 @@ fn run_is_byte_identical_across_threads_and_the_reference() {
         "the executor differs from the reference"
     );
 }
+
+#[test]
+fn run_refuses_graphs_larger_than_memory_before_running() {
+    let g = tmp("huge.tg");
+    std::fs::write(&g, "tenet graph v1\n%0 = input(\"a\") : f32[1]\n%1 = expand(%0) : f32[1099511627776]\n%2 = exp(%1) : f32[1099511627776]\noutput \"b\" = %2\n").unwrap();
+    let a = tmp("one.npy");
+    write_npy(&a, &tenet_ir::HostTensor::from_f32(&[1], &[1.0]).unwrap());
+    for extra in [None, Some("--reference")] {
+        let mut args = vec!["run", g.to_str().unwrap(), "-i"];
+        let ia = format!("a={}", a.display());
+        args.push(&ia);
+        args.extend(extra);
+        let e = stderr_of_failure(&args);
+        assert!(
+            e.contains("needs up to 8796093022208 bytes of tensor memory"),
+            "{e}"
+        );
+    }
+}

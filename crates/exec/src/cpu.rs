@@ -18,6 +18,7 @@ use crate::{Backend, ExecError, Prepared, RunStats};
 pub struct CpuBackend {
     threads: usize,
     level: SimdLevel,
+    memory_limit: Option<u64>,
 }
 
 impl CpuBackend {
@@ -26,7 +27,14 @@ impl CpuBackend {
         CpuBackend {
             threads: threads.max(1),
             level: level.or_supported(),
+            memory_limit: None,
         }
+    }
+
+    /// Refuse, before running anything, graphs whose certificate's peak exceeds `bytes`.
+    pub fn with_memory_limit(mut self, bytes: u64) -> CpuBackend {
+        self.memory_limit = Some(bytes);
+        self
     }
 
     /// All cores, the best SIMD level (or `TENET_SIMD`'s, if set and supported).
@@ -58,6 +66,10 @@ impl Backend for CpuBackend {
     }
 
     fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError> {
+        let needed = graph.cost().peak_bytes;
+        if let Some(limit) = self.memory_limit.filter(|&l| needed > l) {
+            return Err(ExecError::TooLarge { needed, limit });
+        }
         Ok(Box::new(CpuPrepared {
             graph: graph.clone(),
             plan: plan(graph),

@@ -26,6 +26,11 @@ pub enum ExecError {
     /// Inputs, weights or a run-time condition (such as a gather index) rejected by the op rules.
     #[error(transparent)]
     Run(#[from] tenet_reference::RunError),
+    /// The graph's cost certificate needs more memory than this backend may use.
+    #[error(
+        "the graph needs up to {needed} bytes of tensor memory (its cost certificate) but this backend is limited to {limit}"
+    )]
+    TooLarge { needed: u64, limit: u64 },
     /// A kernel refused its arguments; this is a bug in the planner.
     #[error("kernel error in node {node}: {message}")]
     Kernel {

@@ -147,3 +147,23 @@ fn errors_match_the_reference() {
         .unwrap_err();
     assert!(e.to_string().contains("missing input"), "{e}");
 }
+
+#[test]
+fn graphs_above_the_memory_limit_are_refused_before_running() {
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[1 << 20]);
+    let graph = g.finish(&[("y", &x.exp())]).unwrap();
+    let needed = graph.cost().peak_bytes;
+    assert_eq!(needed, 8 << 20);
+    let tight = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(needed - 1);
+    let e = tight.prepare(&graph).err().expect("refused");
+    assert_eq!(
+        e,
+        tenet_exec::ExecError::TooLarge {
+            needed,
+            limit: needed - 1
+        }
+    );
+    let roomy = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(needed);
+    assert!(roomy.prepare(&graph).is_ok());
+}
