@@ -21,6 +21,9 @@ pub fn softmax_rows(level: SimdLevel, log: bool, x: &[f32], n: usize, out: &mut 
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `or_supported` returned a level this CPU has.
             SimdLevel::Avx512 => unsafe { x86::row_avx512(log, row, o) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            SimdLevel::Avx2 => unsafe { x86::row_avx2(log, row, o) },
             _ => scalar_row(log, row, o),
         }
         for v in o.iter_mut() {
@@ -46,7 +49,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::*;
-    use crate::vmath::x86::exp16;
+    use crate::vmath::x86::{exp8, exp16};
 
     /// Signed total-order key of float bits: negative floats flip their low 31 bits, so that
     /// signed integer order is float order with −0 below +0. The map is its own inverse.
@@ -138,6 +141,116 @@ mod x86 {
                     _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, _mm512_div_ps(e, sv));
                 }
             }
+        }
+    }
+
+    /// Signed total-order key in 8 lanes (see `key`).
+    #[target_feature(enable = "avx2,fma")]
+    fn key8(v: __m256i) -> __m256i {
+        _mm256_xor_si256(v, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(v)))
+    }
+
+    /// The same row as `row_avx512`, 8 lanes at a time: the 16 summation lanes are two
+    /// registers, and elements past the last full block of 16 finish in scalar lanes.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn row_avx2(log: bool, row: &[f32], out: &mut [f32]) {
+        let n = row.len();
+        let full8 = n / 8 * 8;
+        // 1. Maximum: NaN anywhere → NaN; otherwise the total-order maximum.
+        let mut best = _mm256_set1_epi32(i32::MIN);
+        let mut any_nan = false;
+        for j in (0..full8).step_by(8) {
+            // SAFETY: j + 8 <= n.
+            let v = unsafe { _mm256_loadu_ps(row.as_ptr().add(j)) };
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v);
+            any_nan |= _mm256_movemask_ps(nan) != 0;
+            let k =
+                _mm256_blendv_epi8(key8(_mm256_castps_si256(v)), best, _mm256_castps_si256(nan));
+            best = _mm256_max_epi32(best, k);
+        }
+        let mut lanes = [0i32; 8];
+        // SAFETY: `lanes` holds 8 i32.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), key8(best)) };
+        let mut m = if full8 > 0 {
+            lanes
+                .iter()
+                .map(|&b| f32::from_bits(b as u32))
+                .fold(f32::from_bits(lanes[0] as u32), fmax_scalar)
+        } else {
+            row[0]
+        };
+        for &v in &row[full8..] {
+            m = fmax_scalar(m, v);
+        }
+        if any_nan {
+            m = NAN;
+        }
+        // 2. Exponentials and the 16-lane sum.
+        let mv = _mm256_set1_ps(m);
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let full16 = n / 16 * 16;
+        for j in (0..full16).step_by(16) {
+            // SAFETY: j + 16 <= n for `row` and `out`.
+            unsafe {
+                let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(j)), mv));
+                let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(j + 8)), mv));
+                _mm256_storeu_ps(out.as_mut_ptr().add(j), e0);
+                _mm256_storeu_ps(out.as_mut_ptr().add(j + 8), e1);
+                lo = _mm256_add_ps(lo, e0);
+                hi = _mm256_add_ps(hi, e1);
+            }
+        }
+        let mut a = [0.0f32; 16];
+        // SAFETY: `a` holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(a.as_mut_ptr(), lo);
+            _mm256_storeu_ps(a.as_mut_ptr().add(8), hi);
+        }
+        for j in full16..n {
+            let e = math::exp(row[j] - m);
+            out[j] = e;
+            a[j % 16] += e;
+        }
+        for w in [8, 4, 2, 1] {
+            for l in 0..w {
+                a[l] += a[l + w];
+            }
+        }
+        let s = a[0];
+        // 3. Normalise.
+        if log {
+            let ls = math::log(s);
+            for (o, &x) in out.iter_mut().zip(row) {
+                *o = (x - m) - ls;
+            }
+        } else {
+            let sv = _mm256_set1_ps(s);
+            for j in (0..full8).step_by(8) {
+                // SAFETY: j + 8 <= n.
+                unsafe {
+                    _mm256_storeu_ps(
+                        out.as_mut_ptr().add(j),
+                        _mm256_div_ps(_mm256_loadu_ps(out.as_ptr().add(j)), sv),
+                    )
+                };
+            }
+            for o in &mut out[full8..] {
+                *o /= s;
+            }
+        }
+    }
+
+    /// fmax of docs/OPS.md on two values (NaN absorbs; +0 above −0).
+    fn fmax_scalar(a: f32, b: f32) -> f32 {
+        if a.is_nan() || b.is_nan() {
+            NAN
+        } else if a > b || (a == b && a.is_sign_positive()) {
+            a
+        } else {
+            b
         }
     }
 }

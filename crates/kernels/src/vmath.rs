@@ -12,6 +12,9 @@ pub fn exp_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` returned a level this CPU has.
         SimdLevel::Avx512 => unsafe { x86::exp_slice_avx512(x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::exp_slice_avx2(x, out) },
         _ => out.iter_mut().zip(x).for_each(|(o, &v)| *o = math::exp(v)),
     }
 }
@@ -49,6 +52,56 @@ pub(crate) mod x86 {
         let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k2, bias)));
         let y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
         _mm512_mask_blend_ps(nan_mask, y, _mm512_set1_ps(NAN))
+    }
+
+    /// e^x in 8 lanes (AVX2+FMA): the same operations as `tenet_reference::math::exp`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn exp8(x: __m256) -> __m256 {
+        let nan_mask = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        let xc = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(EXP_CLAMP.0)),
+            _mm256_set1_ps(EXP_CLAMP.1),
+        );
+        let shift = _mm256_set1_ps(ROUND_SHIFT);
+        let k = _mm256_sub_ps(
+            _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), shift),
+            shift,
+        );
+        let r = _mm256_fmadd_ps(k, _mm256_set1_ps(-LN2_HI), xc);
+        let r = _mm256_fmadd_ps(k, _mm256_set1_ps(-LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_TAYLOR[0]);
+        for &c in &EXP_TAYLOR[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let ki = _mm256_cvtps_epi32(k);
+        let k1 = _mm256_srai_epi32::<1>(ki);
+        let k2 = _mm256_sub_epi32(ki, k1);
+        let bias = _mm256_set1_epi32(127);
+        let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k1, bias)));
+        let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k2, bias)));
+        let y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+        _mm256_blendv_ps(y, _mm256_set1_ps(NAN), nan_mask)
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `x` and `out` have the same length.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_slice_avx2(x: &[f32], out: &mut [f32]) {
+        let n = x.len();
+        let mut j = 0;
+        while j + 8 <= n {
+            // SAFETY: j + 8 <= n for both slices.
+            unsafe {
+                _mm256_storeu_ps(
+                    out.as_mut_ptr().add(j),
+                    exp8(_mm256_loadu_ps(x.as_ptr().add(j))),
+                )
+            };
+            j += 8;
+        }
+        for (o, &v) in out[j..].iter_mut().zip(&x[j..]) {
+            *o = tenet_reference::math::exp(v);
+        }
     }
 
     /// # Safety
