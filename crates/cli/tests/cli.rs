@@ -428,3 +428,35 @@ fn run_refuses_graphs_larger_than_memory_before_running() {
         );
     }
 }
+
+#[test]
+fn bench_json_has_the_documented_keys() {
+    let o = stdout(&tenet(&["bench", "--quick", "--json"]));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&o).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(
+        names[0].starts_with("matmul") && names[3].starts_with("softmax"),
+        "{names:?}"
+    );
+    for r in &rows {
+        assert!(r["tenet_ms"].as_f64().unwrap() > 0.0);
+        for key in ["numpy_ms", "gflops", "ratio_to_peak"] {
+            assert!(r.get(key).is_some(), "missing {key} in {r}");
+        }
+        // Without numpy, the row says why instead of inventing a number.
+        if r["numpy_ms"].is_null() {
+            assert!(
+                r["numpy_note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("numpy")),
+                "{r}"
+            );
+        }
+    }
+    assert!(rows[0]["gflops"].as_f64().unwrap() > 0.0);
+    assert!(
+        rows[2]["gflops"].is_null(),
+        "elementwise rows have no FLOP figure"
+    );
+}
