@@ -231,7 +231,8 @@ impl CpuPrepared {
                         let bt = beta.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
                         rows(&node.ty, &x, n, threads, |row, out| {
-                            layer_norm_row(row, gm.as_deref(), bt.as_deref(), eps, out)
+                            layer_norm_row(row, gm.as_deref(), bt.as_deref(), eps, out);
+                            canonical_nans(out)
                         })
                     }
                     Op::RmsNorm {
@@ -240,7 +241,8 @@ impl CpuPrepared {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
                         rows(&node.ty, &x, n, threads, |row, out| {
-                            rms_norm_row(row, gm.as_deref(), eps, out)
+                            rms_norm_row(row, gm.as_deref(), eps, out);
+                            canonical_nans(out)
                         })
                     }
                     _ => unreachable!("the planner only marks normalisations as rows"),
@@ -348,7 +350,15 @@ impl CpuPrepared {
     }
 }
 
-/// Apply a row function over the last axis (`n` elements per row) on several threads.
+/// Make computed NaNs canonical (docs/OPS.md), as the reference encodes them.
+fn canonical_nans(o: &mut [f32]) {
+    o.iter_mut()
+        .filter(|v| v.is_nan())
+        .for_each(|v| *v = tenet_reference::math::NAN);
+}
+
+/// Apply a row function over the last axis (`n` elements per row) on several threads. The
+/// function must leave computed NaNs canonical.
 fn rows(
     ty: &tenet_ir::TensorType,
     x: &[f32],
@@ -363,10 +373,6 @@ fn rows(
         par_chunks(out, threads, n, |range, chunk| {
             for (row, o) in x[range].chunks(n).zip(chunk.chunks_mut(n)) {
                 f(row, o);
-                // Computed NaNs are canonical (docs/OPS.md), as the reference encodes them.
-                o.iter_mut()
-                    .filter(|v| v.is_nan())
-                    .for_each(|v| *v = tenet_reference::math::NAN);
             }
         })
     })
