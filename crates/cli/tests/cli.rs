@@ -460,3 +460,75 @@ fn bench_json_has_the_documented_keys() {
         "elementwise rows have no FLOP figure"
     );
 }
+
+#[test]
+fn embed_and_export_agree() {
+    if tenet_models::fetch::fetched(
+        &tenet_models::fetch::cache_root(),
+        &tenet_models::fetch::MINILM,
+    )
+    .is_none()
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: MiniLM not fetched (run `tenet models fetch minilm`)"
+        );
+        return;
+    }
+    let o = stdout(&tenet(&["embed", "--json", "hello world"]));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    let emb: Vec<f64> = v["hello world"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(emb.len(), 384);
+    let norm: f64 = emb.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "norm {norm}");
+
+    let graph = tmp("minilm.tnt");
+    let out = stdout(&tenet(&[
+        "export",
+        "minilm",
+        "-o",
+        graph.to_str().unwrap(),
+        "--seq",
+        "4",
+    ]));
+    let weights = out
+        .lines()
+        .find_map(|l| l.split("--weights ").nth(1))
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let (ids, tt, mask) = (tmp("ids.json"), tmp("tt.json"), tmp("mask.json"));
+    std::fs::write(&ids, "[[101, 7592, 2088, 102]]").unwrap();
+    std::fs::write(&tt, "[[0, 0, 0, 0]]").unwrap();
+    std::fs::write(&mask, "[[1, 1, 1, 1]]").unwrap();
+    let arg = |n: &str, p: &Path| format!("{n}={}", p.display());
+    let o = stdout(&tenet(&[
+        "run",
+        graph.to_str().unwrap(),
+        "--weights",
+        &weights,
+        "-i",
+        &arg("input_ids", &ids),
+        "-i",
+        &arg("token_type_ids", &tt),
+        "-i",
+        &arg("attention_mask", &mask),
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    let run: Vec<f64> = v["embedding"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(run, emb, "the exported task and `tenet embed` disagree");
+}

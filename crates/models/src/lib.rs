@@ -5,7 +5,10 @@
 //! trusting them, checks that a graph's weight references match the files at hand, reads and
 //! writes tensors as `.npy`, `.safetensors` and JSON, and builds example models as graphs.
 
+pub mod bert;
 pub mod examples;
+pub mod fetch;
+pub mod minilm;
 mod safetensors_io;
 mod tensor_io;
 

