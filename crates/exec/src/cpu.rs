@@ -204,10 +204,15 @@ impl CpuPrepared {
                 let node = g.node(*id);
                 let operands: Vec<&HostTensor> =
                     node.op.operands().iter().map(|&o| val(o)).collect();
-                (
-                    *id,
-                    Val::Owned(eval_op(*id, &node.op, &node.ty, &operands, seed)?),
-                )
+                // Movement ops are strided copies; everything else is the reference's code.
+                let moved = operands.first().and_then(|&x| {
+                    crate::movement::eval(*id, &node.op, &node.ty, x, operands.get(1).copied())
+                });
+                let value = match moved {
+                    Some(r) => r?,
+                    None => eval_op(*id, &node.op, &node.ty, &operands, seed)?,
+                };
+                (*id, Val::Owned(value))
             }
             Step::Gemm(id) => (*id, Val::Owned(self.gemm(*id, val)?)),
             Step::Rows(id) => {

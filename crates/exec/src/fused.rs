@@ -113,13 +113,28 @@ fn operand<'b>(
         }
         Src::Broadcast { data, strides } => {
             scratch.clear();
-            for flat in start..start + len {
-                let (mut rem, mut at) = (flat, 0usize);
-                for d in (0..out_dims.len()).rev() {
-                    at += (rem % out_dims[d]) * strides[d];
-                    rem /= out_dims[d];
-                }
+            // The output multi-index of `start`, then an odometer: no division per element.
+            let rank = out_dims.len();
+            let mut idx = vec![0usize; rank];
+            let (mut rem, mut at) = (start, 0usize);
+            for d in (0..rank).rev() {
+                idx[d] = rem % out_dims[d];
+                rem /= out_dims[d];
+                at += idx[d] * strides[d];
+            }
+            for _ in 0..len {
                 scratch.push(data[at]);
+                let mut d = rank;
+                while d > 0 {
+                    d -= 1;
+                    idx[d] += 1;
+                    at += strides[d];
+                    if idx[d] < out_dims[d] {
+                        break;
+                    }
+                    at -= strides[d] * idx[d];
+                    idx[d] = 0;
+                }
             }
             scratch
         }

@@ -10,6 +10,7 @@
 
 mod cpu;
 mod fused;
+mod movement;
 mod plan;
 mod view;
 
