@@ -166,6 +166,7 @@ fn compute(
                     .zip(x)
                     .for_each(|(d, &v)| *d = f32::from_bits(v.to_bits() & 0x7fff_ffff)),
                 UnaryOp::Exp => tenet_kernels::vmath::exp_slice(level, x, dst),
+                UnaryOp::GeluErf => tenet_kernels::vmath::gelu_erf_slice(level, x, dst),
                 op => dst
                     .iter_mut()
                     .zip(x)

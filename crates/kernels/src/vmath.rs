@@ -19,6 +19,27 @@ pub fn exp_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out[i] = gelu_erf(x[i])` = `(x·0.5)·(1 + erf(x·(1/√2)))`, bit-identical to the reference,
+/// with computed NaNs canonical.
+pub fn gelu_erf_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "input and output differ in length");
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::gelu_slice_avx512(x, out) },
+        _ => out
+            .iter_mut()
+            .zip(x)
+            .for_each(|(o, &v)| *o = scalar_gelu(v)),
+    }
+}
+
+/// The reference's gelu_erf, made canonical.
+fn scalar_gelu(v: f32) -> f32 {
+    let y = tenet_reference::unary_f32(tenet_ir::UnaryOp::GeluErf, v);
+    if y.is_nan() { math::NAN } else { y }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
@@ -116,6 +137,75 @@ pub(crate) mod x86 {
             unsafe {
                 let v = _mm512_maskz_loadu_ps(lanes, x.as_ptr().add(j));
                 _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, exp16(v));
+            }
+        }
+    }
+
+    /// erf in 16 lanes: both branches of `tenet_reference::math::erf`, selected per lane.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn erf16(x: __m512) -> __m512 {
+        use tenet_reference::math::{ERF_P, ERFC_Q};
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
+        // |x| < 1: x + x·P(x²) (one fma).
+        let z = _mm512_mul_ps(x, x);
+        let mut p = _mm512_set1_ps(ERF_P[6]);
+        for &c in ERF_P[..6].iter().rev() {
+            p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(c));
+        }
+        let small = _mm512_fmadd_ps(x, p, x);
+        // 1 ≤ |x| < 4: 1 − e^{−a²}·Q(1/a); |x| ≥ 4: 1; then the sign of x.
+        let u = _mm512_div_ps(_mm512_set1_ps(1.0), a);
+        let mut q = _mm512_set1_ps(ERFC_Q[9]);
+        for &c in ERFC_Q[..9].iter().rev() {
+            q = _mm512_fmadd_ps(q, u, _mm512_set1_ps(c));
+        }
+        let neg_a2 = _mm512_castsi512_ps(_mm512_xor_si512(
+            _mm512_castps_si512(_mm512_mul_ps(a, a)),
+            sign,
+        ));
+        let mid = _mm512_sub_ps(_mm512_set1_ps(1.0), _mm512_mul_ps(exp16(neg_a2), q));
+        let ge4 = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, _mm512_set1_ps(4.0));
+        let y = _mm512_mask_blend_ps(ge4, mid, _mm512_set1_ps(1.0));
+        let large = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_andnot_si512(sign, _mm512_castps_si512(y)),
+            _mm512_and_si512(sign, _mm512_castps_si512(x)),
+        ));
+        let lt1 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, _mm512_set1_ps(1.0));
+        let r = _mm512_mask_blend_ps(lt1, large, small);
+        _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x),
+            r,
+            _mm512_set1_ps(NAN),
+        )
+    }
+
+    /// # Safety
+    /// The CPU supports AVX-512F; `x` and `out` have the same length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gelu_slice_avx512(x: &[f32], out: &mut [f32]) {
+        let n = x.len();
+        let (half, one, rs2) = (
+            _mm512_set1_ps(0.5),
+            _mm512_set1_ps(1.0),
+            _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
+        );
+        for j in (0..n).step_by(16) {
+            let len = (n - j).min(16);
+            let lanes: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
+            // SAFETY: the mask enables only lanes j..j+len, inside both slices.
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(lanes, x.as_ptr().add(j));
+                let y = _mm512_mul_ps(
+                    _mm512_mul_ps(v, half),
+                    _mm512_add_ps(one, erf16(_mm512_mul_ps(v, rs2))),
+                );
+                let y = _mm512_mask_blend_ps(
+                    _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y),
+                    y,
+                    _mm512_set1_ps(NAN),
+                );
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, y);
             }
         }
     }

@@ -124,3 +124,40 @@ fn vector_exp_matches_the_scalar_definition_everywhere() {
         }
     }
 }
+
+#[test]
+fn vector_gelu_matches_the_scalar_definition_everywhere() {
+    let mut xs: Vec<f32> = (0..400_000)
+        .map(|i| -12.0 + 24.0 * (i as f32 / 400_000.0))
+        .collect();
+    xs.extend([
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        4.0,
+        -4.0,
+        5.6568,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -1e-40,
+        3.999_999_8,
+    ]);
+    let mut rng = Rng(10);
+    xs.extend((0..100_000).map(|_| f32::from_bits(rng.next_u64() as u32)));
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+        let mut out = vec![0.0f32; xs.len()];
+        tenet_kernels::vmath::gelu_erf_slice(level, &xs, &mut out);
+        for (&x, &y) in xs.iter().zip(&out) {
+            let want = tenet_reference::unary_f32(tenet_ir::UnaryOp::GeluErf, x);
+            let want = if want.is_nan() {
+                0x7fc0_0000
+            } else {
+                want.to_bits()
+            };
+            assert_eq!(y.to_bits(), want, "{level:?} gelu({x:e})");
+        }
+    }
+}

@@ -226,7 +226,7 @@ pub fn tanh(x: f32) -> f32 {
 }
 
 /// erf(x)/x − 1, fitted in x² on [0, 1] (Lawson-weighted least squares for relative error).
-const ERF_P: [f32; 7] = [
+pub const ERF_P: [f32; 7] = [
     0.128_379_17,
     -0.376_126_26,
     0.112_835_854,
@@ -237,7 +237,7 @@ const ERF_P: [f32; 7] = [
 ];
 
 /// erfc(a)·e^{a²}, fitted in 1/a on [1, 4].
-const ERFC_Q: [f32; 10] = [
+pub const ERFC_Q: [f32; 10] = [
     0.000_114_669_296,
     0.561_885_7,
     0.019_603_916,
