@@ -113,7 +113,8 @@ fn operand<'b>(
         }
         Src::Broadcast { data, strides } => {
             scratch.clear();
-            // The output multi-index of `start`, then an odometer: no division per element.
+            // The output multi-index of `start`, then whole runs along the last axis: a slice
+            // copy where the operand is contiguous there, a fill where it is broadcast.
             let rank = out_dims.len();
             let mut idx = vec![0usize; rank];
             let (mut rem, mut at) = (start, 0usize);
@@ -122,18 +123,24 @@ fn operand<'b>(
                 rem /= out_dims[d];
                 at += idx[d] * strides[d];
             }
-            for _ in 0..len {
-                scratch.push(data[at]);
-                let mut d = rank;
-                while d > 0 {
+            let (last, inner) = (rank - 1, out_dims[rank - 1]);
+            while scratch.len() < len {
+                let run = (inner - idx[last]).min(len - scratch.len());
+                match strides[last] {
+                    0 => scratch.extend(std::iter::repeat_n(data[at], run)),
+                    1 => scratch.extend_from_slice(&data[at..at + run]),
+                    s => scratch.extend((0..run).map(|j| data[at + j * s])),
+                }
+                // Step to the start of the next run.
+                at += run * strides[last];
+                idx[last] += run;
+                let mut d = last;
+                while idx[d] >= out_dims[d] && d > 0 {
+                    at -= strides[d] * idx[d];
+                    idx[d] = 0;
                     d -= 1;
                     idx[d] += 1;
                     at += strides[d];
-                    if idx[d] < out_dims[d] {
-                        break;
-                    }
-                    at -= strides[d] * idx[d];
-                    idx[d] = 0;
                 }
             }
             scratch

@@ -83,7 +83,7 @@ fn assert_same_everywhere(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(120))]
+    #![proptest_config(ProptestConfig::with_cases(400))]
     #[test]
     fn random_graphs_match_the_reference(seed in any::<u64>()) {
         let graph = random_graph(seed, 25);
