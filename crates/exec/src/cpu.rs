@@ -10,7 +10,7 @@ use tenet_reference::{RunError, check_inputs, eval_op, layer_norm_row, rms_norm_
 
 use crate::fused;
 use crate::plan::{Plan, Step, plan};
-use crate::view::{f32s, make_f32, par_chunks};
+use crate::view::{Pool, f32s, make_f32, par_chunks};
 use crate::{Backend, ExecError, Prepared, RunStats};
 
 /// Runs graphs on this machine's cores at a chosen SIMD level.
@@ -116,8 +116,9 @@ impl Prepared for CpuPrepared {
             .sum();
         let mut peak = live;
         let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
+        let pool = Pool::default();
         for (s, step) in self.plan.steps.iter().enumerate() {
-            let (id, value) = self.step(step, &values, inputs, weights, seed)?;
+            let (id, value) = self.step(step, &values, inputs, weights, seed, &pool)?;
             let is_input = matches!(g.node(id).op, Op::Input { .. });
             values[id.index()] = Some(value);
             if !is_input {
@@ -128,7 +129,9 @@ impl Prepared for CpuPrepared {
                 if !matches!(g.node(*r).op, Op::Input { .. }) {
                     live -= bytes(&values[r.index()]);
                 }
-                values[r.index()] = None;
+                if let Some(Val::Owned(t)) = values[r.index()].take() {
+                    pool.give(t.into_bytes());
+                }
             }
             for r in &self.plan.input_release[s] {
                 live -= g.node(*r).ty.bytes().unwrap_or(0);
@@ -165,6 +168,7 @@ impl CpuPrepared {
         inputs: &'a HashMap<String, HostTensor>,
         weights: &dyn WeightSource,
         seed: u64,
+        pool: &Pool,
     ) -> Result<(NodeId, Val<'a>), ExecError> {
         let g = &self.graph;
         let val = |id: NodeId| {
@@ -214,7 +218,7 @@ impl CpuPrepared {
                 };
                 (*id, Val::Owned(value))
             }
-            Step::Gemm(id) => (*id, Val::Owned(self.gemm(*id, val)?)),
+            Step::Gemm(id) => (*id, Val::Owned(self.gemm(*id, val, pool)?)),
             Step::Rows(id) => {
                 let node = g.node(*id);
                 let x = f32s(val(node.op.operands()[0]));
@@ -222,7 +226,7 @@ impl CpuPrepared {
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
                         let (log, level) = (*op == NormOp::LogSoftmax, self.backend.level);
-                        rows(&node.ty, &x, n, threads, |row, out| {
+                        rows(pool, &node.ty, &x, n, threads, |row, out| {
                             tenet_kernels::softmax::softmax_rows(level, log, row, row.len(), out)
                         })
                     }
@@ -235,7 +239,7 @@ impl CpuPrepared {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let bt = beta.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
-                        rows(&node.ty, &x, n, threads, |row, out| {
+                        rows(pool, &node.ty, &x, n, threads, |row, out| {
                             layer_norm_row(row, gm.as_deref(), bt.as_deref(), eps, out);
                             canonical_nans(out)
                         })
@@ -245,7 +249,7 @@ impl CpuPrepared {
                     } => {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
-                        rows(&node.ty, &x, n, threads, |row, out| {
+                        rows(pool, &node.ty, &x, n, threads, |row, out| {
                             rms_norm_row(row, gm.as_deref(), eps, out);
                             canonical_nans(out)
                         })
@@ -266,7 +270,7 @@ impl CpuPrepared {
                     .collect();
                 let members = fused::members(g, ids, &|o| &externals[&o][..]);
                 let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
-                let t = make_f32(ty, |out| {
+                let t = make_f32(pool, ty, |out| {
                     let level = self.backend.level;
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
                         fused::eval_range(level, &members, &dims, range, chunk)
@@ -281,6 +285,7 @@ impl CpuPrepared {
         &self,
         id: NodeId,
         val: impl Fn(NodeId) -> &'v HostTensor,
+        pool: &Pool,
     ) -> Result<HostTensor, ExecError> {
         let node = self.graph.node(id);
         let Op::MatMul { a, b } = node.op else {
@@ -319,38 +324,41 @@ impl CpuPrepared {
                 .collect()
         };
         let (oa, ob) = (offsets(ta.shape(), m, k), offsets(tb.shape(), k, n));
-        let mut result = Ok(());
-        let t = make_f32(&node.ty, |out| {
-            for (bi, (&x, &y)) in oa.iter().zip(&ob).enumerate() {
-                let c = &mut out[bi * m * n..(bi + 1) * m * n];
-                let r = sgemm(
-                    self.backend.level,
-                    self.backend.threads,
-                    m,
-                    n,
-                    k,
-                    Strided {
+        // Many small products (attention heads): one thread per group of batches. Few large
+        // ones: every thread inside each product. Either way each element has one fma chain.
+        let batches = oa.len();
+        let (outer, inner) = if batches >= self.backend.threads {
+            (self.backend.threads, 1)
+        } else {
+            (1, self.backend.threads)
+        };
+        let level = self.backend.level;
+        let failed = std::sync::Mutex::new(None);
+        let t = make_f32(pool, &node.ty, |out| {
+            par_chunks(out, outer, m * n, |range, chunk| {
+                let first = range.start / (m * n).max(1);
+                for (bi, c) in chunk.chunks_mut((m * n).max(1)).enumerate() {
+                    let (x, y) = (oa[first + bi], ob[first + bi]);
+                    let a = Strided {
                         data: &av[x..],
                         rs: k,
                         cs: 1,
-                    },
-                    Strided {
+                    };
+                    let b = Strided {
                         data: &bv[y..],
                         rs: n,
                         cs: 1,
-                    },
-                    c,
-                    n,
-                );
-                if let Err(e) = r {
-                    result = Err(ExecError::Kernel {
-                        node: id,
-                        message: e.to_string(),
-                    });
-                    return;
+                    };
+                    if let Err(e) = sgemm(level, inner, m, n, k, a, b, c, n) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    }
                 }
-            }
+            })
         });
+        let result = match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(message) => Err(ExecError::Kernel { node: id, message }),
+            None => Ok(()),
+        };
         result.map(|()| t)
     }
 }
@@ -365,13 +373,14 @@ fn canonical_nans(o: &mut [f32]) {
 /// Apply a row function over the last axis (`n` elements per row) on several threads. The
 /// function must leave computed NaNs canonical.
 fn rows(
+    pool: &Pool,
     ty: &tenet_ir::TensorType,
     x: &[f32],
     n: usize,
     threads: usize,
     f: impl Fn(&[f32], &mut [f32]) + Sync,
 ) -> HostTensor {
-    make_f32(ty, |out| {
+    make_f32(pool, ty, |out| {
         if n == 0 {
             return;
         }

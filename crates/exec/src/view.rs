@@ -13,10 +13,37 @@ pub(crate) fn f32s(t: &HostTensor) -> Cow<'_, [f32]> {
     }
 }
 
-/// Compute an f32 tensor of type `ty` by filling its elements with `fill`.
-pub(crate) fn make_f32(ty: &TensorType, fill: impl FnOnce(&mut [f32])) -> HostTensor {
+/// Buffers released during a run, handed out again for results of exactly the same size, so
+/// that repeated layers do not fault in and zero fresh memory each time. A request with no
+/// exact match empties the pool first, so the memory held never exceeds live tensors plus the
+/// new result (the cost certificate's accounting still holds).
+#[derive(Default)]
+pub(crate) struct Pool(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl Pool {
+    pub(crate) fn give(&self, buf: Vec<u8>) {
+        if !buf.is_empty() {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(buf);
+        }
+    }
+
+    /// A buffer of exactly `len` bytes: reused (stale contents) or freshly zeroed.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match pool.iter().position(|b| b.len() == len) {
+            Some(i) => pool.swap_remove(i),
+            None => {
+                pool.clear();
+                tenet_kernels::memory::zeroed_bytes(len)
+            }
+        }
+    }
+}
+
+/// Compute an f32 tensor of type `ty` whose every element `fill` writes.
+pub(crate) fn make_f32(pool: &Pool, ty: &TensorType, fill: impl FnOnce(&mut [f32])) -> HostTensor {
     let n = ty.numel().unwrap_or(0) as usize;
-    let mut bytes = tenet_kernels::memory::zeroed_bytes(n * 4);
+    let mut bytes = pool.take(n * 4);
     match bytemuck::try_cast_slice_mut::<u8, f32>(&mut bytes) {
         Ok(out) => fill(out),
         Err(_) => {

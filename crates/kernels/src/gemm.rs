@@ -283,8 +283,10 @@ fn serial<const MR: usize, const NR: usize>(
     c_rs: usize,
 ) {
     let (mr, nr) = (MR, NR);
-    let mut ap = vec![0.0f32; cfg.mc.div_ceil(mr) * mr * cfg.kc];
-    let mut bp = vec![0.0f32; cfg.nc.div_ceil(nr) * nr * cfg.kc];
+    // Packing buffers sized to this problem (small products must not pay for big blocks).
+    let kc_max = cfg.kc.min(k);
+    let mut ap = vec![0.0f32; cfg.mc.min(m).div_ceil(mr) * mr * kc_max];
+    let mut bp = vec![0.0f32; cfg.nc.min(n).div_ceil(nr) * nr * kc_max];
     let mut tile = vec![0.0f32; mr * nr];
     for jc in (0..n).step_by(cfg.nc) {
         let nc = cfg.nc.min(n - jc);
