@@ -166,7 +166,7 @@ impl CpuPrepared {
         step: &Step,
         values: &[Option<Val<'a>>],
         inputs: &'a HashMap<String, HostTensor>,
-        weights: &dyn WeightSource,
+        weights: &'a dyn WeightSource,
         seed: u64,
         pool: &Pool,
     ) -> Result<(NodeId, Val<'a>), ExecError> {
@@ -198,7 +198,7 @@ impl CpuPrepared {
                             }
                             .into());
                         }
-                        Val::Owned(w)
+                        Val::Borrowed(w)
                     }
                     op => Val::Owned(eval_op(*id, op, &node.ty, &[], seed)?),
                 };

@@ -162,21 +162,21 @@ impl HostTensor {
 /// Where an executor finds the tensors a graph's `weight` nodes name.
 pub trait WeightSource {
     /// Tensor `tensor` of the weights file `file`, if this source has it.
-    fn weight(&self, file: &crate::WeightsId, tensor: &str) -> Option<HostTensor>;
+    fn weight(&self, file: &crate::WeightsId, tensor: &str) -> Option<&HostTensor>;
 }
 
 /// A graph without weights needs no source.
 pub struct NoWeights;
 
 impl WeightSource for NoWeights {
-    fn weight(&self, _: &crate::WeightsId, _: &str) -> Option<HostTensor> {
+    fn weight(&self, _: &crate::WeightsId, _: &str) -> Option<&HostTensor> {
         None
     }
 }
 
 impl WeightSource for std::collections::HashMap<(crate::WeightsId, String), HostTensor> {
-    fn weight(&self, file: &crate::WeightsId, tensor: &str) -> Option<HostTensor> {
-        self.get(&(*file, tensor.to_string())).cloned()
+    fn weight(&self, file: &crate::WeightsId, tensor: &str) -> Option<&HostTensor> {
+        self.get(&(*file, tensor.to_string()))
     }
 }
 

@@ -34,12 +34,13 @@ pub struct TensorInfo {
     pub range: std::ops::Range<usize>,
 }
 
-/// A safetensors file's id and tensor index.
+/// A safetensors file's id, tensor index, and tensors (split out once when the file is opened,
+/// then lent to every run).
 #[derive(Clone, Debug)]
 pub struct WeightsFile {
     pub id: WeightsId,
     pub tensors: BTreeMap<String, TensorInfo>,
-    pub bytes: Vec<u8>,
+    data: BTreeMap<String, HostTensor>,
 }
 
 fn to_tenet(d: Dtype) -> Option<DType> {
@@ -91,7 +92,7 @@ impl WeightsFile {
             reason: e.to_string(),
         })?;
         let base = bytes.as_ptr() as usize;
-        let tensors = st
+        let tensors: BTreeMap<String, TensorInfo> = st
             .tensors()
             .into_iter()
             .map(|(name, view)| {
@@ -106,20 +107,26 @@ impl WeightsFile {
                 (name, info)
             })
             .collect();
+        let data = tensors
+            .iter()
+            .filter_map(|(name, info): (&String, &TensorInfo)| {
+                let ty = TensorType::new(info.dtype?, info.shape.clone());
+                let t = HostTensor::new(ty, bytes.get(info.range.clone())?.to_vec()).ok()?;
+                Some((name.clone(), t))
+            })
+            .collect();
         Ok(WeightsFile {
             id: WeightsId::of_bytes(&bytes),
             tensors,
-            bytes,
+            data,
         })
     }
 }
 
 impl WeightsFile {
     /// Tensor `name` as a host tensor, if the file has it in a dtype tenet supports.
-    pub fn tensor(&self, name: &str) -> Option<HostTensor> {
-        let info = self.tensors.get(name)?;
-        let ty = TensorType::new(info.dtype?, info.shape.clone());
-        HostTensor::new(ty, self.bytes.get(info.range.clone())?.to_vec()).ok()
+    pub fn tensor(&self, name: &str) -> Option<&HostTensor> {
+        self.data.get(name)
     }
 }
 
@@ -128,7 +135,7 @@ impl WeightsFile {
 pub struct WeightSet(pub Vec<WeightsFile>);
 
 impl WeightSource for WeightSet {
-    fn weight(&self, file: &WeightsId, tensor: &str) -> Option<HostTensor> {
+    fn weight(&self, file: &WeightsId, tensor: &str) -> Option<&HostTensor> {
         self.0.iter().find(|f| f.id == *file)?.tensor(tensor)
     }
 }

@@ -84,7 +84,7 @@ pub fn read_tensor(
                     ),
                 ));
             };
-            file.tensor(&key).ok_or_else(|| {
+            file.tensor(&key).cloned().ok_or_else(|| {
                 format_err(
                     path,
                     format!("tensor {key:?} has a dtype tenet does not support"),

@@ -326,6 +326,7 @@ fn eval(
         Op::Weight { file, tensor: name } => {
             let w = weights
                 .weight(file, name)
+                .cloned()
                 .ok_or_else(|| RunError::MissingWeight {
                     file: file.to_hex(),
                     tensor: name.clone(),
