@@ -218,7 +218,10 @@ impl CpuPrepared {
                 };
                 (*id, Val::Owned(value))
             }
-            Step::Gemm(id) => (*id, Val::Owned(self.gemm(*id, val, pool)?)),
+            Step::Gemm {
+                node: id,
+                b_transposed,
+            } => (*id, Val::Owned(self.gemm(*id, *b_transposed, val, pool)?)),
             Step::Rows(id) => {
                 let node = g.node(*id);
                 let x = f32s(val(node.op.operands()[0]));
@@ -284,6 +287,7 @@ impl CpuPrepared {
     fn gemm<'v>(
         &self,
         id: NodeId,
+        b_transposed: Option<NodeId>,
         val: impl Fn(NodeId) -> &'v HostTensor,
         pool: &Pool,
     ) -> Result<HostTensor, ExecError> {
@@ -291,14 +295,21 @@ impl CpuPrepared {
         let Op::MatMul { a, b } = node.op else {
             unreachable!("gemm steps are matmuls")
         };
-        let (ta, tb) = (val(a), val(b));
+        // B is either materialised, or the source of a folded transpose ([..., n, k]).
+        let (ta, tb) = (val(a), val(b_transposed.unwrap_or(b)));
         let (av, bv) = (f32s(ta), f32s(tb));
-        let (ra, rb, r) = (ta.shape().len(), tb.shape().len(), node.ty.rank());
+        let (ra, r) = (ta.shape().len(), node.ty.rank());
         let (m, k, n) = (
             ta.shape()[ra - 2] as usize,
             ta.shape()[ra - 1] as usize,
-            tb.shape()[rb - 1] as usize,
+            node.ty.shape[r - 1] as usize,
         );
+        // Element (p, j) of a batch of B: row-major, or transposed from [n, k].
+        let (b_rs, b_cs) = if b_transposed.is_some() {
+            (1, k)
+        } else {
+            (n, 1)
+        };
         let batch: Vec<u64> = node.ty.shape[..r - 2].to_vec();
         let offsets = |shape: &[u64], rows: usize, cols: usize| -> Vec<usize> {
             // Flat offset of each output batch's matrix within an operand, by broadcasting.
@@ -346,8 +357,8 @@ impl CpuPrepared {
                     };
                     let b = Strided {
                         data: &bv[y..],
-                        rs: n,
-                        cs: 1,
+                        rs: b_rs,
+                        cs: b_cs,
                     };
                     if let Err(e) = sgemm(level, inner, m, n, k, a, b, c, n) {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());

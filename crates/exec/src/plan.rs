@@ -8,8 +8,13 @@ use tenet_ir::{DType, Graph, NodeId, NormOp, Op, UnaryOp};
 pub(crate) enum Step {
     /// An input, weight or constant.
     Source(NodeId),
-    /// An f32 matrix product on the deterministic GEMM.
-    Gemm(NodeId),
+    /// An f32 matrix product on the deterministic GEMM. `b_transposed` names the tensor whose
+    /// last two axes, swapped, are the right operand: a transpose folded into the GEMM's strides
+    /// instead of being copied.
+    Gemm {
+        node: NodeId,
+        b_transposed: Option<NodeId>,
+    },
     /// Consecutive f32 elementwise nodes of one shape evaluated in a single pass; only the last
     /// node's result is materialised (the others are used only inside the group).
     Fused(Vec<NodeId>),
@@ -75,6 +80,34 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         is_output[o.node.index()] = true;
     }
 
+    // Transposes of the last two axes used only as the right operand of f32 matmuls (and not
+    // outputs) are folded into those GEMMs.
+    let folded: Vec<bool> = (0..n)
+        .map(|m| {
+            let swaps_last_two = match &nodes[m].op {
+                Op::Permute { perm, .. } => {
+                    let r = perm.len();
+                    r >= 2
+                        && perm[r - 2] as usize == r - 1
+                        && perm[r - 1] as usize == r - 2
+                        && perm[..r - 2]
+                            .iter()
+                            .enumerate()
+                            .all(|(d, &p)| p as usize == d)
+                }
+                _ => false,
+            };
+            let only_right_of_matmuls = users[m].iter().all(|&u| {
+                matches!(nodes[u].op, Op::MatMul { a, b } if b.index() == m && a.index() != m)
+                    && nodes[u].ty.dtype == DType::F32
+            });
+            swaps_last_two
+                && nodes[m].ty.dtype == DType::F32
+                && !is_output[m]
+                && !users[m].is_empty()
+                && only_right_of_matmuls
+        })
+        .collect();
     let mut steps = Vec::new();
     let mut i = 0;
     while i < n {
@@ -82,8 +115,16 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         let node = &nodes[i];
         if node.op.is_source() {
             steps.push(Step::Source(id));
-        } else if matches!(node.op, Op::MatMul { .. }) && node.ty.dtype == DType::F32 {
-            steps.push(Step::Gemm(id));
+        } else if folded[i] {
+            // Read directly by the matmuls it feeds.
+        } else if let Op::MatMul { b, .. } = node.op
+            && node.ty.dtype == DType::F32
+        {
+            let b_transposed = folded[b.index()].then(|| nodes[b.index()].op.operands()[0]);
+            steps.push(Step::Gemm {
+                node: id,
+                b_transposed,
+            });
         } else if rows_op(graph, id) {
             steps.push(Step::Rows(id));
         } else if fusable(graph, id) {
@@ -116,10 +157,14 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
     for (s, step) in steps.iter().enumerate() {
         match step {
             Step::Fused(ids) => ids.iter().for_each(|id| step_of[id.index()] = s),
-            Step::Source(id) | Step::Gemm(id) | Step::Rows(id) | Step::Generic(id) => {
+            Step::Source(id) | Step::Gemm { node: id, .. } | Step::Rows(id) | Step::Generic(id) => {
                 step_of[id.index()] = s
             }
         }
+    }
+    // A folded transpose "runs" with its last reader, so its source lives until then.
+    for m in (0..n).filter(|&m| folded[m]) {
+        step_of[m] = users[m].iter().map(|&u| step_of[u]).max().unwrap_or(0);
     }
     let mut release = vec![Vec::new(); steps.len()];
     for (m, us) in users.iter().enumerate() {

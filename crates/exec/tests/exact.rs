@@ -167,3 +167,22 @@ fn graphs_above_the_memory_limit_are_refused_before_running() {
     let roomy = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(needed);
     assert!(roomy.prepare(&graph).is_ok());
 }
+
+#[test]
+fn transposes_folded_into_gemm_keep_the_bits() {
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[2, 37, 300]);
+    let w = g.input("w", DType::F32, &[41, 300]); // [out, in], as PyTorch stores Linear weights
+    let wb = g.input("wb", DType::F32, &[2, 41, 300]);
+    let shared = g.input("s", DType::F32, &[41, 300]);
+    let y1 = x.matmul(&w.transpose(0, 1)); // folded
+    let y2 = x.matmul(&wb.transpose(1, 2)); // folded, batched
+    let st = shared.transpose(0, 1); // also used by exp: stays a copy
+    let y3 = x.matmul(&st);
+    let y4 = st.exp();
+    let graph = g
+        .finish(&[("y1", &y1), ("y2", &y2), ("y3", &y3), ("y4", &y4)])
+        .unwrap();
+    let (inputs, weights) = random_io(&graph, 21);
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
