@@ -19,6 +19,10 @@ pub struct Row {
     pub numpy_ms: Option<f64>,
     pub flops: Option<f64>,
     pub peak_gflops: f64,
+    /// Items per run (sentences, for model workloads), to report a rate.
+    pub items: Option<u64>,
+    /// Why the numpy column is empty, when the reason is particular to this row.
+    pub note: Option<String>,
 }
 
 impl Row {
@@ -27,7 +31,9 @@ impl Row {
     }
 
     pub fn json(&self, numpy_note: &Option<String>) -> Value {
+        let numpy_note = self.note.as_ref().or(numpy_note.as_ref());
         json!({
+            "sentences_per_s": self.items.map(|n| round(n as f64 / (self.tenet_ms / 1e3))),
             "name": self.name,
             "tenet_ms": round(self.tenet_ms),
             "numpy_ms": self.numpy_ms.map(round),
@@ -140,6 +146,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Everything one run measured.
 pub struct Report {
+    /// Workloads that could not run, and why.
+    pub notes: Vec<String>,
     pub backend: String,
     pub peak_gflops: f64,
     pub numpy: Result<String, String>,
@@ -199,9 +207,17 @@ pub fn run(
                 .and_then(|m| m.times.get(w.name).copied()),
             flops: w.flops,
             peak_gflops: peak,
+            items: None,
+            note: None,
         });
     }
+    let mut notes = Vec::new();
+    match model_rows(backend, peak, quick, &mut progress) {
+        Ok(r) => rows.extend(r),
+        Err(why) => notes.push(why),
+    }
     Report {
+        notes,
         backend: backend.name(),
         peak_gflops: peak,
         numpy: numpy.map(|m| m.version),
@@ -226,15 +242,21 @@ impl Report {
             }
         );
         s.push_str(&format!(
-            "{:<26} {:>10} {:>10} {:>12} {:>9} {:>8}\n",
+            "{:<34} {:>10} {:>10} {:>12} {:>9} {:>8}\n",
             "workload", "tenet ms", "numpy ms", "tenet/numpy", "GFLOP/s", "of peak"
         ));
+        for n in &self.notes {
+            s.push_str(&format!("note: {n}\n"));
+        }
         for r in &self.rows {
             let opt =
                 |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
             s.push_str(&format!(
-                "{:<26} {:>10.2} {:>10} {:>12} {:>9} {:>8}\n",
-                r.name,
+                "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8}\n",
+                match r.items {
+                    Some(n) => format!("{} ({:.1}/s)", r.name, n as f64 / (r.tenet_ms / 1e3)),
+                    None => r.name.clone(),
+                },
                 r.tenet_ms,
                 opt(r.numpy_ms, 2),
                 opt(r.numpy_ms.map(|n| r.tenet_ms / n), 2),
@@ -244,4 +266,55 @@ impl Report {
         }
         s
     }
+}
+
+/// MiniLM sentence embeddings at batch 1 and 32 (128 tokens each; smaller with `quick`), if the
+/// model has been fetched.
+fn model_rows(
+    backend: &CpuBackend,
+    peak: f64,
+    quick: bool,
+    progress: &mut impl FnMut(&str),
+) -> Result<Vec<Row>, String> {
+    use tenet_models::fetch::{MINILM, cache_root, fetched};
+    use tenet_models::minilm::{Batch, MiniLm};
+    let dir = fetched(&cache_root(), &MINILM)
+        .ok_or("MiniLM workloads skipped: run `tenet models fetch minilm`")?;
+    let model = MiniLm::load(&dir).map_err(|e| format!("MiniLM workloads skipped: {e}"))?;
+    let seq = if quick { 32 } else { 128 };
+    let mut rows = Vec::new();
+    for batch in [1usize, if quick { 4 } else { 32 }] {
+        let name = format!("minilm batch {batch}×{seq}");
+        progress(&format!("running {name} on tenet"));
+        let graph = model.graph(batch, seq).map_err(|e| e.to_string())?;
+        let ids = Batch {
+            ids: (0..batch)
+                .map(|b| (0..seq).map(|t| (1000 + 31 * b + t) as u32).collect())
+                .collect(),
+            seq,
+        };
+        let inputs = MiniLm::inputs(&ids);
+        let prepared = backend.prepare(&graph).map_err(|e| e.to_string())?;
+        let reps = if quick { 3 } else { 7 };
+        let times = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                let out = prepared
+                    .run(&inputs, &model.weights, 0)
+                    .expect("the model runs");
+                std::hint::black_box(out);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        rows.push(Row {
+            name,
+            tenet_ms: median(times),
+            numpy_ms: None,
+            flops: Some(graph.cost().flops as f64),
+            peak_gflops: peak,
+            items: Some(batch as u64),
+            note: Some("no numpy peer for model workloads".into()),
+        });
+    }
+    Ok(rows)
 }
