@@ -118,6 +118,7 @@ impl Prepared for CpuPrepared {
         let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
         let pool = Pool::default();
         for (s, step) in self.plan.steps.iter().enumerate() {
+            pool.set_budget(g.cost().peak_bytes.saturating_sub(live));
             let (id, value) = self.step(step, &values, inputs, weights, seed, &pool)?;
             let is_input = matches!(g.node(id).op, Op::Input { .. });
             values[id.index()] = Some(value);

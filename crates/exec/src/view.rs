@@ -14,29 +14,48 @@ pub(crate) fn f32s(t: &HostTensor) -> Cow<'_, [f32]> {
 }
 
 /// Buffers released during a run, handed out again for results of exactly the same size, so
-/// that repeated layers do not fault in and zero fresh memory each time. A request with no
-/// exact match empties the pool first, so the memory held never exceeds live tensors plus the
-/// new result (the cost certificate's accounting still holds).
+/// that repeated layers do not fault in and zero fresh memory each time. The run loop sets a
+/// budget before each step (the cost certificate's peak minus the live tensors); on a miss,
+/// pooled buffers are dropped, largest first, until pooled + new fits it. So the memory held
+/// never exceeds what the certificate allows.
 #[derive(Default)]
-pub(crate) struct Pool(std::sync::Mutex<Vec<Vec<u8>>>);
+pub(crate) struct Pool {
+    bufs: std::sync::Mutex<Vec<Vec<u8>>>,
+    budget: std::sync::atomic::AtomicU64,
+}
 
 impl Pool {
     pub(crate) fn give(&self, buf: Vec<u8>) {
         if !buf.is_empty() {
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(buf);
+            self.bufs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(buf);
         }
+    }
+
+    /// Bytes the pool and the next result may use together.
+    pub(crate) fn set_budget(&self, bytes: u64) {
+        self.budget
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A buffer of exactly `len` bytes: reused (stale contents) or freshly zeroed.
     fn take(&self, len: usize) -> Vec<u8> {
-        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match pool.iter().position(|b| b.len() == len) {
-            Some(i) => pool.swap_remove(i),
-            None => {
-                pool.clear();
-                tenet_kernels::memory::zeroed_bytes(len)
+        let mut pool = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = pool.iter().position(|b| b.len() == len) {
+            return pool.swap_remove(i);
+        }
+        let budget = self.budget.load(std::sync::atomic::Ordering::Relaxed);
+        pool.sort_by_key(Vec::len);
+        let mut held: u64 = pool.iter().map(|b| b.len() as u64).sum();
+        while held + len as u64 > budget {
+            match pool.pop() {
+                Some(b) => held -= b.len() as u64,
+                None => break,
             }
         }
+        tenet_kernels::memory::zeroed_bytes(len)
     }
 }
 
