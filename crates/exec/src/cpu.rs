@@ -119,7 +119,15 @@ impl Prepared for CpuPrepared {
         let pool = Pool::default();
         for (s, step) in self.plan.steps.iter().enumerate() {
             pool.set_budget(g.cost().peak_bytes.saturating_sub(live));
-            let (id, value) = self.step(step, &values, inputs, weights, seed, &pool)?;
+            // A reshape of a value that dies here re-types its buffer instead of copying it
+            // (the moved bytes stop counting under the old node and count under the new one).
+            let (id, value) = match self.reshape_in_place(s, step, &mut values) {
+                Some((id, t)) => {
+                    live -= t.bytes().len() as u64;
+                    (id, Val::Owned(t))
+                }
+                None => self.step(step, &values, inputs, weights, seed, &pool)?,
+            };
             let is_input = matches!(g.node(id).op, Op::Input { .. });
             values[id.index()] = Some(value);
             if !is_input {
@@ -162,6 +170,33 @@ impl Prepared for CpuPrepared {
 }
 
 impl CpuPrepared {
+    /// If `step` reshapes an owned value whose last use it is, take that value re-typed.
+    fn reshape_in_place(
+        &self,
+        s: usize,
+        step: &Step,
+        values: &mut [Option<Val<'_>>],
+    ) -> Option<(NodeId, HostTensor)> {
+        let Step::Generic(id) = step else { return None };
+        let node = self.graph.node(*id);
+        let Op::Reshape { x } = node.op else {
+            return None;
+        };
+        if !self.plan.release[s].contains(&x) || !matches!(values[x.index()], Some(Val::Owned(_))) {
+            return None;
+        }
+        let Some(Val::Owned(t)) = values[x.index()].take() else {
+            return None;
+        };
+        match t.reshaped(node.ty.clone()) {
+            Ok(t) => Some((*id, t)),
+            Err(t) => {
+                values[x.index()] = Some(Val::Owned(t));
+                None
+            }
+        }
+    }
+
     fn step<'a>(
         &self,
         step: &Step,
@@ -211,7 +246,14 @@ impl CpuPrepared {
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies; everything else is the reference's code.
                 let moved = operands.first().and_then(|&x| {
-                    crate::movement::eval(*id, &node.op, &node.ty, x, operands.get(1).copied())
+                    crate::movement::eval(
+                        pool,
+                        *id,
+                        &node.op,
+                        &node.ty,
+                        x,
+                        operands.get(1).copied(),
+                    )
                 });
                 let value = match moved {
                     Some(r) => r?,

@@ -5,6 +5,8 @@
 use tenet_ir::{HostTensor, NodeId, Op, TensorType};
 use tenet_reference::RunError;
 
+use crate::view::Pool;
+
 /// Row-major strides (in elements) of `shape`.
 fn strides(shape: &[u64]) -> Vec<usize> {
     let mut s = vec![1usize; shape.len()];
@@ -14,36 +16,45 @@ fn strides(shape: &[u64]) -> Vec<usize> {
     s
 }
 
-/// Output element `i` (row-major over `shape`) is source element `base + Σ idx[d]·step[d]`.
-fn strided_copy(src: &[u8], size: usize, base: usize, shape: &[u64], step: &[usize]) -> Vec<u8> {
-    let n: usize = shape.iter().product::<u64>() as usize;
-    let mut out = Vec::with_capacity(n * size);
-    if n == 0 {
-        return out;
+/// Output element `i` (row-major over `shape`) is source element `base + Σ idx[d]·step[d]`;
+/// `out` holds exactly the output's bytes.
+fn strided_copy(
+    src: &[u8],
+    size: usize,
+    base: usize,
+    shape: &[u64],
+    step: &[usize],
+    out: &mut [u8],
+) {
+    if out.is_empty() {
+        return;
     }
     let rank = shape.len();
     if rank == 0 {
-        out.extend_from_slice(&src[base * size..(base + 1) * size]);
-        return out;
+        out.copy_from_slice(&src[base * size..(base + 1) * size]);
+        return;
     }
     let inner = shape[rank - 1] as usize;
     let inner_step = step[rank - 1];
     let mut idx = vec![0usize; rank - 1];
     let mut offset = base;
+    let mut at = 0;
     loop {
         if inner_step == 1 {
-            out.extend_from_slice(&src[offset * size..(offset + inner) * size]);
+            out[at..at + inner * size]
+                .copy_from_slice(&src[offset * size..(offset + inner) * size]);
         } else {
             for j in 0..inner {
-                let at = (offset + j * inner_step) * size;
-                out.extend_from_slice(&src[at..at + size]);
+                let from = (offset + j * inner_step) * size;
+                out[at + j * size..at + (j + 1) * size].copy_from_slice(&src[from..from + size]);
             }
         }
+        at += inner * size;
         // Advance the odometer over the outer dimensions.
         let mut d = rank - 1;
         loop {
             if d == 0 {
-                return out;
+                return;
             }
             d -= 1;
             idx[d] += 1;
@@ -57,12 +68,20 @@ fn strided_copy(src: &[u8], size: usize, base: usize, shape: &[u64], step: &[usi
     }
 }
 
+/// A tensor of type `ty` whose bytes `fill` writes into a pooled buffer.
+fn copied(pool: &Pool, ty: &TensorType, fill: impl FnOnce(&mut [u8])) -> HostTensor {
+    let mut buf = pool.take(ty.bytes().unwrap_or(0) as usize);
+    fill(&mut buf);
+    tensor(ty, buf)
+}
+
 fn tensor(ty: &TensorType, data: Vec<u8>) -> HostTensor {
     HostTensor::new(ty.clone(), data).expect("movement preserves element counts")
 }
 
 /// Evaluate a movement op, or `None` if `op` is not one.
 pub(crate) fn eval(
+    pool: &Pool,
     id: NodeId,
     op: &Op,
     ty: &TensorType,
@@ -75,7 +94,9 @@ pub(crate) fn eval(
         Op::Reshape { .. } => tensor(ty, x.bytes().to_vec()),
         Op::Permute { perm, .. } => {
             let step: Vec<usize> = perm.iter().map(|&p| src_strides[p as usize]).collect();
-            tensor(ty, strided_copy(x.bytes(), size, 0, &ty.shape, &step))
+            copied(pool, ty, |out| {
+                strided_copy(x.bytes(), size, 0, &ty.shape, &step, out)
+            })
         }
         Op::Expand { .. } => {
             let off = ty.rank() - x.shape().len();
@@ -88,7 +109,9 @@ pub(crate) fn eval(
                     }
                 })
                 .collect();
-            tensor(ty, strided_copy(x.bytes(), size, 0, &ty.shape, &step))
+            copied(pool, ty, |out| {
+                strided_copy(x.bytes(), size, 0, &ty.shape, &step, out)
+            })
         }
         Op::Slice { ranges, .. } => {
             let base = ranges
@@ -101,7 +124,9 @@ pub(crate) fn eval(
                 .zip(&src_strides)
                 .map(|(r, s)| r.step as usize * s)
                 .collect();
-            tensor(ty, strided_copy(x.bytes(), size, base, &ty.shape, &step))
+            copied(pool, ty, |out| {
+                strided_copy(x.bytes(), size, base, &ty.shape, &step, out)
+            })
         }
         Op::Gather { axis, .. } => {
             let a = *axis as usize;

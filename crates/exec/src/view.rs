@@ -41,7 +41,7 @@ impl Pool {
     }
 
     /// A buffer of exactly `len` bytes: reused (stale contents) or freshly zeroed.
-    fn take(&self, len: usize) -> Vec<u8> {
+    pub(crate) fn take(&self, len: usize) -> Vec<u8> {
         let mut pool = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = pool.iter().position(|b| b.len() == len) {
             return pool.swap_remove(i);

@@ -111,6 +111,19 @@ impl HostTensor {
         self.data
     }
 
+    /// The same bytes under another type with the same dtype and element count (a reshape
+    /// without a copy); the tensor comes back unchanged as the error otherwise.
+    pub fn reshaped(self, ty: TensorType) -> Result<HostTensor, HostTensor> {
+        if ty.dtype == self.ty.dtype && ty.numel() == self.ty.numel() {
+            Ok(HostTensor {
+                ty,
+                data: self.data,
+            })
+        } else {
+            Err(self)
+        }
+    }
+
     /// blake3 of the type's canonical text and the bytes: what commitments and receipts name.
     pub fn hash(&self) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
