@@ -37,7 +37,7 @@ fn synthetic() -> Vec<u8> {
     b.extend(32u64.to_le_bytes());
     b.extend(8u32.to_le_bytes());
     b.extend(32u64.to_le_bytes());
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     for v in [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0] {
