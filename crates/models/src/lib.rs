@@ -11,6 +11,7 @@ pub mod fetch;
 pub mod gguf;
 pub mod minilm;
 mod safetensors_io;
+pub mod smollm2;
 mod tensor_io;
 
 pub use safetensors_io::{

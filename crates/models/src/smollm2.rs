@@ -1,0 +1,301 @@
+//! SmolLM2 (Llama architecture) from its GGUF file: weights dequantised once to f32, the
+//! tokenizer rebuilt from the GGUF's own vocabulary and merges (byte-level BPE, digits split
+//! individually, special tokens of type 3), as shared/models/reference/smollm2_numpy.py does.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use std::collections::HashMap;
+
+use tenet_exec::Backend;
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor, WeightSource, WeightsId};
+use tenet_reference::math;
+
+use crate::gguf::{GgufError, GgufFile, Value};
+
+/// The GGUF file's tensors as f32, named as in the file; the file's blake3 hash is their id.
+pub struct GgufWeights {
+    pub id: WeightsId,
+    pub tensors: BTreeMap<String, HostTensor>,
+}
+
+impl WeightSource for GgufWeights {
+    fn weight(&self, file: &WeightsId, tensor: &str) -> Option<&HostTensor> {
+        (*file == self.id)
+            .then(|| self.tensors.get(tensor))
+            .flatten()
+    }
+}
+
+/// Llama hyper-parameters from the GGUF metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub layers: u64,
+    pub hidden: u64,
+    pub ffn: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub vocab: u64,
+    pub rms_eps: f32,
+    pub rope_theta: f32,
+}
+
+/// A loaded SmolLM2: configuration, weights, tokenizer.
+pub struct SmolLm2 {
+    pub config: LlamaConfig,
+    pub weights: GgufWeights,
+    pub tokenizer: tokenizers::Tokenizer,
+}
+
+fn meta_err(key: &str) -> GgufError {
+    GgufError::Malformed {
+        offset: 0,
+        reason: format!("metadata {key:?} is missing or has the wrong type"),
+    }
+}
+
+impl SmolLm2 {
+    /// Load from the GGUF file at `path`.
+    pub fn load(path: &Path) -> Result<SmolLm2, GgufError> {
+        let bytes = std::fs::read(path).map_err(|e| GgufError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let id = WeightsId::of_bytes(&bytes);
+        let g = GgufFile::parse(bytes)?;
+        let u = |k: &str| g.get(k).and_then(Value::as_u64).ok_or_else(|| meta_err(k));
+        let f = |k: &str| g.get(k).and_then(Value::as_f32).ok_or_else(|| meta_err(k));
+        let config = LlamaConfig {
+            layers: u("llama.block_count")?,
+            hidden: u("llama.embedding_length")?,
+            ffn: u("llama.feed_forward_length")?,
+            heads: u("llama.attention.head_count")?,
+            kv_heads: u("llama.attention.head_count_kv")?,
+            vocab: u("llama.vocab_size")?,
+            rms_eps: f("llama.attention.layer_norm_rms_epsilon")?,
+            rope_theta: f("llama.rope.freq_base")?,
+        };
+        let tensors = g
+            .tensors
+            .iter()
+            .map(|t| Ok((t.name.clone(), g.dequantize(t)?)))
+            .collect::<Result<_, GgufError>>()?;
+        let tokenizer = build_tokenizer(&g)?;
+        Ok(SmolLm2 {
+            config,
+            weights: GgufWeights { id, tensors },
+            tokenizer,
+        })
+    }
+
+    /// Token ids of `text` (special tokens such as `<|im_start|>` recognised).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The forward pass over `n` tokens as a graph: input `ids` (i64 [n]), output `logits` (f32
+    /// [vocab]) for the last position. Causal attention, no cache.
+    pub fn graph(&self, n: u64) -> Result<Graph, String> {
+        llama_logits(&self.config, self.weights.id, n)
+    }
+
+    /// Logits of the next token after `ids`, on `backend`.
+    pub fn next_logits(&self, ids: &[u32], backend: &dyn Backend) -> Result<Vec<f32>, String> {
+        let graph = self.graph(ids.len() as u64)?;
+        let input = HostTensor::from_i64(
+            &[ids.len() as u64],
+            &ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+        )
+        .map_err(|e| e.to_string())?;
+        let out = backend
+            .prepare(&graph)
+            .and_then(|p| {
+                p.run(
+                    &HashMap::from([("ids".to_string(), input)]),
+                    &self.weights,
+                    0,
+                )
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(out[0].1.to_f32_vec())
+    }
+
+    /// Greedy continuation of `ids` by `steps` tokens, recomputing the whole sequence each step.
+    pub fn greedy(
+        &self,
+        ids: &[u32],
+        steps: usize,
+        backend: &dyn Backend,
+    ) -> Result<Vec<u32>, String> {
+        let mut seq = ids.to_vec();
+        for _ in 0..steps {
+            let logits = self.next_logits(&seq, backend)?;
+            seq.push(argmax(&logits));
+        }
+        Ok(seq[ids.len()..].to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        self.tokenizer.decode(ids, false).map_err(|e| e.to_string())
+    }
+}
+
+fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>, GgufError> {
+    match g.get(key) {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| meta_err(key)))
+            .collect(),
+        _ => Err(meta_err(key)),
+    }
+}
+
+/// Byte-level BPE from `tokenizer.ggml.tokens` / `merges` / `token_type`.
+fn build_tokenizer(g: &GgufFile) -> Result<tokenizers::Tokenizer, GgufError> {
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::digits::Digits;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    let tokens = strings(g, "tokenizer.ggml.tokens")?;
+    let merges: Vec<(String, String)> = strings(g, "tokenizer.ggml.merges")?
+        .into_iter()
+        .filter_map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        })
+        .collect();
+    let types: Vec<u64> = match g.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(items)) => items.iter().map(|v| v.as_u64().unwrap_or(0)).collect(),
+        _ => return Err(meta_err("tokenizer.ggml.token_type")),
+    };
+    let bad = |e: String| GgufError::Malformed {
+        offset: 0,
+        reason: format!("tokenizer: {e}"),
+    };
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| bad(e.to_string()))?;
+    let mut tk = tokenizers::Tokenizer::new(bpe);
+    tk.with_pre_tokenizer(Some(Sequence::new(vec![
+        Digits::new(true).into(),
+        ByteLevel::new(false, false, true).into(),
+    ])));
+    tk.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
+    let special: Vec<tokenizers::AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter(|(_, t)| **t == 3)
+        .map(|(s, _)| tokenizers::AddedToken::from(s.clone(), true).normalized(false))
+        .collect();
+    let _ = tk.add_special_tokens(special);
+    Ok(tk)
+}
+
+/// Index of the largest value (first on ties).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// cos and sin of `pos · θ^(−2i/d)` for positions `0..n` and `i < d/2`, with the project's own
+/// math, so the graph's constants are the same on every machine.
+fn rope_tables(n: u64, head_dim: u64, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| math::pow(theta, -((2 * i) as f32) / head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity((n * half) as usize);
+    let mut sin = Vec::with_capacity((n * half) as usize);
+    for p in 0..n {
+        for &f in &inv {
+            let a = p as f32 * f;
+            cos.push(math::cos(a));
+            sin.push(math::sin(a));
+        }
+    }
+    (cos, sin)
+}
+
+/// The Llama forward pass for `n` tokens (see `SmolLm2::graph`).
+pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Graph, String> {
+    if n == 0 {
+        return Err("at least one token is needed".into());
+    }
+    let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
+    let hd = d / nh;
+    let g = GraphBuilder::new();
+    let w = |name: &str, shape: &[u64]| g.weight(weights, name, DType::F32, shape);
+    let rms = |x: &Tensor, name: &str| x.rms_norm(Some(&w(name, &[d])), cfg.rms_eps);
+    let linear = |x: &Tensor, name: &str, out: u64, inp: u64| {
+        x.matmul(&w(name, &[out, inp]).transpose(0, 1))
+    };
+    let (cos, sin) = rope_tables(n, hd, cfg.rope_theta);
+    let table = |v: &[f32]| g.constant_f32(&[n, 1, hd / 2, 1], v);
+    let (c, s) = (table(&cos), table(&sin));
+    // llama.cpp's "normal" RoPE: rotate adjacent pairs (x[2i], x[2i+1]).
+    let rope = |x: Tensor, heads: u64| {
+        let pairs = x.reshape(&[n as i64, heads as i64, (hd / 2) as i64, 2]);
+        let (x0, x1) = (pairs.slice(3, 0, 1, 1), pairs.slice(3, 1, 2, 1));
+        let y0 = &x0 * &c - &x1 * &s;
+        let y1 = &x0 * &s + &x1 * &c;
+        g.concat(&[&y0, &y1], 3)
+            .reshape(&[n as i64, heads as i64, hd as i64])
+    };
+    // Each KV head serves nh/nkv query heads in a row (numpy's repeat along the head axis).
+    let repeat_kv = |t: Tensor| {
+        t.reshape(&[n as i64, nkv as i64, 1, hd as i64])
+            .expand(&[n, nkv, nh / nkv, hd])
+            .reshape(&[n as i64, nh as i64, hd as i64])
+    };
+    let ids = g.input("ids", DType::I64, &[n]);
+    let mut x = w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
+    let future = g.tri_mask(&[n, n], true, 1);
+    let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
+    for l in 0..cfg.layers {
+        let p = format!("blk.{l}");
+        let h = rms(&x, &format!("{p}.attn_norm.weight"));
+        let q = rope(
+            linear(&h, &format!("{p}.attn_q.weight"), d, d)
+                .reshape(&[n as i64, nh as i64, hd as i64]),
+            nh,
+        );
+        let k = rope(
+            linear(&h, &format!("{p}.attn_k.weight"), nkv * hd, d)
+                .reshape(&[n as i64, nkv as i64, hd as i64]),
+            nkv,
+        );
+        let v = linear(&h, &format!("{p}.attn_v.weight"), nkv * hd, d)
+            .reshape(&[n as i64, nkv as i64, hd as i64]);
+        let (k, v) = (repeat_kv(k), repeat_kv(v));
+        let scores = q.permute(&[1, 0, 2]).matmul(&k.permute(&[1, 2, 0])) / (hd as f64).sqrt();
+        let scores = future.where_(&minus_inf, &scores);
+        let o = scores
+            .softmax(-1)
+            .matmul(&v.permute(&[1, 0, 2]))
+            .permute(&[1, 0, 2])
+            .reshape(&[n as i64, d as i64]);
+        x = &x + linear(&o, &format!("{p}.attn_output.weight"), d, d);
+        let h = rms(&x, &format!("{p}.ffn_norm.weight"));
+        let gate = linear(&h, &format!("{p}.ffn_gate.weight"), cfg.ffn, d);
+        let silu = &gate / (1.0 + (-&gate).exp());
+        let up = linear(&h, &format!("{p}.ffn_up.weight"), cfg.ffn, d);
+        x = &x + linear(&(silu * up), &format!("{p}.ffn_down.weight"), d, cfg.ffn);
+    }
+    let last = rms(&x.slice(0, n - 1, n, 1), "output_norm.weight");
+    let logits = linear(&last, "token_embd.weight", cfg.vocab, d).reshape(&[cfg.vocab as i64]);
+    g.finish(&[("logits", &logits)]).map_err(|e| e.to_string())
+}

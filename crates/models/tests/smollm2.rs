@@ -1,0 +1,68 @@
+//! SmolLM2 through tenet against shared/models/fixtures/smollm2_greedy.json (made by
+//! shared/models/reference/smollm2_numpy.py): prompt ids, last-position logits, top-5 and the
+//! greedy 12 tokens. Needs the model in the cache (`tenet models fetch smollm2`); without it the
+//! test says it was skipped.
+
+use std::path::Path;
+
+use tenet_exec::CpuBackend;
+use tenet_models::fetch::{SMOLLM2, cache_root, fetched, find_file};
+use tenet_models::smollm2::SmolLm2;
+
+#[test]
+fn prompt_top5_and_greedy_tokens_match_the_reference() {
+    let Some(dir) = fetched(&cache_root(), &SMOLLM2) else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: SmolLM2 is not in the model cache (run `tenet models fetch smollm2`)"
+        );
+        return;
+    };
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/models/fixtures/smollm2_greedy.json");
+    let Ok(text) = std::fs::read_to_string(&fixture) else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: fixture {} not found",
+            fixture.display()
+        );
+        return;
+    };
+    let m = SmolLm2::load(&find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf").unwrap()).unwrap();
+    let backend = CpuBackend::auto();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (prompt, want) in v.as_object().unwrap() {
+        let u32s = |k: &str| {
+            want[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect::<Vec<_>>()
+        };
+        let ids = m.encode(prompt).unwrap();
+        assert_eq!(ids, u32s("ids"), "prompt ids of {prompt:?}");
+        let logits = m.next_logits(&ids, &backend).unwrap();
+        for (i, w) in want["last_logits_first5"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            assert!(
+                (logits[i] as f64 - w.as_f64().unwrap()).abs() < 1e-3,
+                "logit {i} of {prompt:?}"
+            );
+        }
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        assert_eq!(&order[..5], &u32s("top5")[..], "top-5 after {prompt:?}");
+        assert_eq!(
+            m.greedy(&ids, 12, &backend).unwrap(),
+            u32s("greedy12"),
+            "greedy continuation of {prompt:?}"
+        );
+    }
+}
