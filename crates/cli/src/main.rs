@@ -109,6 +109,33 @@ enum Command {
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
     },
+    /// Generate text with SmolLM2-135M-Instruct (run `tenet models fetch smollm2` first).
+    Generate {
+        /// The prompt.
+        #[arg(long)]
+        prompt: String,
+        /// Tokens to generate at most (stops early at <|im_end|>).
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        /// Pick the most likely token each step (the default).
+        #[arg(long, conflicts_with_all = ["seed", "temperature"])]
+        greedy: bool,
+        /// Sample with this seed (the same seed gives the same text on every machine).
+        #[arg(long, requires = "temperature")]
+        seed: Option<u64>,
+        /// Sampling temperature, with --seed.
+        #[arg(long, requires = "seed")]
+        temperature: Option<f32>,
+        /// Wrap the prompt in the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// Print one JSON object with the token ids under "tokens".
+        #[arg(long)]
+        json: bool,
+        /// Worker threads [default: all cores].
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+    },
     /// Write a model as a task graph (weights referenced by hash) runnable with `tenet run`.
     Export {
         /// The model: minilm.
@@ -209,6 +236,25 @@ fn run(cli: Cli) -> Result<()> {
             json,
             threads,
         } => models_cmd::embed(&sentences, json, threads),
+        Command::Generate {
+            prompt,
+            max_tokens,
+            greedy: _,
+            seed,
+            temperature,
+            chat,
+            json,
+            threads,
+        } => {
+            let sampling = match (seed, temperature) {
+                (Some(seed), Some(temperature)) if temperature > 0.0 => {
+                    Some(tenet_models::smollm2::Sampling { seed, temperature })
+                }
+                (Some(_), Some(_)) => anyhow::bail!("--temperature must be above 0"),
+                _ => None,
+            };
+            models_cmd::generate(&prompt, max_tokens, sampling, chat, json, threads)
+        }
         Command::Export {
             model,
             output,

