@@ -1,4 +1,5 @@
-//! SmolLM2 through tenet against shared/models/fixtures/smollm2_greedy.json (made by
+//! SmolLM2 through tenet against tests/fixtures/smollm2_greedy.json (a copy of
+//! shared/models/fixtures/smollm2_greedy.json, made by
 //! shared/models/reference/smollm2_numpy.py): prompt ids, last-position logits, top-5 and the
 //! greedy 12 tokens. Needs the model in the cache (`tenet models fetch smollm2`); without it the
 //! test says it was skipped.
@@ -19,8 +20,9 @@ fn prompt_top5_and_greedy_tokens_match_the_reference() {
         );
         return;
     };
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/models/fixtures/smollm2_greedy.json");
+    // A copy of shared/models/fixtures/smollm2_greedy.json, kept with the tests.
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2_greedy.json");
     let Ok(text) = std::fs::read_to_string(&fixture) else {
         use std::io::Write;
         let _ = writeln!(
