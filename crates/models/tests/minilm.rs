@@ -1,5 +1,6 @@
 //! MiniLM through tenet against the numpy reference program's outputs
-//! (shared/models/fixtures/minilm_embeddings.json and tests/fixtures/minilm_extra.json, made by
+//! (tests/fixtures/minilm_embeddings.json, a copy of shared/models/fixtures', and
+//! tests/fixtures/minilm_extra.json, made by
 //! shared/models/reference/minilm_numpy.py). Needs the model in the cache
 //! (`tenet models fetch minilm`; `.ci/run` fetches it); without it the tests say they were
 //! skipped and pass.
@@ -30,7 +31,8 @@ fn fixtures() -> Vec<(String, Vec<u32>, Vec<f64>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut out = Vec::new();
     for path in [
-        root.join("../shared/models/fixtures/minilm_embeddings.json"),
+        // A copy of shared/models/fixtures/minilm_embeddings.json.
+        root.join("tests/fixtures/minilm_embeddings.json"),
         root.join("tests/fixtures/minilm_extra.json"),
     ] {
         let Ok(text) = std::fs::read_to_string(&path) else {
