@@ -214,7 +214,7 @@ pub fn generate(
     } else {
         println!();
         eprintln!(
-            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, no KV cache yet) on {}",
+            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, KV cache) on {}",
             tokens.len(),
             tenet_exec::Backend::name(&backend)
         );

@@ -254,6 +254,28 @@ fn pack_b<const NR: usize>(
             dst[q * NR * kc + p * NR..][..NR].copy_from_slice(src);
         }
     }
+    // Column-contiguous B (a transposed matrix): read each column front to back and write it
+    // down the panel at stride NR, which stays in L1.
+    if b.rs == 1 && b.cs != 1 {
+        for q in 0..panels {
+            let j0 = c0 + q * NR;
+            let valid = NR.min(cols - q * NR);
+            let panel = &mut dst[q * NR * kc..(q + 1) * NR * kc];
+            for j in 0..NR {
+                if j < valid {
+                    let col = &b.data[(j0 + j) * b.cs + p0..][..kc];
+                    for (p, &v) in col.iter().enumerate() {
+                        panel[p * NR + j] = v;
+                    }
+                } else {
+                    for p in 0..kc {
+                        panel[p * NR + j] = 0.0;
+                    }
+                }
+            }
+        }
+        return;
+    }
     // Strided B and the partial last panel, element by element.
     for q in full..panels {
         let j0 = c0 + q * NR;

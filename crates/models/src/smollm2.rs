@@ -126,7 +126,7 @@ impl SmolLm2 {
     /// Generate up to `max_tokens` after `ids`, calling `on_token` with each new id as it comes;
     /// stops early at the end-of-sequence token. Greedy without `sampling`; otherwise
     /// temperature sampling driven by a counter-based generator from the seed, so the same seed
-    /// gives the same tokens on every machine. Recomputes the whole sequence each step.
+    /// gives the same tokens on every machine. Uses the KV cache.
     pub fn generate(
         &self,
         ids: &[u32],
@@ -135,20 +135,91 @@ impl SmolLm2 {
         backend: &dyn Backend,
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, String> {
-        let mut seq = ids.to_vec();
+        let mut out = Vec::new();
+        if max_tokens == 0 {
+            return Ok(out);
+        }
+        // One prefill over the prompt, then one decode step (one small graph) per token.
+        let (mut logits, mut cache) = self.step(ids, Cache::default(), backend)?;
         for step in 0..max_tokens {
-            let logits = self.next_logits(&seq, backend)?;
             let next = match sampling {
                 None => argmax(&logits),
                 Some(s) => sample(&logits, s, step as u64),
             };
-            seq.push(next);
+            out.push(next);
             on_token(next);
-            if next == EOS {
+            if next == EOS || step + 1 == max_tokens {
                 break;
             }
+            (logits, cache) = self.step(&[next], cache, backend)?;
         }
-        Ok(seq[ids.len()..].to_vec())
+        Ok(out)
+    }
+
+    /// Run `ids` after the tokens already in `cache` (empty for a prefill): the next token's
+    /// logits and the grown cache.
+    pub fn step(
+        &self,
+        ids: &[u32],
+        cache: Cache,
+        backend: &dyn Backend,
+    ) -> Result<(Vec<f32>, Cache), String> {
+        let n_past = cache.len;
+        let graph = llama_graph(
+            &self.config,
+            self.weights.id,
+            n_past,
+            ids.len() as u64,
+            true,
+        )?;
+        let mut inputs = HashMap::from([(
+            "ids".to_string(),
+            HostTensor::from_i64(
+                &[ids.len() as u64],
+                &ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+            )
+            .map_err(|e| e.to_string())?,
+        )]);
+        for (l, (k, v)) in cache.layers.into_iter().enumerate() {
+            inputs.insert(format!("past_k{l}"), k);
+            inputs.insert(format!("past_v{l}"), v);
+        }
+        let mut out = backend
+            .prepare(&graph)
+            .and_then(|p| p.run(&inputs, &self.weights, 0))
+            .map_err(|e| e.to_string())?
+            .into_iter();
+        let logits = out.next().ok_or("no logits")?.1.to_f32_vec();
+        let mut layers = Vec::new();
+        while let (Some((_, k)), Some((_, v))) = (out.next(), out.next()) {
+            layers.push((k, v));
+        }
+        Ok((
+            logits,
+            Cache {
+                len: n_past + ids.len() as u64,
+                layers,
+            },
+        ))
+    }
+
+    /// Greedy continuation using the KV cache: one prefill, then one decode step per token.
+    pub fn greedy_cached(
+        &self,
+        ids: &[u32],
+        steps: usize,
+        backend: &dyn Backend,
+    ) -> Result<Vec<u32>, String> {
+        let mut out = Vec::new();
+        let (mut logits, mut cache) = self.step(ids, Cache::default(), backend)?;
+        for i in 0..steps {
+            let next = argmax(&logits);
+            out.push(next);
+            if i + 1 < steps {
+                (logits, cache) = self.step(&[next], cache, backend)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Greedy continuation of `ids` by `steps` tokens, recomputing the whole sequence each step.
@@ -228,6 +299,15 @@ fn build_tokenizer(g: &GgufFile) -> Result<tokenizers::Tokenizer, GgufError> {
     Ok(tk)
 }
 
+/// Keys (after RoPE) and values of every layer for the tokens seen so far.
+#[derive(Default)]
+pub struct Cache {
+    /// Tokens held.
+    pub len: u64,
+    /// (keys, values) per layer, each f32 [len, kv_heads, head_dim].
+    pub layers: Vec<(HostTensor, HostTensor)>,
+}
+
 /// `<|im_end|>`, SmolLM2's end-of-sequence token (`tokenizer.ggml.eos_token_id`).
 pub const EOS: u32 = 2;
 
@@ -267,16 +347,16 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-/// cos and sin of `pos · θ^(−2i/d)` for positions `0..n` and `i < d/2`, with the project's own
+/// cos and sin of `pos · θ^(−2i/d)` for positions `start..start+n` and `i < d/2`, with the project's own
 /// math, so the graph's constants are the same on every machine.
-fn rope_tables(n: u64, head_dim: u64, theta: f32) -> (Vec<f32>, Vec<f32>) {
+fn rope_tables(start: u64, n: u64, head_dim: u64, theta: f32) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| math::pow(theta, -((2 * i) as f32) / head_dim as f32))
         .collect();
     let mut cos = Vec::with_capacity((n * half) as usize);
     let mut sin = Vec::with_capacity((n * half) as usize);
-    for p in 0..n {
+    for p in start..start + n {
         for &f in &inv {
             let a = p as f32 * f;
             cos.push(math::cos(a));
@@ -286,20 +366,38 @@ fn rope_tables(n: u64, head_dim: u64, theta: f32) -> (Vec<f32>, Vec<f32>) {
     (cos, sin)
 }
 
-/// The Llama forward pass for `n` tokens (see `SmolLm2::graph`).
+/// The Llama forward pass for `n` tokens with no cache (see `SmolLm2::graph`): `llama_graph`
+/// with nothing cached, keeping only the logits.
 pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Graph, String> {
-    if n == 0 {
-        return Err("at least one token is needed".into());
+    llama_graph(cfg, weights, 0, n, false)
+}
+
+/// `n_new` tokens after `n_past` cached ones. Inputs: `ids` (i64 [n_new]) and, when `n_past > 0`,
+/// `past_k{l}` / `past_v{l}` (f32 [n_past, kv_heads, head_dim], keys after RoPE) for every layer
+/// `l`. Outputs: `logits` (f32 [vocab], last position) and, with `with_cache`, the grown caches
+/// `k{l}` / `v{l}` (f32 [n_past + n_new, kv_heads, head_dim]). A prefill is `n_past = 0`; one decode
+/// step is `n_new = 1`. Every output element is computed by the same operations as in a full
+/// recomputation, so cached decoding gives the same bits.
+pub fn llama_graph(
+    cfg: &LlamaConfig,
+    weights: WeightsId,
+    n_past: u64,
+    n_new: u64,
+    with_cache: bool,
+) -> Result<Graph, String> {
+    if n_new == 0 {
+        return Err("at least one new token is needed".into());
     }
     let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
     let hd = d / nh;
+    let (n, total) = (n_new, n_past + n_new);
     let g = GraphBuilder::new();
     let w = |name: &str, shape: &[u64]| g.weight(weights, name, DType::F32, shape);
     let rms = |x: &Tensor, name: &str| x.rms_norm(Some(&w(name, &[d])), cfg.rms_eps);
     let linear = |x: &Tensor, name: &str, out: u64, inp: u64| {
         x.matmul(&w(name, &[out, inp]).transpose(0, 1))
     };
-    let (cos, sin) = rope_tables(n, hd, cfg.rope_theta);
+    let (cos, sin) = rope_tables(n_past, n, hd, cfg.rope_theta);
     let table = |v: &[f32]| g.constant_f32(&[n, 1, hd / 2, 1], v);
     let (c, s) = (table(&cos), table(&sin));
     // llama.cpp's "normal" RoPE: rotate adjacent pairs (x[2i], x[2i+1]).
@@ -312,15 +410,27 @@ pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Gra
             .reshape(&[n as i64, heads as i64, hd as i64])
     };
     // Each KV head serves nh/nkv query heads in a row (numpy's repeat along the head axis).
-    let repeat_kv = |t: Tensor| {
-        t.reshape(&[n as i64, nkv as i64, 1, hd as i64])
-            .expand(&[n, nkv, nh / nkv, hd])
-            .reshape(&[n as i64, nh as i64, hd as i64])
+    let repeat_kv = |t: &Tensor| {
+        t.reshape(&[total as i64, nkv as i64, 1, hd as i64])
+            .expand(&[total, nkv, nh / nkv, hd])
+            .reshape(&[total as i64, nh as i64, hd as i64])
     };
     let ids = g.input("ids", DType::I64, &[n]);
+    let past: Vec<(Tensor, Tensor)> = (0..cfg.layers)
+        .filter(|_| n_past > 0)
+        .map(|l| {
+            let shape = [n_past, nkv, hd];
+            (
+                g.input(&format!("past_k{l}"), DType::F32, &shape),
+                g.input(&format!("past_v{l}"), DType::F32, &shape),
+            )
+        })
+        .collect();
     let mut x = w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
-    let future = g.tri_mask(&[n, n], true, 1);
+    // Query i (position n_past + i) sees keys 0..=n_past + i.
+    let future = g.tri_mask(&[n, total], true, n_past as i64 + 1);
     let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
+    let mut caches = Vec::new();
     for l in 0..cfg.layers {
         let p = format!("blk.{l}");
         let h = rms(&x, &format!("{p}.attn_norm.weight"));
@@ -336,12 +446,16 @@ pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Gra
         );
         let v = linear(&h, &format!("{p}.attn_v.weight"), nkv * hd, d)
             .reshape(&[n as i64, nkv as i64, hd as i64]);
-        let (k, v) = (repeat_kv(k), repeat_kv(v));
-        let scores = q.permute(&[1, 0, 2]).matmul(&k.permute(&[1, 2, 0])) / (hd as f64).sqrt();
+        let (k, v) = match past.get(l as usize) {
+            Some((pk, pv)) => (g.concat(&[pk, &k], 0), g.concat(&[pv, &v], 0)),
+            None => (k, v),
+        };
+        let (kr, vr) = (repeat_kv(&k), repeat_kv(&v));
+        let scores = q.permute(&[1, 0, 2]).matmul(&kr.permute(&[1, 2, 0])) / (hd as f64).sqrt();
         let scores = future.where_(&minus_inf, &scores);
         let o = scores
             .softmax(-1)
-            .matmul(&v.permute(&[1, 0, 2]))
+            .matmul(&vr.permute(&[1, 0, 2]))
             .permute(&[1, 0, 2])
             .reshape(&[n as i64, d as i64]);
         x = &x + linear(&o, &format!("{p}.attn_output.weight"), d, d);
@@ -350,8 +464,19 @@ pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Gra
         let silu = &gate / (1.0 + (-&gate).exp());
         let up = linear(&h, &format!("{p}.ffn_up.weight"), cfg.ffn, d);
         x = &x + linear(&(silu * up), &format!("{p}.ffn_down.weight"), d, cfg.ffn);
+        caches.push((k, v));
     }
     let last = rms(&x.slice(0, n - 1, n, 1), "output_norm.weight");
     let logits = linear(&last, "token_embd.weight", cfg.vocab, d).reshape(&[cfg.vocab as i64]);
-    g.finish(&[("logits", &logits)]).map_err(|e| e.to_string())
+    let names: Vec<(String, String)> = (0..cfg.layers)
+        .map(|l| (format!("k{l}"), format!("v{l}")))
+        .collect();
+    let mut outputs: Vec<(&str, &Tensor)> = vec![("logits", &logits)];
+    if with_cache {
+        for ((kn, vn), (k, v)) in names.iter().zip(&caches) {
+            outputs.push((kn, k));
+            outputs.push((vn, v));
+        }
+    }
+    g.finish(&outputs).map_err(|e| e.to_string())
 }
