@@ -104,6 +104,10 @@ pub fn sgemm(
         }
         return Ok(());
     }
+    if m <= SMALL_M {
+        small_m(level, threads, m, n, k, a, b, c, c_rs);
+        return Ok(());
+    }
     let cfg = Config::for_level(level);
     // Split rows into contiguous chunks, whole micro-panels each, one per thread.
     let threads = threads.clamp(1, m.div_ceil(cfg.mr));
@@ -131,6 +135,79 @@ pub fn sgemm(
         }
     });
     Ok(())
+}
+
+/// Products with at most this many rows (one decoded token, say) skip packing: packing B would
+/// cost more than the product itself.
+const SMALL_M: usize = 4;
+
+/// `C = A·B` for a few rows: every element is the same unbroken fma chain along k, computed in
+/// place from A and B; the columns are split across threads.
+#[allow(clippy::too_many_arguments)]
+fn small_m(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    b: Strided<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+) {
+    let threads = threads.clamp(1, n.div_ceil(256).max(1));
+    let per = n.div_ceil(threads);
+    let block = |j0: usize, j1: usize| -> Vec<f32> {
+        let mut out = vec![0.0f32; m * (j1 - j0)];
+        for i in 0..m {
+            let row = &mut out[i * (j1 - j0)..(i + 1) * (j1 - j0)];
+            match level {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `sgemm` checked that the CPU supports `level`, which includes FMA for
+                // both x86 levels; the extents of A and B were checked there too.
+                SimdLevel::Avx512 | SimdLevel::Avx2 => unsafe {
+                    x86::dot_rows_fma(i, j0, k, a, b, row)
+                },
+                _ => dot_rows(i, j0, k, a, b, row),
+            }
+        }
+        out
+    };
+    let blocks: Vec<(usize, Vec<f32>)> = if threads == 1 {
+        vec![(0, block(0, n))]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .step_by(per)
+                .map(|j0| {
+                    let block = &block;
+                    s.spawn(move || (j0, block(j0, (j0 + per).min(n))))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a GEMM worker panicked"))
+                .collect()
+        })
+    };
+    for (j0, out) in blocks {
+        let w = out.len() / m;
+        for i in 0..m {
+            c[i * c_rs + j0..i * c_rs + j0 + w].copy_from_slice(&out[i * w..(i + 1) * w]);
+        }
+    }
+}
+
+/// Row `i` of A times columns `j0..` of B into `out`: one fma chain along k per element.
+fn dot_rows(i: usize, j0: usize, k: usize, a: Strided<'_>, b: Strided<'_>, out: &mut [f32]) {
+    for (jj, o) in out.iter_mut().enumerate() {
+        let j = j0 + jj;
+        let mut acc = 0.0f32;
+        for p in 0..k {
+            acc = a.data[i * a.rs + p * a.cs].mul_add(b.data[p * b.rs + j * b.cs], acc);
+        }
+        *o = if acc.is_nan() { CANONICAL_NAN } else { acc };
+    }
 }
 
 /// A micro-kernel: `C[MR × NR] (+)= Apanel · Bpanel` over `kc` steps, where the panels are
@@ -437,6 +514,50 @@ unsafe fn kernel_portable(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// `dot_rows` with hardware FMA (the same chains; `mul_add` compiles to `vfmadd` here).
+    ///
+    /// # Safety
+    /// The CPU supports FMA.
+    #[target_feature(enable = "fma")]
+    pub(super) unsafe fn dot_rows_fma(
+        i: usize,
+        j0: usize,
+        k: usize,
+        a: super::Strided<'_>,
+        b: super::Strided<'_>,
+        out: &mut [f32],
+    ) {
+        let arow: Vec<f32> = (0..k).map(|p| a.data[i * a.rs + p * a.cs]).collect();
+        let mut chunks = out.chunks_exact_mut(4);
+        let mut j = j0;
+        for o in &mut chunks {
+            let (mut c0, mut c1, mut c2, mut c3) = (0.0f32, 0.0f32, 0.0f32, 0.0f32);
+            for (p, &x) in arow.iter().enumerate() {
+                let base = p * b.rs + j * b.cs;
+                c0 = x.mul_add(b.data[base], c0);
+                c1 = x.mul_add(b.data[base + b.cs], c1);
+                c2 = x.mul_add(b.data[base + 2 * b.cs], c2);
+                c3 = x.mul_add(b.data[base + 3 * b.cs], c3);
+            }
+            for (d, v) in o.iter_mut().zip([c0, c1, c2, c3]) {
+                *d = if v.is_nan() { super::CANONICAL_NAN } else { v };
+            }
+            j += 4;
+        }
+        for o in chunks.into_remainder() {
+            let mut acc = 0.0f32;
+            for (p, &x) in arow.iter().enumerate() {
+                acc = x.mul_add(b.data[p * b.rs + j * b.cs], acc);
+            }
+            *o = if acc.is_nan() {
+                super::CANONICAL_NAN
+            } else {
+                acc
+            };
+            j += 1;
+        }
+    }
 
     /// How many k steps ahead the AVX-512 kernel prefetches its A panel.
     const PREFETCH_STEPS: usize = 64;
