@@ -276,10 +276,9 @@ fn model_rows(
     quick: bool,
     progress: &mut impl FnMut(&str),
 ) -> Result<Vec<Row>, String> {
-    use tenet_models::fetch::{MINILM, cache_root, fetched};
+    use tenet_models::fetch::{MINILM, cached};
     use tenet_models::minilm::{Batch, MiniLm};
-    let dir = fetched(&cache_root(), &MINILM)
-        .ok_or("MiniLM workloads skipped: run `tenet models fetch minilm`")?;
+    let dir = cached(&MINILM).map_err(|e| format!("MiniLM workloads skipped: {e}"))?;
     let model = MiniLm::load(&dir).map_err(|e| format!("MiniLM workloads skipped: {e}"))?;
     let seq = if quick { 32 } else { 128 };
     let mut rows = Vec::new();

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tenet_exec::CpuBackend;
 use tenet_ir::text::format_bits;
-use tenet_models::fetch::{self, MINILM, MODELS};
+use tenet_models::fetch::{self, MINILM, MODELS, SMOLLM2};
 use tenet_models::minilm::MiniLm;
+use tenet_models::smollm2;
 
 pub fn python() -> String {
     std::env::var("TENET_PYTHON").unwrap_or_else(|_| "python3".to_string())
@@ -60,14 +61,10 @@ pub fn list_models() {
     }
 }
 
-fn minilm_dir() -> Result<PathBuf> {
-    match fetch::fetched(&fetch::cache_root(), &MINILM) {
-        Some(dir) => Ok(dir),
-        None => bail!(
-            "MiniLM is not in the model cache {}; run `tenet models fetch minilm` first",
-            fetch::cache_root().display()
-        ),
-    }
+/// The SmolLM2 GGUF file in the model cache.
+fn smollm2_gguf() -> Result<PathBuf> {
+    let dir = fetch::cached(&SMOLLM2)?;
+    fetch::find_file(&dir, smollm2::GGUF_FILE).context("the SmolLM2 wheel holds no GGUF file")
 }
 
 /// `tenet embed SENTENCE...`.
@@ -75,7 +72,7 @@ pub fn embed(sentences: &[String], json: bool, threads: Option<usize>) -> Result
     if sentences.is_empty() {
         bail!("give at least one sentence to embed");
     }
-    let model = MiniLm::load(&minilm_dir()?).context("loading MiniLM")?;
+    let model = MiniLm::load(&fetch::cached(&MINILM)?).context("loading MiniLM")?;
     let auto = CpuBackend::auto();
     let backend = CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
@@ -123,7 +120,7 @@ pub fn embed(sentences: &[String], json: bool, threads: Option<usize>) -> Result
 pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
     match model {
         "minilm" => {
-            let dir = minilm_dir()?;
+            let dir = fetch::cached(&MINILM)?;
             let m = MiniLm::load(&dir).context("loading MiniLM")?;
             let graph = m.graph(batch as usize, seq as usize)?;
             crate::write_atomically(output, &graph.to_bytes())?;
@@ -144,24 +141,15 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
             Ok(())
         }
         "smollm2-prefill" | "smollm2-decode" => {
-            let dir = match fetch::fetched(&fetch::cache_root(), &tenet_models::fetch::SMOLLM2) {
-                Some(dir) => dir,
-                None => bail!(
-                    "SmolLM2 is not in the model cache; run `tenet models fetch smollm2` first"
-                ),
-            };
-            let gguf = fetch::find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
-                .context("the SmolLM2 wheel holds no GGUF file")?;
-            let m = tenet_models::smollm2::SmolLm2::load(&gguf)?;
+            let m = smollm2::SmolLm2::load(&smollm2_gguf()?)?;
             // Prefill: `seq` prompt tokens, nothing cached. Decode: one token after `seq` cached.
             let (past, new) = if model == "smollm2-prefill" {
                 (0, seq)
             } else {
                 (seq, 1)
             };
-            let graph =
-                tenet_models::smollm2::llama_graph(&m.config, m.weights.id, past, new, true)
-                    .map_err(anyhow::Error::msg)?;
+            let graph = smollm2::llama_graph(&m.config, m.weights.id, past, new, true)
+                .map_err(anyhow::Error::msg)?;
             crate::write_atomically(output, &graph.to_bytes())?;
             println!(
                 "exported {model} ({new} new token(s) after {past} cached) -> {}",
@@ -193,24 +181,15 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
 pub fn generate(
     prompt: &str,
     max_tokens: usize,
-    sampling: Option<tenet_models::smollm2::Sampling>,
+    sampling: Option<smollm2::Sampling>,
     chat: bool,
     json: bool,
     threads: Option<usize>,
 ) -> Result<()> {
     use std::io::Write;
-    use tenet_models::fetch::SMOLLM2;
-    let dir = match fetch::fetched(&fetch::cache_root(), &SMOLLM2) {
-        Some(dir) => dir,
-        None => bail!(
-            "SmolLM2 is not in the model cache {}; run `tenet models fetch smollm2` first",
-            fetch::cache_root().display()
-        ),
-    };
-    let gguf = fetch::find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
-        .context("the SmolLM2 wheel holds no GGUF file")?;
+    let gguf = smollm2_gguf()?;
     eprintln!("loading SmolLM2 (dequantising {})...", gguf.display());
-    let model = tenet_models::smollm2::SmolLm2::load(&gguf)?;
+    let model = smollm2::SmolLm2::load(&gguf)?;
     let text = if chat {
         format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
     } else {

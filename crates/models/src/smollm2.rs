@@ -54,6 +54,9 @@ fn meta_err(key: &str) -> GgufError {
     }
 }
 
+/// The GGUF file inside the SmolLM2 wheel.
+pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
 impl SmolLm2 {
     /// Load from the GGUF file at `path`.
     pub fn load(path: &Path) -> Result<SmolLm2, GgufError> {

@@ -3,8 +3,10 @@
 
 use std::path::Path;
 
-use tenet_models::fetch::{SMOLLM2, cache_root, fetched, find_file};
+use tenet_models::fetch::{SMOLLM2, find_file};
 use tenet_models::gguf::{GgmlType, GgufFile, Value};
+
+mod common;
 
 /// A small valid GGUF: two metadata entries, one F32 tensor [2, 3] and one Q8_0 tensor [32].
 fn synthetic() -> Vec<u8> {
@@ -105,16 +107,10 @@ fn hostile_bytes_are_errors_not_panics() {
 
 #[test]
 fn smollm2_file_matches_gguf_py() {
-    let Some(dir) = fetched(&cache_root(), &SMOLLM2) else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: SmolLM2 is not in the model cache (run `tenet models fetch smollm2`)"
-        );
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
         return;
     };
-    let path =
-        find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf").expect("the wheel holds the GGUF");
+    let path = find_file(&dir, tenet_models::smollm2::GGUF_FILE).expect("the wheel holds the GGUF");
     let g = GgufFile::open(&path).unwrap();
     assert_eq!(g.tensors.len(), 272);
     let count = |k: GgmlType| g.tensors.iter().filter(|t| t.kind == k).count();

@@ -8,23 +8,14 @@
 use std::path::Path;
 
 use tenet_exec::{CpuBackend, SimdLevel};
-use tenet_models::fetch::{MINILM, cache_root, fetched};
+use tenet_models::fetch::MINILM;
 use tenet_models::minilm::MiniLm;
 
+mod common;
+
 fn model() -> Option<MiniLm> {
-    match fetched(&cache_root(), &MINILM) {
-        Some(dir) => Some(MiniLm::load(&dir).expect("the fetched model loads")),
-        None => {
-            // Straight to stderr: the test harness would swallow eprintln!.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED: MiniLM is not in the model cache {} (run `tenet models fetch minilm`)",
-                cache_root().display()
-            );
-            None
-        }
-    }
+    let dir = common::cached_or_skip(&MINILM)?;
+    Some(MiniLm::load(&dir).expect("the fetched model loads"))
 }
 
 fn fixtures() -> Vec<(String, Vec<u32>, Vec<f64>)> {

@@ -7,17 +7,14 @@
 use std::path::Path;
 
 use tenet_exec::CpuBackend;
-use tenet_models::fetch::{SMOLLM2, cache_root, fetched, find_file};
-use tenet_models::smollm2::SmolLm2;
+use tenet_models::fetch::{SMOLLM2, find_file};
+use tenet_models::smollm2::{GGUF_FILE, SmolLm2};
+
+mod common;
 
 #[test]
 fn prompt_top5_and_greedy_tokens_match_the_reference() {
-    let Some(dir) = fetched(&cache_root(), &SMOLLM2) else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: SmolLM2 is not in the model cache (run `tenet models fetch smollm2`)"
-        );
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
         return;
     };
     // A copy of shared/models/fixtures/smollm2_greedy.json, kept with the tests.
@@ -32,7 +29,7 @@ fn prompt_top5_and_greedy_tokens_match_the_reference() {
         );
         return;
     };
-    let m = SmolLm2::load(&find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf").unwrap()).unwrap();
+    let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
     let backend = CpuBackend::auto();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     for (prompt, want) in v.as_object().unwrap() {
@@ -71,15 +68,10 @@ fn prompt_top5_and_greedy_tokens_match_the_reference() {
 
 #[test]
 fn decoding_with_the_kv_cache_equals_recomputing() {
-    let Some(dir) = fetched(&cache_root(), &SMOLLM2) else {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: SmolLM2 is not in the model cache (run `tenet models fetch smollm2`)"
-        );
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
         return;
     };
-    let m = SmolLm2::load(&find_file(&dir, "SmolLM2-135M-Instruct.Q4_1.gguf").unwrap()).unwrap();
+    let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
     let backend = CpuBackend::auto();
     let prompt = m.encode("Once upon a time, there was a little").unwrap();
     // Logits after prefill + one cached step are the same bits as recomputing both tokens.
