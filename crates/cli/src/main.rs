@@ -3,6 +3,7 @@
 
 mod demo;
 mod models_cmd;
+mod node_cmd;
 mod report;
 mod run;
 
@@ -151,6 +152,20 @@ enum Command {
         #[arg(long, default_value_t = 128)]
         seq: u64,
     },
+    /// Run a node: a worker that runs other parties' graphs within its limits over signed
+    /// HTTP, committing to each result before revealing it (API: docs/NODE.md).
+    ///
+    /// On first start the node creates its identity key in the data directory. Requests must
+    /// be signed by a trusted key (--trust, or trusted_keys in --config); --open trusts any.
+    #[command(after_help = "Examples:\n  tenet key new coordinator.key\n  \
+        tenet node --trust $(tenet key show coordinator.key)\n  \
+        tenet node --open --listen 127.0.0.1:0 --data-dir /tmp/node1 --event-log -")]
+    Node(node_cmd::NodeArgs),
+    /// Create or show Ed25519 key files (identities of clients, coordinators and nodes).
+    Key {
+        #[command(subcommand)]
+        command: node_cmd::KeyCommand,
+    },
     /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
     Inspect {
         /// The graph: text form (.tg) or binary (.tnt).
@@ -206,6 +221,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run::run(&args),
+        Command::Node(args) => node_cmd::run_node(&args),
+        Command::Key { command } => node_cmd::key(&command),
         Command::Bench {
             json,
             quick,

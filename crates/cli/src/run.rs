@@ -137,7 +137,7 @@ pub fn run(o: &RunArgs) -> Result<()> {
     check_bindings(&graph, &weights.0)?;
     // Refuse, before reading inputs, a graph this machine cannot hold.
     let needed = graph.cost().peak_bytes;
-    if let Some(available) = available_memory().filter(|&a| needed > a) {
+    if let Some(available) = tenet_exec::available_memory().filter(|&a| needed > a) {
         bail!(
             "graph {} needs up to {needed} bytes of tensor memory (its cost certificate) and this machine has {available} available",
             graph.id().short()
@@ -167,12 +167,4 @@ pub fn run(o: &RunArgs) -> Result<()> {
         print!("{}", summary(&outputs));
     }
     Ok(())
-}
-
-/// Memory the OS says is available now (Linux `MemAvailable`), if it says.
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }

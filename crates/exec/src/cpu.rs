@@ -100,11 +100,12 @@ impl Val<'_> {
 }
 
 impl Prepared for CpuPrepared {
-    fn run_with_stats(
+    fn run_stoppable(
         &self,
         inputs: &HashMap<String, HostTensor>,
         weights: &dyn WeightSource,
         seed: u64,
+        stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
         check_inputs(&self.graph, inputs)?;
         let g = &self.graph;
@@ -118,6 +119,9 @@ impl Prepared for CpuPrepared {
         let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
         let pool = Pool::default();
         for (s, step) in self.plan.steps.iter().enumerate() {
+            if stop() {
+                return Err(ExecError::Stopped);
+            }
             pool.set_budget(g.cost().peak_bytes.saturating_sub(live));
             // A reshape of a value that dies here re-types its buffer instead of copying it
             // (the moved bytes stop counting under the old node and count under the new one).

@@ -32,12 +32,24 @@ pub enum ExecError {
         "the graph needs up to {needed} bytes of tensor memory (its cost certificate) but this backend is limited to {limit}"
     )]
     TooLarge { needed: u64, limit: u64 },
+    /// The caller asked the run to stop (a timeout or a cancellation); nothing was returned.
+    #[error("the run was stopped before it finished")]
+    Stopped,
     /// A kernel refused its arguments; this is a bug in the planner.
     #[error("kernel error in node {node}: {message}")]
     Kernel {
         node: tenet_ir::NodeId,
         message: String,
     },
+}
+
+/// Memory the OS says is available now (Linux `MemAvailable`), if it says: what limits on
+/// graph size are checked against by default.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// A way of executing graphs: the CPU today, a GPU behind a feature later.
@@ -77,5 +89,17 @@ pub trait Prepared: Send + Sync {
         inputs: &HashMap<String, HostTensor>,
         weights: &dyn WeightSource,
         seed: u64,
+    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
+        self.run_stoppable(inputs, weights, seed, &|| false)
+    }
+
+    /// `run_with_stats`, asking `stop` between steps and giving up with
+    /// [`ExecError::Stopped`] once it says yes (how timeouts and cancellation reach a run).
+    fn run_stoppable(
+        &self,
+        inputs: &HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+        stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError>;
 }

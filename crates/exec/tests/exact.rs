@@ -169,6 +169,35 @@ fn graphs_above_the_memory_limit_are_refused_before_running() {
 }
 
 #[test]
+fn a_run_stops_between_steps_when_asked() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[64, 64]);
+    let y = x.matmul(&x).exp().matmul(&x).tanh();
+    let graph = g.finish(&[("y", &y)]).unwrap();
+    let prepared = CpuBackend::new(1, SimdLevel::Portable)
+        .prepare(&graph)
+        .unwrap();
+    let inputs = HashMap::from([(
+        "x".to_string(),
+        HostTensor::from_f32(&[64, 64], &vec![0.01; 64 * 64]).unwrap(),
+    )]);
+    let asked = AtomicUsize::new(0);
+    let stop_at_third = || asked.fetch_add(1, Ordering::Relaxed) >= 2;
+    let r = prepared.run_stoppable(&inputs, &tenet_ir::NoWeights, 0, &stop_at_third);
+    assert_eq!(r.err(), Some(tenet_exec::ExecError::Stopped));
+    assert_eq!(
+        asked.load(Ordering::Relaxed),
+        3,
+        "asked once per step until told to stop"
+    );
+    let (outs, _) = prepared
+        .run_stoppable(&inputs, &tenet_ir::NoWeights, 0, &|| false)
+        .unwrap();
+    assert_eq!(outs.len(), 1);
+}
+
+#[test]
 fn transposes_folded_into_gemm_keep_the_bits() {
     let g = GraphBuilder::new();
     let x = g.input("x", DType::F32, &[2, 37, 300]);

@@ -1,0 +1,188 @@
+//! `tenet node` and `tenet key`: flags onto the node's config, and key files.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use tenet_node::config::parse_size;
+use tenet_node::{NodeConfig, identity};
+
+fn size(text: &str) -> Result<u64, String> {
+    parse_size(text).ok_or_else(|| format!("`{text}` is not a size such as 4096, 64K, 512M or 8G"))
+}
+
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    /// A TOML config file; flags override its values.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where the node keeps its identity key and blobs [default: ~/.local/share/tenet/node].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:7070]; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Trust this public key (a coordinator's or client's, 64 hex characters); repeatable.
+    #[arg(long = "trust", value_name = "KEY")]
+    trust: Vec<String>,
+    /// Accept requests signed by any key. For local experiments only: anyone who can reach the
+    /// port can run jobs.
+    #[arg(long)]
+    open: bool,
+    /// The most tensor memory one job may need, by its cost certificate (e.g. 4G)
+    /// [default: the memory available at start].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    memory_limit: Option<u64>,
+    /// The most GFLOP one job may need, by its cost certificate [default: 10000].
+    #[arg(long, value_name = "GFLOP")]
+    max_job_gflop: Option<u64>,
+    /// Jobs run at once [default: 1].
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Threads per job [default: all cores].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Requests that may wait for a worker before more are refused as busy [default: 256].
+    #[arg(long, value_name = "N")]
+    queue: Option<usize>,
+    /// Longest a job may run, in seconds [default: 60].
+    #[arg(long, value_name = "SECS")]
+    job_timeout: Option<f64>,
+    /// Disk space for blobs; least recently used unpinned blobs are evicted beyond it [default: 8G].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    disk_quota: Option<u64>,
+    /// The largest single blob accepted [default: 2G].
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    max_blob: Option<u64>,
+    /// Write every request and job phase as a JSON line to this file (`-` = standard error).
+    #[arg(long, value_name = "PATH", env = "TENET_EVENT_LOG")]
+    event_log: Option<PathBuf>,
+    /// Acknowledge blobs without fsync (faster; a power cut may lose acknowledged blobs).
+    #[arg(long)]
+    no_fsync: bool,
+    /// Price per GFLOP advertised in /v1/info.
+    #[arg(long, value_name = "PRICE")]
+    price_per_gflop: Option<f64>,
+}
+
+impl NodeArgs {
+    /// The config file (if any) with the flags applied on top.
+    pub fn config(&self) -> Result<NodeConfig> {
+        let mut c = match &self.config {
+            Some(p) => NodeConfig::from_file(p)?,
+            None => NodeConfig::default(),
+        };
+        if let Some(d) = &self.data_dir {
+            c.data_dir = d.clone();
+        }
+        if let Some(l) = self.listen {
+            c.listen = l;
+        }
+        c.trusted_keys.extend(self.trust.iter().cloned());
+        c.open |= self.open;
+        if let Some(v) = self.memory_limit {
+            c.memory_limit_bytes = v;
+        }
+        if let Some(v) = self.max_job_gflop {
+            c.max_job_flops = v.saturating_mul(1_000_000_000);
+        }
+        if let Some(v) = self.workers {
+            c.workers = v;
+        }
+        if let Some(v) = self.threads {
+            c.threads_per_job = v;
+        }
+        if let Some(v) = self.queue {
+            c.queue_limit = v;
+        }
+        if let Some(v) = self.job_timeout {
+            if v.is_nan() || v <= 0.0 {
+                bail!("--job-timeout must be above 0 seconds");
+            }
+            c.job_timeout_ms = (v * 1000.0).round() as u64;
+        }
+        if let Some(v) = self.disk_quota {
+            c.disk_quota_bytes = v;
+        }
+        if let Some(v) = self.max_blob {
+            c.max_blob_bytes = v;
+        }
+        if let Some(p) = &self.event_log {
+            c.event_log = Some(p.clone());
+        }
+        c.durable &= !self.no_fsync;
+        if let Some(v) = self.price_per_gflop {
+            c.price_per_gflop = v;
+        }
+        Ok(c)
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+pub fn run_node(args: &NodeArgs) -> Result<()> {
+    let config = args.config()?;
+    let trusted = config.trusted_keys.len();
+    tenet_node::run_blocking(config, |addr, node| {
+        let info = node.info();
+        let c = node.config();
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
+            "tenet node {} listening on http://{addr}",
+            info.node_id
+        );
+        let _ = writeln!(
+            out,
+            "  data {}  backend {}  {} worker(s)  jobs up to {} and {} GFLOP, {} s",
+            c.data_dir.display(),
+            info.backend,
+            c.workers,
+            gib(c.memory_limit_bytes),
+            c.max_job_flops / 1_000_000_000,
+            c.job_timeout_ms as f64 / 1000.0
+        );
+        if info.open {
+            let _ = writeln!(
+                out,
+                "  WARNING: open mode: any key may run jobs on this node. Use it on loopback only."
+            );
+            eprintln!("tenet node: WARNING: open mode, requests from any key are accepted");
+        } else {
+            let _ = writeln!(out, "  trusts {trusted} key(s); Ctrl-C stops it gracefully");
+        }
+        let _ = out.flush();
+    })
+    .context("the node stopped")?;
+    eprintln!("tenet node: stopped");
+    Ok(())
+}
+
+#[derive(clap::Subcommand)]
+pub enum KeyCommand {
+    /// Create an Ed25519 key file (mode 0600) and print its public key.
+    New {
+        /// Where to write it; refuses to overwrite.
+        file: PathBuf,
+    },
+    /// Print the public key of a key file (a node's is DATA_DIR/node.key).
+    Show { file: PathBuf },
+}
+
+pub fn key(cmd: &KeyCommand) -> Result<()> {
+    match cmd {
+        KeyCommand::New { file } => {
+            if file.exists() {
+                bail!("{} exists; refusing to overwrite a key", file.display());
+            }
+            let key = identity::generate();
+            identity::write_key(file, &key)?;
+            println!("{}", key.public());
+        }
+        KeyCommand::Show { file } => println!("{}", identity::read_key(file)?.public()),
+    }
+    Ok(())
+}

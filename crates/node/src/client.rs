@@ -1,0 +1,340 @@
+//! A client for the node API: signs every request with its key and keeps one HTTP/1.1
+//! connection open (reconnecting when the node closed it). One client carries one request at
+//! a time; open several for concurrency. Used by the CLI, the tests, the benchmark, and nodes
+//! pulling tensors from peers.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use tenet_proto::auth::KeyPair;
+use tenet_proto::wire::{
+    Batch, BatchResults, BlobStored, Committed, JobStatus, NodeInfo, Resident, Revealed, RunJob,
+    SessionCreated,
+};
+use tenet_proto::{ApiError, Hash};
+use tokio::sync::Mutex;
+
+use crate::identity::random_bytes;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the node refused the request ({status}): {error}")]
+    Api { status: u16, error: ApiError },
+    #[error("cannot reach the node at {addr}: {message}")]
+    Transport { addr: String, message: String },
+    #[error("unexpected answer ({status}): {message}")]
+    Unexpected { status: u16, message: String },
+    #[error("`{0}` is not a node address: expected http://HOST:PORT")]
+    BadUrl(String),
+}
+
+impl ClientError {
+    /// The node's error code, if the node answered with one.
+    pub fn code(&self) -> Option<tenet_proto::ErrorCode> {
+        match self {
+            ClientError::Api { error, .. } => Some(error.code),
+            _ => None,
+        }
+    }
+}
+
+/// A request as it will be sent (tests alter these to play an attacker).
+#[derive(Clone, Debug)]
+pub struct RawRequest {
+    pub method: Method,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+/// What came back.
+#[derive(Clone, Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub body: Bytes,
+}
+
+impl RawResponse {
+    /// The node's error, if this is one.
+    pub fn error(&self) -> Option<ApiError> {
+        ApiError::from_json(&self.body)
+    }
+}
+
+/// A signed connection to one node.
+pub struct NodeClient {
+    addr: String,
+    key: KeyPair,
+    conn: Mutex<Option<SendRequest<Full<Bytes>>>>,
+}
+
+/// `http://host:port` or `host:port` → `host:port`.
+fn authority(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let rest = rest.trim_end_matches('/');
+    (!rest.is_empty() && !rest.contains('/') && rest.contains(':')).then(|| rest.to_string())
+}
+
+impl NodeClient {
+    /// A client for the node at `url`, signing as `key`. Connects on first use.
+    pub fn new(url: &str, key: KeyPair) -> Result<NodeClient, ClientError> {
+        let addr = authority(url).ok_or_else(|| ClientError::BadUrl(url.to_string()))?;
+        Ok(NodeClient {
+            addr,
+            key,
+            conn: Mutex::new(None),
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn key(&self) -> &KeyPair {
+        &self.key
+    }
+
+    fn transport(&self, message: impl ToString) -> ClientError {
+        ClientError::Transport {
+            addr: self.addr.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, ClientError> {
+        let stream = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| self.transport(e))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.transport(e))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    /// The signature headers for a request.
+    pub fn auth_headers(&self, method: &Method, path: &str, body: &[u8]) -> Vec<(String, String)> {
+        self.key
+            .sign_request(
+                method.as_str(),
+                path,
+                &Hash::of(body),
+                tenet_proto::unix_now(),
+                random_bytes(),
+            )
+            .to_pairs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    /// A signed request, ready to send.
+    pub fn signed(&self, method: Method, path: &str, body: impl Into<Bytes>) -> RawRequest {
+        let body = body.into();
+        RawRequest {
+            headers: self.auth_headers(&method, path, &body),
+            method,
+            path: path.to_string(),
+            body,
+        }
+    }
+
+    /// Send a request as it is.
+    pub async fn send(&self, raw: RawRequest) -> Result<RawResponse, ClientError> {
+        let mut guard = self.conn.lock().await;
+        let mut sender = match guard.take() {
+            Some(s) if !s.is_closed() => s,
+            _ => self.connect().await?,
+        };
+        sender.ready().await.map_err(|e| self.transport(e))?;
+        let mut req = Request::builder()
+            .method(raw.method)
+            .uri(&raw.path)
+            .header("host", &self.addr);
+        for (k, v) in &raw.headers {
+            req = req.header(k, v);
+        }
+        let req = req
+            .body(Full::new(raw.body))
+            .map_err(|e| self.transport(e))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| self.transport(e))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.transport(e))?
+            .to_bytes();
+        *guard = Some(sender);
+        Ok(RawResponse { status, body })
+    }
+
+    /// Sign and send; a 2xx answer's body, or the node's error.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<Bytes, ClientError> {
+        let r = self.send(self.signed(method, path, body)).await?;
+        if (200..300).contains(&r.status) {
+            return Ok(r.body);
+        }
+        Err(match r.error() {
+            Some(error) => ClientError::Api {
+                status: r.status,
+                error,
+            },
+            None => ClientError::Unexpected {
+                status: r.status,
+                message: String::from_utf8_lossy(&r.body[..r.body.len().min(200)]).into(),
+            },
+        })
+    }
+
+    async fn call_json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<T, ClientError> {
+        let bytes = self.call(method, path, body).await?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Unexpected {
+            status: 200,
+            message: format!("the answer does not parse: {e}"),
+        })
+    }
+
+    fn json<T: serde::Serialize>(value: &T) -> Bytes {
+        Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+    }
+
+    pub async fn info(&self) -> Result<NodeInfo, ClientError> {
+        self.call_json(Method::GET, "/v1/info", Bytes::new()).await
+    }
+
+    /// Whether the node has blob `hash` (its size if so).
+    pub async fn has_blob(&self, hash: &Hash) -> Result<Option<u64>, ClientError> {
+        let r = self
+            .send(self.signed(Method::HEAD, &format!("/v1/blobs/{hash}"), Bytes::new()))
+            .await?;
+        Ok((r.status == 200).then_some(0))
+    }
+
+    /// Upload `bytes` as a blob unless the node already has it.
+    pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<BlobStored, ClientError> {
+        let bytes = bytes.into();
+        let hash = Hash::of(&bytes);
+        if self.has_blob(&hash).await?.is_some() {
+            return Ok(BlobStored {
+                hash,
+                size: bytes.len() as u64,
+                existed: true,
+            });
+        }
+        self.call_json(Method::PUT, &format!("/v1/blobs/{hash}"), bytes)
+            .await
+    }
+
+    pub async fn get_blob(&self, hash: &Hash) -> Result<Bytes, ClientError> {
+        self.call(Method::GET, &format!("/v1/blobs/{hash}"), Bytes::new())
+            .await
+    }
+
+    pub async fn run_job(&self, job: &RunJob) -> Result<Committed, ClientError> {
+        self.call_json(Method::POST, "/v1/jobs", Self::json(job))
+            .await
+    }
+
+    pub async fn job_status(&self, id: &str) -> Result<JobStatus, ClientError> {
+        self.call_json(Method::GET, &format!("/v1/jobs/{id}"), Bytes::new())
+            .await
+    }
+
+    pub async fn cancel_job(&self, id: &str) -> Result<JobStatus, ClientError> {
+        self.call_json(Method::DELETE, &format!("/v1/jobs/{id}"), Bytes::new())
+            .await
+    }
+
+    pub async fn reveal(&self, id: &str) -> Result<Revealed, ClientError> {
+        self.call_json(Method::POST, &format!("/v1/jobs/{id}/reveal"), Bytes::new())
+            .await
+    }
+
+    pub async fn create_session(&self) -> Result<String, ClientError> {
+        let s: SessionCreated = self
+            .call_json(Method::POST, "/v1/sessions", Bytes::new())
+            .await?;
+        Ok(s.session)
+    }
+
+    pub async fn delete_session(&self, sid: &str) -> Result<(), ClientError> {
+        self.call(Method::DELETE, &format!("/v1/sessions/{sid}"), Bytes::new())
+            .await
+            .map(|_| ())
+    }
+
+    /// Upload a tensor blob into a session under `name`.
+    pub async fn put_tensor(
+        &self,
+        sid: &str,
+        name: &str,
+        blob: impl Into<Bytes>,
+    ) -> Result<Resident, ClientError> {
+        self.call_json(
+            Method::PUT,
+            &format!("/v1/sessions/{sid}/tensors/{name}"),
+            blob,
+        )
+        .await
+    }
+
+    pub async fn get_tensor(&self, sid: &str, name: &str) -> Result<Bytes, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/sessions/{sid}/tensors/{name}"),
+            Bytes::new(),
+        )
+        .await
+    }
+
+    pub async fn free_tensor(&self, sid: &str, name: &str) -> Result<(), ClientError> {
+        self.call(
+            Method::DELETE,
+            &format!("/v1/sessions/{sid}/tensors/{name}"),
+            Bytes::new(),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn batch(&self, sid: &str, batch: &Batch) -> Result<BatchResults, ClientError> {
+        self.call_json(
+            Method::POST,
+            &format!("/v1/sessions/{sid}/batch"),
+            Self::json(batch),
+        )
+        .await
+    }
+
+    /// A resident tensor's (or stored blob's) bytes by hash.
+    pub async fn tensor_by_hash(&self, hash: &Hash) -> Result<Bytes, ClientError> {
+        self.call(Method::GET, &format!("/v1/tensors/{hash}"), Bytes::new())
+            .await
+    }
+
+    /// Prometheus text.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let b = self.call(Method::GET, "/metrics", Bytes::new()).await?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+}

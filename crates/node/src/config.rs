@@ -1,0 +1,178 @@
+//! The node's configuration: a TOML file, then flags on top (the CLI applies them). Every field
+//! has a default, so an empty file — or none — gives a working local node.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use tenet_proto::auth::PublicKey;
+
+/// Everything a node needs to start.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Where to listen. Loopback unless the operator says otherwise.
+    pub listen: SocketAddr,
+    /// Identity key, blobs, and the address file live here.
+    pub data_dir: PathBuf,
+    /// Public keys (hex) whose signed requests are accepted: the node's coordinators.
+    pub trusted_keys: Vec<String>,
+    /// Accept any correctly signed request, whatever its key. For local use only; logged loudly.
+    pub open: bool,
+    /// The most tensor memory one job may need by its cost certificate; 0 = what the OS says is
+    /// available at start.
+    pub memory_limit_bytes: u64,
+    /// The most operations one job may need by its cost certificate.
+    pub max_job_flops: u64,
+    /// Jobs (and session batches) run at once.
+    pub workers: usize,
+    /// Threads each job's kernels use; 0 = all cores.
+    pub threads_per_job: usize,
+    /// Requests waiting for a worker beyond the running ones; more are refused as busy.
+    pub queue_limit: usize,
+    /// Longest a job may run; a request may ask for less.
+    pub job_timeout_ms: u64,
+    /// Total bytes of blobs kept on disk (LRU-evicted beyond it).
+    pub disk_quota_bytes: u64,
+    /// The largest single blob accepted.
+    pub max_blob_bytes: u64,
+    /// The largest JSON request body accepted.
+    pub max_request_bytes: u64,
+    /// Bytes of tensors all sessions together may keep resident.
+    pub session_memory_bytes: u64,
+    /// fsync blobs before acknowledging them.
+    pub durable: bool,
+    /// How far a request's clock may be from the node's.
+    pub max_clock_skew_secs: u64,
+    /// What the node asks per GFLOP (advertised in `/v1/info`).
+    pub price_per_gflop: f64,
+    /// Write every request and job phase as a JSON line here (`-` = standard error).
+    pub event_log: Option<PathBuf>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> NodeConfig {
+        NodeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            data_dir: default_data_dir(),
+            trusted_keys: Vec::new(),
+            open: false,
+            memory_limit_bytes: 0,
+            max_job_flops: 10_000_000_000_000,
+            workers: 1,
+            threads_per_job: 0,
+            queue_limit: 256,
+            job_timeout_ms: 60_000,
+            disk_quota_bytes: 8 << 30,
+            max_blob_bytes: 2 << 30,
+            max_request_bytes: 64 << 20,
+            session_memory_bytes: 2 << 30,
+            durable: true,
+            max_clock_skew_secs: tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
+            price_per_gflop: 0.0,
+            event_log: None,
+        }
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("tenet").join("node")
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("trusted key `{0}` is not a 64-hex-character Ed25519 public key")]
+    BadKey(String),
+    #[error(
+        "the node trusts no keys and is not open: add a coordinator's key (--trust KEY or trusted_keys in the config), or run with --open for local use"
+    )]
+    NobodyTrusted,
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+}
+
+impl NodeConfig {
+    /// Read a TOML config file.
+    pub fn from_file(path: &Path) -> Result<NodeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The trusted keys, parsed; refuses a node nobody could use.
+    pub fn trusted(&self) -> Result<Vec<PublicKey>, ConfigError> {
+        let keys: Vec<PublicKey> = self
+            .trusted_keys
+            .iter()
+            .map(|k| PublicKey::parse(k).ok_or_else(|| ConfigError::BadKey(k.clone())))
+            .collect::<Result<_, _>>()?;
+        if keys.is_empty() && !self.open {
+            return Err(ConfigError::NobodyTrusted);
+        }
+        if self.workers == 0 {
+            return Err(ConfigError::Zero("workers"));
+        }
+        Ok(keys)
+    }
+}
+
+/// Parse a byte count such as `4096`, `64K`, `512MiB` or `8G` (binary multiples).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("8 g"), Some(8 << 30));
+        assert_eq!(parse_size("1x"), None);
+        assert_eq!(parse_size("99999999999T"), None);
+    }
+
+    #[test]
+    fn config_files_parse_and_reject_unknown_fields() {
+        let c: NodeConfig = toml::from_str("open = true\nworkers = 2\n").unwrap();
+        assert!(c.open);
+        assert_eq!(c.workers, 2);
+        assert_eq!(c.listen.ip().to_string(), "127.0.0.1");
+        assert!(toml::from_str::<NodeConfig>("wrokers = 2").is_err());
+        assert!(matches!(
+            NodeConfig::default().trusted(),
+            Err(ConfigError::NobodyTrusted)
+        ));
+    }
+}

@@ -1,0 +1,790 @@
+//! The node's operations, free of HTTP: jobs with commit-reveal, sessions with resident
+//! tensors, and the lookups peers use. `http` authenticates requests and calls these.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tenet_exec::CpuBackend;
+use tenet_ir::HostTensor;
+use tenet_models::WeightsFile;
+use tenet_proto::auth::KeyPair;
+use tenet_proto::commit::{
+    Commitment, JobSpec, OutputRef, Reveal, Tier, output_hash, valid_job_id,
+};
+use tenet_proto::wire::{
+    Batch, BatchError, BatchResults, Committed, JobState, JobStatus, NodeInfo, OpResult, Resident,
+    Revealed, RunJob, SessionCreated, SessionOp,
+};
+use tenet_proto::{ApiError, ErrorCode, Hash, tensor};
+use tenet_store::{Store, StoreConfig};
+
+use crate::config::{ConfigError, NodeConfig};
+use crate::engine::{Engine, JobLimits, Task};
+use crate::errors::{bad_request, internal, not_found, store_error};
+use crate::gate::Gate;
+use crate::identity::{self, KeyFileError, random_bytes};
+use crate::observe::{EventLog, Metrics};
+use crate::pool::Pool;
+
+/// Finished jobs remembered for status and reveal; older ones are forgotten first.
+const MAX_JOBS_KEPT: usize = 100_000;
+/// Sessions open at once.
+const MAX_SESSIONS: usize = 4096;
+/// Outputs up to this many bytes in all travel inline in the reveal; larger ones are stored as
+/// blobs and fetched with `GET /v1/blobs/{hash}`.
+pub const INLINE_OUTPUT_BYTES: usize = 256 << 10;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Key(#[from] KeyFileError),
+    #[error("cannot open the blob store: {0}")]
+    Store(#[from] tenet_store::StoreError),
+    #[error("cannot open the event log {path}: {source}")]
+    EventLog {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+enum JobEntry {
+    Running {
+        cancel: Arc<AtomicBool>,
+    },
+    Committed {
+        revealed: Arc<Revealed>,
+        shown: bool,
+    },
+    Failed(ApiError),
+}
+
+#[derive(Default)]
+struct JobTable {
+    jobs: HashMap<String, JobEntry>,
+    finished: VecDeque<String>,
+}
+
+#[derive(Clone)]
+struct ResidentTensor {
+    tensor: Arc<HostTensor>,
+    hash: Hash,
+}
+
+#[derive(Default)]
+struct Session {
+    tensors: HashMap<String, ResidentTensor>,
+}
+
+/// A running node's state.
+pub struct Node {
+    config: NodeConfig,
+    key: KeyPair,
+    store: Arc<Store>,
+    engine: Engine,
+    pool: Pool,
+    jobs: Mutex<JobTable>,
+    sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
+    resident_bytes: AtomicU64,
+    pub(crate) gate: Gate,
+    pub(crate) events: EventLog,
+    pub(crate) metrics: Metrics,
+    info: NodeInfo,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its table consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn hex_blob(hex: &str, what: &str) -> Result<Vec<u8>, ApiError> {
+    tenet_proto::from_hex(hex).ok_or_else(|| bad_request(format!("{what} is not valid hex")))
+}
+
+fn check_name(name: &str, what: &str) -> Result<(), ApiError> {
+    if valid_job_id(name) {
+        Ok(())
+    } else {
+        Err(bad_request(format!(
+            "{what} `{}` must be 1–64 characters of letters, digits, `_`, `-` and `.`",
+            name.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+impl Node {
+    /// Open the data directory (identity, blobs) and get ready to serve.
+    pub fn start(mut config: NodeConfig) -> Result<Arc<Node>, StartError> {
+        let trusted = config.trusted()?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| KeyFileError::Io {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
+        let key = identity::load_or_create(&config.data_dir)?;
+        let store = Store::open(
+            &config.data_dir.join("store"),
+            StoreConfig {
+                quota_bytes: config.disk_quota_bytes,
+                max_blob_bytes: config.max_blob_bytes,
+                durable: config.durable,
+            },
+        )?;
+        if config.memory_limit_bytes == 0 {
+            config.memory_limit_bytes = tenet_exec::available_memory().unwrap_or(4 << 30);
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = if config.threads_per_job == 0 {
+            cores
+        } else {
+            config.threads_per_job
+        };
+        let engine = Engine::new(
+            store.clone(),
+            CpuBackend::new(threads, tenet_exec::SimdLevel::detect()),
+            JobLimits {
+                memory_bytes: config.memory_limit_bytes,
+                flops: config.max_job_flops,
+            },
+        );
+        let events = match &config.event_log {
+            Some(p) => EventLog::open(p).map_err(|source| StartError::EventLog {
+                path: p.display().to_string(),
+                source,
+            })?,
+            None => EventLog::off(),
+        };
+        let info = NodeInfo {
+            node_id: key.public(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: engine.backend_name(),
+            cores,
+            memory_limit_bytes: config.memory_limit_bytes,
+            max_job_flops: config.max_job_flops,
+            tiers: vec![Tier::Exact, Tier::Tolerant],
+            price_per_gflop: config.price_per_gflop,
+            open: config.open,
+        };
+        Ok(Arc::new(Node {
+            pool: Pool::new(config.workers, config.queue_limit),
+            gate: Gate::new(trusted, config.open, config.max_clock_skew_secs),
+            key,
+            store,
+            engine,
+            jobs: Mutex::new(JobTable::default()),
+            sessions: Mutex::new(HashMap::new()),
+            resident_bytes: AtomicU64::new(0),
+            events,
+            metrics: Metrics::default(),
+            info,
+            config,
+        }))
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    pub fn info(&self) -> &NodeInfo {
+        &self.info
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    fn job_event(&self, job: &str, phase: &str, extra: serde_json::Value) {
+        if self.events.enabled() {
+            let mut fields = serde_json::json!({"job": job, "phase": phase});
+            if let (Some(f), serde_json::Value::Object(e)) = (fields.as_object_mut(), extra) {
+                f.extend(e);
+            }
+            self.events.emit("job", fields);
+        }
+    }
+
+    // ---------------------------------------------------------------------------------- jobs
+
+    /// Run a job and commit to its result.
+    pub async fn run_job(self: &Arc<Self>, req: RunJob) -> Result<Committed, ApiError> {
+        let spec = req.job;
+        check_name(&spec.job_id, "job id")?;
+        let mut inline = HashMap::new();
+        for (hash, hex) in &req.blobs {
+            let bytes = hex_blob(hex, &format!("inline blob {}", hash.short()))?;
+            let actual = Hash::of(&bytes);
+            if actual != *hash {
+                return Err(ApiError::new(
+                    ErrorCode::HashMismatch,
+                    format!("inline blob {hash} hashes to {actual}"),
+                ));
+            }
+            inline.insert(*hash, bytes);
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        {
+            let mut t = lock(&self.jobs);
+            if t.jobs.contains_key(&spec.job_id) {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "job id {} was already used on this node; every job needs a fresh id",
+                        spec.job_id
+                    ),
+                ));
+            }
+            t.jobs.insert(
+                spec.job_id.clone(),
+                JobEntry::Running {
+                    cancel: cancel.clone(),
+                },
+            );
+        }
+        self.job_event(
+            &spec.job_id,
+            "accepted",
+            serde_json::json!({"task": spec.task}),
+        );
+        let limit = Duration::from_millis(
+            req.timeout_ms
+                .unwrap_or(self.config.job_timeout_ms)
+                .min(self.config.job_timeout_ms),
+        );
+        let node = self.clone();
+        let job_id = spec.job_id.clone();
+        let outcome = self
+            .pool
+            .run(move || node.execute(spec, &inline, &cancel, limit))
+            .await
+            .and_then(|r| r);
+        let mut t = lock(&self.jobs);
+        let result = match outcome {
+            Ok((committed, revealed)) => {
+                t.jobs.insert(
+                    job_id.clone(),
+                    JobEntry::Committed {
+                        revealed: Arc::new(revealed),
+                        shown: false,
+                    },
+                );
+                self.metrics.job("committed");
+                self.job_event(
+                    &job_id,
+                    "committed",
+                    serde_json::json!({"exec_us": committed.exec_us, "commitment": committed.commitment.commitment}),
+                );
+                Ok(committed)
+            }
+            Err(e) => {
+                t.jobs.insert(job_id.clone(), JobEntry::Failed(e.clone()));
+                self.metrics.job(match e.code {
+                    ErrorCode::Cancelled => "cancelled",
+                    ErrorCode::Timeout => "timeout",
+                    ErrorCode::ExceedsLimits => "refused",
+                    _ => "failed",
+                });
+                self.job_event(&job_id, "failed", serde_json::json!({"error": e.code}));
+                Err(e)
+            }
+        };
+        t.finished.push_back(job_id);
+        while t.finished.len() > MAX_JOBS_KEPT {
+            if let Some(old) = t.finished.pop_front() {
+                t.jobs.remove(&old);
+            }
+        }
+        result
+    }
+
+    /// The blocking part of a job: load, check, run, commit.
+    fn execute(
+        &self,
+        spec: JobSpec,
+        inline: &HashMap<Hash, Vec<u8>>,
+        cancel: &AtomicBool,
+        limit: Duration,
+    ) -> Result<(Committed, Revealed), ApiError> {
+        let task = self.engine.task(&spec.task)?;
+        let weights = spec.weights.map(|w| self.engine.weights(&w)).transpose()?;
+        let mut inputs = HashMap::with_capacity(spec.inputs.len());
+        for (name, hash) in &spec.inputs {
+            let stored;
+            let bytes = match inline.get(hash) {
+                Some(b) => b.as_slice(),
+                None => {
+                    stored = self.store.get(hash).map_err(|e| {
+                        ApiError::new(
+                            ErrorCode::NotFound,
+                            format!("input {name}: {e}; upload it or send it inline"),
+                        )
+                    })?;
+                    &stored
+                }
+            };
+            let t = tensor::decode(bytes)
+                .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("input {name}: {e}")))?;
+            inputs.insert(name.clone(), t);
+        }
+        self.job_event(&spec.job_id, "started", serde_json::Value::Null);
+        let started = Instant::now();
+        let deadline = started + limit;
+        let (outputs, stats) = self.run_task(
+            &task,
+            weights.as_deref(),
+            &inputs,
+            spec.seed,
+            cancel,
+            deadline,
+        )?;
+        let exec_us = started.elapsed().as_micros() as u64;
+        let refs: Vec<OutputRef> = outputs
+            .iter()
+            .map(|(name, t)| OutputRef {
+                name: name.clone(),
+                hash: tensor::hash(t),
+                ty: t.ty().to_string(),
+            })
+            .collect();
+        let digest = output_hash(&refs);
+        let salt = Hash(random_bytes());
+        let total: usize = outputs.iter().map(|(_, t)| t.bytes().len()).sum();
+        let mut blobs = std::collections::BTreeMap::new();
+        for ((_, t), r) in outputs.iter().zip(&refs) {
+            let blob = tensor::encode(t);
+            if total <= INLINE_OUTPUT_BYTES {
+                blobs.insert(r.hash, tenet_proto::to_hex(&blob));
+            } else {
+                self.store.put(&r.hash, &blob).map_err(store_error)?;
+            }
+        }
+        let job_id = spec.job_id.clone();
+        let commitment = Commitment::sign(spec, &self.key, &digest, &salt);
+        Ok((
+            Committed {
+                commitment,
+                exec_us,
+                peak_bytes: stats.peak_bytes,
+            },
+            Revealed {
+                reveal: Reveal {
+                    job_id,
+                    outputs: refs,
+                    output_hash: digest,
+                    salt,
+                },
+                blobs,
+            },
+        ))
+    }
+
+    fn run_task(
+        &self,
+        task: &Task,
+        weights: Option<&WeightsFile>,
+        inputs: &HashMap<String, HostTensor>,
+        seed: u64,
+        cancel: &AtomicBool,
+        deadline: Instant,
+    ) -> Result<(Vec<(String, HostTensor)>, tenet_exec::RunStats), ApiError> {
+        let stop = || cancel.load(Ordering::Relaxed) || Instant::now() > deadline;
+        self.engine
+            .run(task, weights, inputs, seed, &stop)
+            .map_err(|e| {
+                if e.code != ErrorCode::Cancelled {
+                    e
+                } else if cancel.load(Ordering::Relaxed) {
+                    ApiError::new(ErrorCode::Cancelled, "the job was cancelled")
+                } else {
+                    ApiError::new(
+                        ErrorCode::Timeout,
+                        "the job ran past its time limit and was stopped",
+                    )
+                }
+            })
+    }
+
+    /// Where a job is.
+    pub fn job_status(&self, id: &str) -> Result<JobStatus, ApiError> {
+        let t = lock(&self.jobs);
+        let entry = t
+            .jobs
+            .get(id)
+            .ok_or_else(|| not_found(format!("no job {id} on this node")))?;
+        let (state, error) = match entry {
+            JobEntry::Running { .. } => (JobState::Running, None),
+            JobEntry::Committed { shown: false, .. } => (JobState::Committed, None),
+            JobEntry::Committed { shown: true, .. } => (JobState::Revealed, None),
+            JobEntry::Failed(e) if e.code == ErrorCode::Cancelled => {
+                (JobState::Cancelled, Some(e.clone()))
+            }
+            JobEntry::Failed(e) => (JobState::Failed, Some(e.clone())),
+        };
+        Ok(JobStatus {
+            job_id: id.to_string(),
+            state,
+            error,
+        })
+    }
+
+    /// Ask a running job to stop.
+    pub fn cancel_job(&self, id: &str) -> Result<JobStatus, ApiError> {
+        {
+            let t = lock(&self.jobs);
+            match t.jobs.get(id) {
+                None => return Err(not_found(format!("no job {id} on this node"))),
+                Some(JobEntry::Running { cancel }) => cancel.store(true, Ordering::Relaxed),
+                Some(_) => {}
+            }
+        }
+        self.job_event(id, "cancel_requested", serde_json::Value::Null);
+        self.job_status(id)
+    }
+
+    /// Show a committed job's outputs and salt.
+    pub fn reveal(&self, id: &str) -> Result<Revealed, ApiError> {
+        let mut t = lock(&self.jobs);
+        let entry = t
+            .jobs
+            .get_mut(id)
+            .ok_or_else(|| not_found(format!("no job {id} on this node")))?;
+        match entry {
+            JobEntry::Running { .. } => Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("job {id} has not committed yet: a reveal comes only after the commitment"),
+            )),
+            JobEntry::Failed(e) => Err(ApiError::new(
+                ErrorCode::Conflict,
+                format!("job {id} failed and has nothing to reveal: {e}"),
+            )),
+            JobEntry::Committed { revealed, shown } => {
+                *shown = true;
+                let r = (**revealed).clone();
+                drop(t);
+                self.job_event(id, "revealed", serde_json::Value::Null);
+                Ok(r)
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------ sessions
+
+    pub fn create_session(&self) -> Result<SessionCreated, ApiError> {
+        let mut s = lock(&self.sessions);
+        if s.len() >= MAX_SESSIONS {
+            return Err(ApiError::new(
+                ErrorCode::Busy,
+                format!("{MAX_SESSIONS} sessions are open; free one first"),
+            ));
+        }
+        let id = tenet_proto::to_hex(&random_bytes::<16>());
+        s.insert(id.clone(), Arc::default());
+        Ok(SessionCreated { session: id })
+    }
+
+    fn session(&self, id: &str) -> Result<Arc<Mutex<Session>>, ApiError> {
+        lock(&self.sessions)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| not_found(format!("no session {id} on this node")))
+    }
+
+    pub fn delete_session(&self, id: &str) -> Result<(), ApiError> {
+        let s = lock(&self.sessions)
+            .remove(id)
+            .ok_or_else(|| not_found(format!("no session {id} on this node")))?;
+        let freed: u64 = lock(&s)
+            .tensors
+            .values()
+            .map(|t| t.tensor.bytes().len() as u64)
+            .sum();
+        self.resident_bytes.fetch_sub(freed, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Make `t` resident as `name`, replacing what had that name.
+    fn keep(&self, session: &mut Session, name: &str, t: HostTensor) -> Result<Resident, ApiError> {
+        check_name(name, "tensor name")?;
+        let add = t.bytes().len() as u64;
+        let old = session
+            .tensors
+            .get(name)
+            .map_or(0, |r| r.tensor.bytes().len() as u64);
+        let limit = self.config.session_memory_bytes;
+        let now = self.resident_bytes.load(Ordering::Relaxed);
+        if now - old + add > limit {
+            return Err(ApiError::new(
+                ErrorCode::ExceedsLimits,
+                format!(
+                    "keeping {name} ({add} bytes) would exceed the {limit} bytes of resident tensors this node allows; free some first"
+                ),
+            ));
+        }
+        self.resident_bytes.fetch_add(add, Ordering::Relaxed);
+        self.resident_bytes.fetch_sub(old, Ordering::Relaxed);
+        let hash = tensor::hash(&t);
+        let resident = Resident {
+            name: name.to_string(),
+            hash,
+            ty: t.ty().to_string(),
+        };
+        session.tensors.insert(
+            name.to_string(),
+            ResidentTensor {
+                tensor: Arc::new(t),
+                hash,
+            },
+        );
+        Ok(resident)
+    }
+
+    /// Upload a tensor blob into a session.
+    pub fn put_tensor(&self, sid: &str, name: &str, blob: &[u8]) -> Result<Resident, ApiError> {
+        let t =
+            tensor::decode(blob).map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
+        let s = self.session(sid)?;
+        let mut s = lock(&s);
+        self.keep(&mut s, name, t)
+    }
+
+    /// A resident tensor's blob.
+    pub fn get_tensor(&self, sid: &str, name: &str) -> Result<Vec<u8>, ApiError> {
+        let s = self.session(sid)?;
+        let s = lock(&s);
+        let r = s
+            .tensors
+            .get(name)
+            .ok_or_else(|| not_found(format!("no tensor {name} in session {sid}")))?;
+        Ok(tensor::encode(&r.tensor))
+    }
+
+    pub fn free_tensor(&self, sid: &str, name: &str) -> Result<(), ApiError> {
+        let s = self.session(sid)?;
+        let removed = lock(&s)
+            .tensors
+            .remove(name)
+            .ok_or_else(|| not_found(format!("no tensor {name} in session {sid}")))?;
+        self.resident_bytes
+            .fetch_sub(removed.tensor.bytes().len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A resident tensor (in any session) or a stored blob with this hash: what peers pull.
+    pub fn tensor_by_hash(&self, hash: &Hash) -> Result<Vec<u8>, ApiError> {
+        let sessions: Vec<_> = lock(&self.sessions).values().cloned().collect();
+        for s in sessions {
+            let s = lock(&s);
+            if let Some(r) = s.tensors.values().find(|r| r.hash == *hash) {
+                return Ok(tensor::encode(&r.tensor));
+            }
+        }
+        self.store.get(hash).map_err(store_error)
+    }
+
+    /// Run one session operation other than `pull`.
+    fn apply(&self, session: &mut Session, op: SessionOp) -> Result<OpResult, ApiError> {
+        match op {
+            SessionOp::Put { name, blob } => {
+                let bytes = hex_blob(&blob, &format!("blob for {name}"))?;
+                let t = tensor::decode(&bytes)
+                    .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("{name}: {e}")))?;
+                Ok(OpResult::Resident(vec![self.keep(session, &name, t)?]))
+            }
+            SessionOp::Get { name } => {
+                let r = session
+                    .tensors
+                    .get(&name)
+                    .ok_or_else(|| not_found(format!("no tensor {name} in this session")))?;
+                Ok(OpResult::Blob(tenet_proto::to_hex(&tensor::encode(
+                    &r.tensor,
+                ))))
+            }
+            SessionOp::Free { name } => {
+                let r = session
+                    .tensors
+                    .remove(&name)
+                    .ok_or_else(|| not_found(format!("no tensor {name} in this session")))?;
+                self.resident_bytes
+                    .fetch_sub(r.tensor.bytes().len() as u64, Ordering::Relaxed);
+                Ok(OpResult::Done)
+            }
+            SessionOp::Run {
+                task,
+                weights,
+                inputs,
+                outputs,
+                seed,
+            } => {
+                let task = self.engine.task(&task)?;
+                let weights = weights.map(|w| self.engine.weights(&w)).transpose()?;
+                let mut feed = HashMap::with_capacity(inputs.len());
+                for (input, name) in &inputs {
+                    let r = session.tensors.get(name).ok_or_else(|| {
+                        ApiError::new(
+                            ErrorCode::BadInputs,
+                            format!("input {input}: no tensor {name} in this session"),
+                        )
+                    })?;
+                    feed.insert(input.clone(), (*r.tensor).clone());
+                }
+                for out in outputs.keys() {
+                    if !task.graph.outputs().iter().any(|o| o.name == *out) {
+                        return Err(ApiError::new(
+                            ErrorCode::BadInputs,
+                            format!("the graph has no output named {out}"),
+                        ));
+                    }
+                }
+                let never = AtomicBool::new(false);
+                let deadline = Instant::now() + Duration::from_millis(self.config.job_timeout_ms);
+                let (results, _) =
+                    self.run_task(&task, weights.as_deref(), &feed, seed, &never, deadline)?;
+                let mut kept = Vec::new();
+                for (out, t) in results {
+                    if let Some(name) = outputs.get(&out) {
+                        kept.push(self.keep(session, name, t)?);
+                    }
+                }
+                Ok(OpResult::Resident(kept))
+            }
+            SessionOp::Pull { .. } => Err(internal("pull runs outside the worker")),
+        }
+    }
+
+    /// Run `ops` against session `sid` in order, stopping at the first failure. Runs of
+    /// consecutive local operations go to one worker together; pulls wait on the network.
+    pub async fn batch(
+        self: &Arc<Self>,
+        sid: &str,
+        batch: Batch,
+    ) -> Result<BatchResults, ApiError> {
+        let session = self.session(sid)?;
+        let mut results = Vec::with_capacity(batch.ops.len());
+        let mut ops = batch.ops.into_iter().enumerate().peekable();
+        while ops.peek().is_some() {
+            if let Some((index, SessionOp::Pull { name, hash, peer })) =
+                ops.next_if(|(_, op)| matches!(op, SessionOp::Pull { .. }))
+            {
+                match self.pull(&session, &name, &hash, &peer).await {
+                    Ok(r) => results.push(OpResult::Resident(vec![r])),
+                    Err(error) => {
+                        return Ok(BatchResults {
+                            results,
+                            error: Some(BatchError { index, error }),
+                        });
+                    }
+                }
+                continue;
+            }
+            let mut chunk = Vec::new();
+            while let Some(op) = ops.next_if(|(_, op)| !matches!(op, SessionOp::Pull { .. })) {
+                chunk.push(op);
+            }
+            let node = self.clone();
+            let s = session.clone();
+            let (done, failed) = self
+                .pool
+                .run(move || {
+                    let mut s = lock(&s);
+                    let mut done = Vec::with_capacity(chunk.len());
+                    for (index, op) in chunk {
+                        match node.apply(&mut s, op) {
+                            Ok(r) => done.push(r),
+                            Err(error) => return (done, Some(BatchError { index, error })),
+                        }
+                    }
+                    (done, None)
+                })
+                .await?;
+            results.extend(done);
+            if failed.is_some() {
+                return Ok(BatchResults {
+                    results,
+                    error: failed,
+                });
+            }
+        }
+        Ok(BatchResults {
+            results,
+            error: None,
+        })
+    }
+
+    /// Fetch tensor `hash` from `peer` and keep it as `name`.
+    async fn pull(
+        &self,
+        session: &Arc<Mutex<Session>>,
+        name: &str,
+        hash: &Hash,
+        peer: &str,
+    ) -> Result<Resident, ApiError> {
+        let failed = |what: String| ApiError::new(ErrorCode::PeerFailed, what);
+        let client = crate::client::NodeClient::new(peer, self.key.clone())
+            .map_err(|e| bad_request(e.to_string()))?;
+        let bytes = client
+            .tensor_by_hash(hash)
+            .await
+            .map_err(|e| failed(format!("pulling {} from {peer}: {e}", hash.short())))?;
+        if Hash::of(&bytes) != *hash {
+            return Err(failed(format!(
+                "peer {peer} sent bytes that do not hash to {hash}"
+            )));
+        }
+        let t = tensor::decode(&bytes)
+            .map_err(|e| failed(format!("peer {peer} sent a malformed tensor: {e}")))?;
+        let mut s = lock(session);
+        self.keep(&mut s, name, t)
+    }
+
+    /// The Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        let st = self.store.stats();
+        let sessions = lock(&self.sessions).len();
+        let running = lock(&self.jobs)
+            .jobs
+            .values()
+            .filter(|j| matches!(j, JobEntry::Running { .. }))
+            .count();
+        self.metrics.render(&[
+            ("tenet_store_blobs", "Blobs stored.", st.blobs as f64),
+            (
+                "tenet_store_bytes",
+                "Bytes of blobs stored.",
+                st.bytes as f64,
+            ),
+            (
+                "tenet_store_quota_bytes",
+                "The blob store's quota.",
+                st.quota as f64,
+            ),
+            (
+                "tenet_jobs_running",
+                "Jobs executing or queued now.",
+                running as f64,
+            ),
+            (
+                "tenet_queue_waiting",
+                "Requests waiting for a worker.",
+                self.pool.waiting() as f64,
+            ),
+            (
+                "tenet_workers_busy",
+                "Workers executing now.",
+                self.pool.busy(self.config.workers) as f64,
+            ),
+            ("tenet_sessions", "Open sessions.", sessions as f64),
+            (
+                "tenet_resident_bytes",
+                "Bytes of tensors resident in sessions.",
+                self.resident_bytes.load(Ordering::Relaxed) as f64,
+            ),
+        ])
+    }
+}

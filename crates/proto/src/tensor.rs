@@ -1,0 +1,123 @@
+//! The tensor blob: how one tensor travels and is stored. The bytes are the tensor's type in
+//! its canonical text (`f32[2,3]`), one zero byte, then the elements little-endian in row-major
+//! order — exactly what [`HostTensor::hash`] hashes, so a tensor blob's address is the tensor's
+//! hash. Decoding is strict: a type written any other way, or a length that does not match, is
+//! refused, so one tensor has exactly one blob.
+
+use tenet_ir::{DType, HostTensor, TensorType};
+
+use crate::Hash;
+
+/// Longest type text accepted (rank and digits are bounded by the graph limits far below this).
+pub const MAX_TYPE_TEXT: usize = 512;
+
+/// Why bytes are not a tensor blob.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TensorBlobError {
+    #[error("tensor blob has no type header (expected `dtype[dims]` and a zero byte first)")]
+    NoHeader,
+    #[error("tensor blob type `{0}` is not a canonical tensor type such as `f32[2,3]`")]
+    BadType(String),
+    #[error("tensor blob of type {ty} should hold {expected} data bytes but holds {actual}")]
+    Size {
+        ty: String,
+        expected: u64,
+        actual: u64,
+    },
+}
+
+/// The blob of `t`.
+pub fn encode(t: &HostTensor) -> Vec<u8> {
+    let ty = t.ty().to_string();
+    let mut out = Vec::with_capacity(ty.len() + 1 + t.bytes().len());
+    out.extend_from_slice(ty.as_bytes());
+    out.push(0);
+    out.extend_from_slice(t.bytes());
+    out
+}
+
+/// The address of `t`'s blob (equal to `Hash::of(&encode(t))`, without building the blob).
+pub fn hash(t: &HostTensor) -> Hash {
+    Hash(t.hash())
+}
+
+/// Parse a canonical type text.
+pub fn parse_type(text: &str) -> Option<TensorType> {
+    let (name, rest) = text.split_once('[')?;
+    let dims = rest.strip_suffix(']')?;
+    let dtype = DType::from_name(name)?;
+    let shape: Vec<u64> = if dims.is_empty() {
+        Vec::new()
+    } else {
+        dims.split(',')
+            .map(|d| d.parse().ok())
+            .collect::<Option<_>>()?
+    };
+    let ty = TensorType::new(dtype, shape);
+    // Canonical only: no leading zeros, spaces or `+` signs that `parse` would tolerate.
+    (ty.to_string() == text).then_some(ty)
+}
+
+/// Read a tensor blob.
+pub fn decode(bytes: &[u8]) -> Result<HostTensor, TensorBlobError> {
+    let head = &bytes[..bytes.len().min(MAX_TYPE_TEXT + 1)];
+    let zero = head
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or(TensorBlobError::NoHeader)?;
+    let text = std::str::from_utf8(&bytes[..zero])
+        .map_err(|_| TensorBlobError::BadType(String::from_utf8_lossy(&bytes[..zero]).into()))?;
+    let ty = parse_type(text).ok_or_else(|| TensorBlobError::BadType(text.to_string()))?;
+    let data = &bytes[zero + 1..];
+    let expected = ty
+        .bytes()
+        .ok_or_else(|| TensorBlobError::BadType(text.to_string()))?;
+    if expected != data.len() as u64 {
+        return Err(TensorBlobError::Size {
+            ty: text.to_string(),
+            expected,
+            actual: data.len() as u64,
+        });
+    }
+    HostTensor::new(ty, data.to_vec()).map_err(|_| TensorBlobError::BadType(text.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_round_trips_and_its_hash_is_the_tensor_hash() {
+        let t = HostTensor::from_f32(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, f32::NAN]).unwrap();
+        let blob = encode(&t);
+        assert!(blob.starts_with(b"f32[2,3]\0"));
+        assert_eq!(Hash::of(&blob), hash(&t));
+        let back = decode(&blob).unwrap();
+        assert_eq!(back.ty(), t.ty());
+        assert_eq!(back.bytes(), t.bytes());
+        let scalar = HostTensor::from_i64(&[], &[7]).unwrap();
+        assert_eq!(decode(&encode(&scalar)).unwrap().to_i64_vec(), vec![7]);
+    }
+
+    #[test]
+    fn non_canonical_or_short_blobs_are_refused() {
+        assert_eq!(decode(b"f32[2]"), Err(TensorBlobError::NoHeader));
+        for bad in [
+            "f32[02]", "f32[ 2]", "f32[+2]", "f33[2]", "f32(2)", "f32[2,]",
+        ] {
+            let mut b = bad.as_bytes().to_vec();
+            b.push(0);
+            b.extend_from_slice(&[0; 8]);
+            assert!(
+                matches!(decode(&b), Err(TensorBlobError::BadType(_))),
+                "{bad}"
+            );
+        }
+        let mut b = b"f32[2]\0".to_vec();
+        b.extend_from_slice(&[0; 7]);
+        assert!(matches!(decode(&b), Err(TensorBlobError::Size { .. })));
+        let mut b = b"bool[1]\0".to_vec();
+        b.push(2);
+        assert!(decode(&b).is_err(), "bool bytes other than 0/1 are refused");
+    }
+}

@@ -1,0 +1,90 @@
+//! The store's contract: verified, atomic, persistent, LRU-bounded.
+
+use super::*;
+
+fn config(quota: u64) -> StoreConfig {
+    StoreConfig {
+        quota_bytes: quota,
+        max_blob_bytes: 1 << 20,
+        durable: true,
+    }
+}
+
+#[test]
+fn blobs_are_verified_and_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), config(1 << 20)).unwrap();
+    let h = s.put_bytes(b"hello").unwrap();
+    assert_eq!(s.get(&h).unwrap(), b"hello");
+    assert!(s.put(&h, b"hello").unwrap(), "a second upload is a no-op");
+    let wrong = s.put(&Hash::of(b"other"), b"hello").unwrap_err();
+    assert!(matches!(wrong, StoreError::HashMismatch { .. }));
+    assert!(s.contains(&Hash::of(b"other")).is_none());
+    drop(s);
+    let s = Store::open(dir.path(), config(1 << 20)).unwrap();
+    assert_eq!(s.get(&h).unwrap(), b"hello");
+    assert_eq!(s.stats().blobs, 1);
+}
+
+#[test]
+fn unfinished_or_short_writes_are_never_visible() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), config(1 << 20)).unwrap();
+    let data = vec![7u8; 5000];
+    let h = Hash::of(&data);
+    let mut w = s.writer(h, Some(5000)).unwrap();
+    w.write(&data[..100]).unwrap();
+    assert!(matches!(
+        w.finish(),
+        Err(StoreError::Truncated { got: 100, .. })
+    ));
+    let mut w = s.writer(h, None).unwrap();
+    w.write(&data[..100]).unwrap();
+    drop(w);
+    assert!(s.contains(&h).is_none());
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    // A leftover from a killed process is removed on open.
+    fs::write(dir.path().join("tmp").join("123-0-abc"), &data[..10]).unwrap();
+    drop(s);
+    let s = Store::open(dir.path(), config(1 << 20)).unwrap();
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    assert!(s.contains(&h).is_none());
+    assert_eq!(s.stats().bytes, 0);
+}
+
+#[test]
+fn least_recently_used_unpinned_blobs_are_evicted_under_the_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), config(3000)).unwrap();
+    let blob = |b: u8| vec![b; 1000];
+    let a = s.put_bytes(&blob(1)).unwrap();
+    let b = s.put_bytes(&blob(2)).unwrap();
+    let c = s.put_bytes(&blob(3)).unwrap();
+    s.pin(&a).unwrap();
+    s.get(&b).unwrap(); // b is now more recent than c
+    let d = s.put_bytes(&blob(4)).unwrap();
+    assert!(s.contains(&c).is_none(), "c was least recently used");
+    assert!(s.contains(&a).is_some() && s.contains(&b).is_some() && s.contains(&d).is_some());
+    let held = s.hold(&b).unwrap();
+    s.put_bytes(&blob(5)).unwrap();
+    assert!(
+        s.contains(&d).is_none(),
+        "b is held and a pinned, so d goes"
+    );
+    assert!(s.contains(&b).is_some());
+    drop(held);
+    let too_big = s.put_bytes(&vec![0u8; 2 << 20]).unwrap_err();
+    assert!(matches!(too_big, StoreError::TooLarge { .. }));
+    // Pins persist across reopening; with only pinned blobs left there is no room.
+    drop(s);
+    let s = Store::open(dir.path(), config(1000)).unwrap();
+    assert_eq!(s.stats().pinned, 1);
+    assert_eq!(s.stats().blobs, 3, "reopening does not evict");
+    s.put_bytes(&blob(8)).unwrap_err();
+    assert!(matches!(
+        s.put_bytes(&blob(9)),
+        Err(StoreError::Full { .. })
+    ));
+    assert!(s.contains(&a).is_some());
+    assert_eq!(s.stats().blobs, 1, "everything unpinned was evicted trying");
+}
