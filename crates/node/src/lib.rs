@@ -21,8 +21,10 @@ pub mod service;
 
 use std::sync::Arc;
 
-pub use client::{ClientError, NodeClient};
+pub use bytes::Bytes;
+pub use client::{ClientError, NodeClient, RawRequest, RawResponse};
 pub use config::NodeConfig;
+pub use hyper::Method;
 pub use service::{Node, StartError};
 
 /// Start a node from `config` and serve until Ctrl-C or SIGTERM. `ready` is told the address
