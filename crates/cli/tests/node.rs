@@ -717,3 +717,37 @@ async fn the_event_log_records_requests_and_job_phases_and_sigterm_stops_cleanly
     assert_eq!(lines.first().unwrap()["event"], "start");
     assert_eq!(lines.last().unwrap()["event"], "shutdown");
 }
+
+#[test]
+fn the_node_benchmark_runs_and_reports_every_workload() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenet"))
+        .args(["bench", "node", "--quick", "--json", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for expected in [
+        "tiny job round trip (run → signed commitment)",
+        "1000 small ops in one batch, per op",
+        "4 MiB upload (hashed, fsynced: the default)",
+        "1024² matmul job overhead over local",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    for r in rows
+        .iter()
+        .filter(|r| r["unit"] != "ms" || !r["name"].as_str().unwrap().contains("overhead"))
+    {
+        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(rows.iter().any(|r| r["goal_met"].is_boolean()));
+}

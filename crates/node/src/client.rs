@@ -109,7 +109,10 @@ impl NodeClient {
             .await
             .map_err(|e| self.transport(e))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(crate::http::READ_BUFFER_MAX)
+            .writev(true)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| self.transport(e))?;
         tokio::spawn(async move {

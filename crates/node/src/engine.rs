@@ -12,6 +12,7 @@ use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
 
 use crate::errors::{exec_error, store_error};
+use crate::lru::Lru;
 
 /// What one job may cost, checked against its certificate before it runs.
 #[derive(Clone, Copy, Debug)]
@@ -26,48 +27,6 @@ pub struct Task {
     pub prepared: Box<dyn Prepared>,
 }
 
-/// A small map that forgets its least recently used entry beyond `capacity`.
-struct Lru<V> {
-    map: HashMap<Hash, (u64, Arc<V>)>,
-    clock: u64,
-    capacity: usize,
-}
-
-impl<V> Lru<V> {
-    fn new(capacity: usize) -> Lru<V> {
-        Lru {
-            map: HashMap::new(),
-            clock: 0,
-            capacity,
-        }
-    }
-
-    fn get(&mut self, k: &Hash) -> Option<Arc<V>> {
-        self.clock += 1;
-        let now = self.clock;
-        self.map.get_mut(k).map(|(t, v)| {
-            *t = now;
-            v.clone()
-        })
-    }
-
-    fn insert(&mut self, k: Hash, v: Arc<V>) {
-        while self.map.len() >= self.capacity {
-            let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, (t, _))| *t)
-                .map(|(k, _)| *k)
-            else {
-                break;
-            };
-            self.map.remove(&oldest);
-        }
-        self.clock += 1;
-        self.map.insert(k, (self.clock, v));
-    }
-}
-
 /// Graphs and weights by address, and the backend that runs them.
 pub struct Engine {
     store: Arc<Store>,
@@ -75,7 +34,12 @@ pub struct Engine {
     limits: JobLimits,
     tasks: Mutex<Lru<Task>>,
     weights: Mutex<Lru<WeightsFile>>,
+    /// Decoded input tensors by blob address, weighed in bytes.
+    tensors: Mutex<Lru<HostTensor>>,
 }
+
+/// Bytes of decoded input tensors kept for reuse.
+const TENSOR_CACHE_BYTES: u64 = 512 << 20;
 
 /// The weights a job binds: at most one file.
 struct Bound<'a>(Option<&'a WeightsFile>);
@@ -94,6 +58,7 @@ impl Engine {
             limits,
             tasks: Mutex::new(Lru::new(256)),
             weights: Mutex::new(Lru::new(4)),
+            tensors: Mutex::new(Lru::new(TENSOR_CACHE_BYTES)),
         }
     }
 
@@ -124,9 +89,47 @@ impl Engine {
         let prepared = self.backend.prepare(&graph).map_err(exec_error)?;
         let task = Arc::new(Task { graph, prepared });
         if let Ok(mut c) = self.tasks.lock() {
-            c.insert(*hash, task.clone());
+            c.insert(*hash, task.clone(), 1);
         }
         Ok(task)
+    }
+
+    /// The task `hash` if it is already decoded and planned.
+    pub fn cached_task(&self, hash: &Hash) -> Option<Arc<Task>> {
+        self.tasks.lock().ok().and_then(|mut c| c.get(hash))
+    }
+
+    /// The tensor blob `hash`: carried `inline` with the request, cached, or from the store.
+    pub fn tensor(
+        &self,
+        hash: &Hash,
+        inline: Option<&[u8]>,
+        what: &str,
+    ) -> Result<Arc<HostTensor>, ApiError> {
+        if let Some(t) = self.tensors.lock().ok().and_then(|mut c| c.get(hash)) {
+            return Ok(t);
+        }
+        let stored;
+        let bytes = match inline {
+            Some(b) => b,
+            None => {
+                stored = self.store.get(hash).map_err(|e| {
+                    ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("{what}: {e}; upload it or send it inline"),
+                    )
+                })?;
+                &stored
+            }
+        };
+        let t = Arc::new(
+            tenet_proto::tensor::decode(bytes)
+                .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("{what}: {e}")))?,
+        );
+        if let Ok(mut c) = self.tensors.lock() {
+            c.insert(*hash, t.clone(), t.bytes().len() as u64);
+        }
+        Ok(t)
     }
 
     /// Refuse a graph whose certificate does not fit this node.
@@ -169,7 +172,7 @@ impl Engine {
             .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
         let file = Arc::new(file);
         if let Ok(mut c) = self.weights.lock() {
-            c.insert(*hash, file.clone());
+            c.insert(*hash, file.clone(), 1);
         }
         Ok(file)
     }

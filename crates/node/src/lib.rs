@@ -15,6 +15,7 @@ mod errors;
 mod gate;
 pub mod http;
 pub mod identity;
+mod lru;
 mod observe;
 mod pool;
 pub mod service;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tenet_exec::CpuBackend;
 use tenet_ir::HostTensor;
 use tenet_models::WeightsFile;
@@ -25,6 +26,7 @@ use crate::engine::{Engine, JobLimits, Task};
 use crate::errors::{bad_request, internal, not_found, store_error};
 use crate::gate::Gate;
 use crate::identity::{self, KeyFileError, random_bytes};
+use crate::lru::Lru;
 use crate::observe::{EventLog, Metrics};
 use crate::pool::Pool;
 
@@ -35,6 +37,21 @@ const MAX_SESSIONS: usize = 4096;
 /// Outputs up to this many bytes in all travel inline in the reveal; larger ones are stored as
 /// blobs and fetched with `GET /v1/blobs/{hash}`.
 pub const INLINE_OUTPUT_BYTES: usize = 256 << 10;
+
+/// Jobs at most this costly (by certificate) run on the request's own thread.
+const TINY_JOB_FLOPS: u64 = 1 << 20;
+const TINY_JOB_BYTES: u64 = 1 << 20;
+/// Bytes of large job outputs kept in memory for fast fetching (they are also written to the
+/// blob store, in the background).
+const OUTPUT_CACHE_BYTES: u64 = 512 << 20;
+
+/// A job's result before it is recorded.
+struct Executed {
+    committed: Committed,
+    revealed: Revealed,
+    /// Outputs too large to travel inline, as blobs.
+    large: Vec<(Hash, Bytes)>,
+}
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +112,8 @@ pub struct Node {
     jobs: Mutex<JobTable>,
     sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
     resident_bytes: AtomicU64,
+    /// Large job outputs, for `GET /v1/blobs` without a trip to the disk.
+    outputs: Mutex<Lru<Bytes>>,
     pub(crate) gate: Gate,
     pub(crate) events: EventLog,
     pub(crate) metrics: Metrics,
@@ -182,6 +201,7 @@ impl Node {
             jobs: Mutex::new(JobTable::default()),
             sessions: Mutex::new(HashMap::new()),
             resident_bytes: AtomicU64::new(0),
+            outputs: Mutex::new(Lru::new(OUTPUT_CACHE_BYTES)),
             events,
             metrics: Metrics::default(),
             info,
@@ -258,13 +278,28 @@ impl Node {
                 .unwrap_or(self.config.job_timeout_ms)
                 .min(self.config.job_timeout_ms),
         );
-        let node = self.clone();
         let job_id = spec.job_id.clone();
-        let outcome = self
-            .pool
-            .run(move || node.execute(spec, &inline, &cancel, limit))
-            .await
-            .and_then(|r| r);
+        // A tiny job whose graph is already planned runs right here: handing it to a worker
+        // thread and back would cost more than running it.
+        let tiny = self.engine.cached_task(&spec.task).is_some_and(|t| {
+            let c = t.graph.cost();
+            c.flops <= TINY_JOB_FLOPS && c.peak_bytes <= TINY_JOB_BYTES
+        });
+        let outcome = if tiny {
+            self.execute(spec, &inline, &cancel, limit)
+        } else {
+            let node = self.clone();
+            self.pool
+                .run(move || node.execute(spec, &inline, &cancel, limit))
+                .await
+                .and_then(|r| r)
+        };
+        let outcome = outcome.map(|done| {
+            for (hash, blob) in done.large {
+                self.keep_output(hash, blob);
+            }
+            (done.committed, done.revealed)
+        });
         let mut t = lock(&self.jobs);
         let result = match outcome {
             Ok((committed, revealed)) => {
@@ -311,27 +346,16 @@ impl Node {
         inline: &HashMap<Hash, Vec<u8>>,
         cancel: &AtomicBool,
         limit: Duration,
-    ) -> Result<(Committed, Revealed), ApiError> {
+    ) -> Result<Executed, ApiError> {
         let task = self.engine.task(&spec.task)?;
         let weights = spec.weights.map(|w| self.engine.weights(&w)).transpose()?;
         let mut inputs = HashMap::with_capacity(spec.inputs.len());
         for (name, hash) in &spec.inputs {
-            let stored;
-            let bytes = match inline.get(hash) {
-                Some(b) => b.as_slice(),
-                None => {
-                    stored = self.store.get(hash).map_err(|e| {
-                        ApiError::new(
-                            ErrorCode::NotFound,
-                            format!("input {name}: {e}; upload it or send it inline"),
-                        )
-                    })?;
-                    &stored
-                }
-            };
-            let t = tensor::decode(bytes)
-                .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("input {name}: {e}")))?;
-            inputs.insert(name.clone(), t);
+            let what = format!("input {name}");
+            let t = self
+                .engine
+                .tensor(hash, inline.get(hash).map(Vec::as_slice), &what)?;
+            inputs.insert(name.clone(), (*t).clone());
         }
         self.job_event(&spec.job_id, "started", serde_json::Value::Null);
         let started = Instant::now();
@@ -345,44 +369,46 @@ impl Node {
             deadline,
         )?;
         let exec_us = started.elapsed().as_micros() as u64;
-        let refs: Vec<OutputRef> = outputs
-            .iter()
-            .map(|(name, t)| OutputRef {
-                name: name.clone(),
-                hash: tensor::hash(t),
-                ty: t.ty().to_string(),
-            })
-            .collect();
-        let digest = output_hash(&refs);
-        let salt = Hash(random_bytes());
+        // Each output is encoded once and hashed once (a tensor blob's address is its hash).
         let total: usize = outputs.iter().map(|(_, t)| t.bytes().len()).sum();
-        let mut blobs = std::collections::BTreeMap::new();
-        for ((_, t), r) in outputs.iter().zip(&refs) {
-            let blob = tensor::encode(t);
+        let mut refs = Vec::with_capacity(outputs.len());
+        let mut inline_blobs = std::collections::BTreeMap::new();
+        let mut large = Vec::new();
+        for (name, t) in &outputs {
+            let blob = Bytes::from(tensor::encode(t));
+            let hash = Hash::of(&blob);
+            refs.push(OutputRef {
+                name: name.clone(),
+                hash,
+                ty: t.ty().to_string(),
+            });
             if total <= INLINE_OUTPUT_BYTES {
-                blobs.insert(r.hash, tenet_proto::to_hex(&blob));
+                inline_blobs.insert(hash, tenet_proto::to_hex(&blob));
             } else {
-                self.store.put(&r.hash, &blob).map_err(store_error)?;
+                large.push((hash, blob));
             }
         }
+        let digest = output_hash(&refs);
+        let salt = Hash(random_bytes());
         let job_id = spec.job_id.clone();
         let commitment = Commitment::sign(spec, &self.key, &digest, &salt);
-        Ok((
-            Committed {
+        Ok(Executed {
+            committed: Committed {
                 commitment,
                 exec_us,
                 peak_bytes: stats.peak_bytes,
             },
-            Revealed {
+            revealed: Revealed {
                 reveal: Reveal {
                     job_id,
                     outputs: refs,
                     output_hash: digest,
                     salt,
                 },
-                blobs,
+                blobs: inline_blobs,
             },
-        ))
+            large,
+        })
     }
 
     fn run_task(
@@ -409,6 +435,25 @@ impl Node {
                     )
                 }
             })
+    }
+
+    /// Keep a large output fetchable: in memory now, in the blob store soon (without fsync: an
+    /// output can be recomputed, and the job record that names it does not survive a crash).
+    fn keep_output(&self, hash: Hash, blob: Bytes) {
+        let store = self.store.clone();
+        let copy = blob.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = store.put_unsynced(&hash, &copy);
+        });
+        lock(&self.outputs).insert(hash, Arc::new(blob.clone()), blob.len() as u64);
+    }
+
+    /// A blob: a recent job output from memory, or from the store.
+    pub fn blob(&self, hash: &Hash) -> Result<Bytes, ApiError> {
+        if let Some(b) = lock(&self.outputs).get(hash) {
+            return Ok((*b).clone());
+        }
+        self.store.get(hash).map(Bytes::from).map_err(store_error)
     }
 
     /// Where a job is.
@@ -577,15 +622,15 @@ impl Node {
     }
 
     /// A resident tensor (in any session) or a stored blob with this hash: what peers pull.
-    pub fn tensor_by_hash(&self, hash: &Hash) -> Result<Vec<u8>, ApiError> {
+    pub fn tensor_by_hash(&self, hash: &Hash) -> Result<Bytes, ApiError> {
         let sessions: Vec<_> = lock(&self.sessions).values().cloned().collect();
         for s in sessions {
             let s = lock(&s);
             if let Some(r) = s.tensors.values().find(|r| r.hash == *hash) {
-                return Ok(tensor::encode(&r.tensor));
+                return Ok(Bytes::from(tensor::encode(&r.tensor)));
             }
         }
-        self.store.get(hash).map_err(store_error)
+        self.blob(hash)
     }
 
     /// Run one session operation other than `pull`.

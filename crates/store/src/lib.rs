@@ -214,6 +214,22 @@ impl Store {
         w.finish()
     }
 
+    /// `put` without fsync, whatever the store's setting: for blobs that can be recomputed
+    /// (job outputs), where a crash losing them loses nothing the caller relied on.
+    pub fn put_unsynced(
+        self: &Arc<Self>,
+        expected: &Hash,
+        bytes: &[u8],
+    ) -> Result<bool, StoreError> {
+        if self.contains(expected).is_some() {
+            return Ok(true);
+        }
+        let mut w = self.writer(*expected, Some(bytes.len() as u64))?;
+        w.durable = false;
+        w.write(bytes)?;
+        w.finish()
+    }
+
     /// Store `bytes` under their own hash.
     pub fn put_bytes(self: &Arc<Self>, bytes: &[u8]) -> Result<Hash, StoreError> {
         let h = Hash::of(bytes);
@@ -253,6 +269,7 @@ impl Store {
             reserved: reserve,
             written: 0,
             hasher: blake3::Hasher::new(),
+            durable: self.config.durable,
             file: Some(std::io::BufWriter::with_capacity(256 << 10, file)),
             tmp,
         })
@@ -359,6 +376,7 @@ pub struct BlobWriter {
     reserved: u64,
     written: u64,
     hasher: blake3::Hasher,
+    durable: bool,
     file: Option<std::io::BufWriter<fs::File>>,
     tmp: PathBuf,
 }
@@ -416,7 +434,7 @@ impl BlobWriter {
         let file = file
             .into_inner()
             .map_err(|e| io(&self.tmp)(e.into_error()))?;
-        if self.store.config.durable {
+        if self.durable {
             file.sync_data().map_err(io(&self.tmp))?;
         }
         drop(file);
@@ -424,7 +442,7 @@ impl BlobWriter {
         let shard = dest.parent().expect("blob paths have a shard directory");
         fs::create_dir_all(shard).map_err(io(shard))?;
         fs::rename(&self.tmp, &dest).map_err(io(&dest))?;
-        if self.store.config.durable {
+        if self.durable {
             fs::File::open(shard)
                 .and_then(|d| d.sync_all())
                 .map_err(io(shard))?;

@@ -1,0 +1,455 @@
+//! The node benchmark: a real `tenet node` process on 127.0.0.1, driven by the signed client
+//! from this process, measuring what the node issue sets goals for — a tiny job's round trip,
+//! small ops batched in one request, a 4 MiB upload, and what a 1024² matmul job costs over
+//! running it locally. Medians; compare with the goals and with GT's figures measured on this
+//! machine kind (../shared/perf/README.md), not with other machines.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tenet_exec::{Backend, CpuBackend};
+use tenet_ir::{DType, GraphBuilder, HostTensor};
+use tenet_node::{Bytes, Method, NodeClient, identity};
+use tenet_proto::commit::{JobSpec, Tier};
+use tenet_proto::wire::{Batch, RunJob, SessionOp};
+use tenet_proto::{Hash, tensor};
+
+/// One measured figure.
+pub struct NodeRow {
+    pub name: &'static str,
+    pub value: f64,
+    pub unit: &'static str,
+    /// p99 where the figure is a latency with many samples.
+    pub p99: Option<f64>,
+    /// The issue's goal, and whether the figure meets it.
+    pub goal: Option<(&'static str, bool)>,
+    /// What a peer measured on this machine kind, for scale.
+    pub peer: &'static str,
+}
+
+/// Everything one node benchmark measured.
+pub struct NodeReport {
+    pub backend: String,
+    pub rows: Vec<NodeRow>,
+}
+
+struct Spawned(Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn filled(shape: &[u64], seed: u32) -> HostTensor {
+    let n: u64 = shape.iter().product();
+    let v: Vec<f32> = (0..n as u32)
+        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) >> 8) as f32 / 16777216.0 - 0.5)
+        .collect();
+    HostTensor::from_f32(shape, &v).expect("shape matches")
+}
+
+fn spec(id: String, task: Hash, inputs: &[(&str, &HostTensor)]) -> JobSpec {
+    JobSpec {
+        job_id: id,
+        task,
+        weights: None,
+        inputs: inputs
+            .iter()
+            .map(|(n, t)| (n.to_string(), tensor::hash(t)))
+            .collect(),
+        tier: Tier::Exact,
+        seed: 0,
+    }
+}
+
+/// Start `exe node` on a free loopback port, trusting `key`; the process dies with the guard.
+fn spawn_node(
+    exe: &Path,
+    dir: &Path,
+    key: &tenet_proto::auth::KeyPair,
+    threads: usize,
+    extra: &[&str],
+) -> Result<(Spawned, String), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut child = Command::new(exe)
+        .args(["node", "--listen", "127.0.0.1:0", "--trust"])
+        .arg(key.public().to_hex())
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--threads", &threads.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start {} node: {e}", exe.display()))?;
+    let stdout = child.stdout.take().ok_or("no stdout from the node")?;
+    let guard = Spawned(child);
+    let mut first = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut first)
+        .map_err(|e| e.to_string())?;
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .map(str::trim)
+        .ok_or_else(|| format!("the node did not start: {first}"))?
+        .to_string();
+    Ok((guard, addr))
+}
+
+/// Start `exe node` on a free loopback port with `threads` threads per job, run the workloads,
+/// stop it (and a second node with `--no-fsync`, for uploads). `progress` hears what is being
+/// measured.
+pub fn run(
+    exe: &Path,
+    threads: usize,
+    quick: bool,
+    mut progress: impl FnMut(&str),
+) -> Result<NodeReport, String> {
+    let dir = std::env::temp_dir().join(format!("tenet-bench-node-{}", std::process::id()));
+    let key = identity::generate();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let report = (|| {
+        let (_node, addr) = spawn_node(exe, &dir.join("durable"), &key, threads, &[])?;
+        let mut report = rt.block_on(measure(&addr, key.clone(), threads, quick, &mut progress))?;
+        let (_fast, addr) = spawn_node(exe, &dir.join("no-fsync"), &key, threads, &["--no-fsync"])?;
+        progress("4 MiB uploads to a node started with --no-fsync");
+        let c = NodeClient::new(&addr, key.clone()).map_err(|e| e.to_string())?;
+        let up = rt.block_on(uploads(&c, quick))?;
+        report.rows.push(NodeRow {
+            name: "4 MiB upload (hashed, --no-fsync)",
+            value: up,
+            unit: "GB/s",
+            p99: None,
+            goal: Some(("≥ 2 GB/s", up >= 2.0)),
+            peer: "raw loopback TCP ≈ 3.5 GB/s",
+        });
+        Ok(report)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    report
+}
+
+/// Median GB/s of 4 MiB uploads of fresh bytes (no HEAD skip).
+async fn uploads(c: &NodeClient, quick: bool) -> Result<f64, String> {
+    let mut gbps = Vec::new();
+    for i in 0..if quick { 5 } else { 20 } {
+        let mut data = vec![0u8; 4 << 20];
+        for (j, chunk) in data.chunks_mut(8).enumerate() {
+            let v = (j as u64 ^ (i as u64) << 40).wrapping_mul(0x9E3779B97F4A7C15);
+            chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
+        }
+        let hash = Hash::of(&data);
+        let path = format!("/v1/blobs/{hash}");
+        let body = Bytes::from(data);
+        let t = Instant::now();
+        c.call(Method::PUT, &path, body)
+            .await
+            .map_err(|e| e.to_string())?;
+        gbps.push((4u64 << 20) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok(quantile(&gbps, 0.5))
+}
+
+async fn measure(
+    addr: &str,
+    key: tenet_proto::auth::KeyPair,
+    threads: usize,
+    quick: bool,
+    progress: &mut impl FnMut(&str),
+) -> Result<NodeReport, String> {
+    let c = NodeClient::new(addr, key).map_err(|e| e.to_string())?;
+    let err = |e: tenet_node::ClientError| e.to_string();
+    let info = c.info().await.map_err(err)?;
+    let mut rows = Vec::new();
+    let reps = if quick { 200 } else { 2000 };
+
+    // Round trips with no work: where the floor is.
+    progress("round trips: unsigned info and a signed request");
+    let mut info_us = Vec::new();
+    let mut signed_us = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        c.info().await.map_err(err)?;
+        info_us.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let _ = c.job_status("none").await;
+        signed_us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    rows.push(NodeRow {
+        name: "unsigned round trip (GET /v1/info)",
+        value: quantile(&info_us, 0.5),
+        unit: "µs",
+        p99: Some(quantile(&info_us, 0.99)),
+        goal: None,
+        peer: "ZeroMQ echo 46–110 µs",
+    });
+    rows.push(NodeRow {
+        name: "signed round trip (GET /v1/jobs/x)",
+        value: quantile(&signed_us, 0.5),
+        unit: "µs",
+        p99: Some(quantile(&signed_us, 0.99)),
+        goal: None,
+        peer: "",
+    });
+
+    // A tiny job: z = x + y over 16 floats, inputs inline, commitment back.
+    progress("tiny jobs");
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[16]);
+    let y = g.input("y", DType::F32, &[16]);
+    let tiny = g.finish(&[("z", &x.add(&y))]).map_err(|e| e.to_string())?;
+    let task = c.put_blob(tiny.to_bytes()).await.map_err(err)?.hash;
+    let (xt, yt) = (filled(&[16], 1), filled(&[16], 2));
+    let blobs: std::collections::BTreeMap<Hash, String> = [&xt, &yt]
+        .iter()
+        .map(|t| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))
+        .collect();
+    let mut job_us = Vec::new();
+    let mut both_us = Vec::new();
+    let run_id = identity::random_bytes::<4>();
+    for i in 0..reps {
+        let req = RunJob {
+            job: spec(
+                format!("tiny-{}-{i}", tenet_proto::to_hex(&run_id)),
+                task,
+                &[("x", &xt), ("y", &yt)],
+            ),
+            timeout_ms: None,
+            blobs: blobs.clone(),
+        };
+        let t = Instant::now();
+        let committed = c.run_job(&req).await.map_err(err)?;
+        job_us.push(t.elapsed().as_secs_f64() * 1e6);
+        c.reveal(&committed.commitment.job.job_id)
+            .await
+            .map_err(err)?;
+        both_us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let tiny_median = quantile(&job_us, 0.5);
+    rows.push(NodeRow {
+        name: "tiny job round trip (run → signed commitment)",
+        value: tiny_median,
+        unit: "µs",
+        p99: Some(quantile(&job_us, 0.99)),
+        goal: Some(("≤ 100 µs", tiny_median <= 100.0)),
+        peer: "GT one op + fetch 770–990 µs",
+    });
+    rows.push(NodeRow {
+        name: "tiny job commit + reveal (two round trips)",
+        value: quantile(&both_us, 0.5),
+        unit: "µs",
+        p99: Some(quantile(&both_us, 0.99)),
+        goal: None,
+        peer: "GT one op + fetch 770–990 µs",
+    });
+
+    // 1000 small ops on resident tensors in one batch.
+    progress("batches of 1000 small ops");
+    let sid = c.create_session().await.map_err(err)?;
+    c.put_tensor(&sid, "x", tensor::encode(&xt))
+        .await
+        .map_err(err)?;
+    c.put_tensor(&sid, "y", tensor::encode(&yt))
+        .await
+        .map_err(err)?;
+    let op = SessionOp::Run {
+        task,
+        weights: None,
+        inputs: [("x", "x"), ("y", "y")]
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
+        outputs: [("z".to_string(), "z".to_string())].into(),
+        seed: 0,
+    };
+    let batch = Batch {
+        ops: vec![op; 1000],
+    };
+    let mut per_op = Vec::new();
+    for _ in 0..if quick { 3 } else { 15 } {
+        let t = Instant::now();
+        let r = c.batch(&sid, &batch).await.map_err(err)?;
+        if let Some(e) = r.error {
+            return Err(format!("batch failed at op {}: {}", e.index, e.error));
+        }
+        per_op.push(t.elapsed().as_secs_f64() * 1e6 / 1000.0);
+    }
+    let per_op_median = quantile(&per_op, 0.5);
+    rows.push(NodeRow {
+        name: "1000 small ops in one batch, per op",
+        value: per_op_median,
+        unit: "µs",
+        p99: None,
+        goal: Some(("≤ 10 µs", per_op_median <= 10.0)),
+        peer: "GT ≈600 µs per op",
+    });
+
+    // 4 MiB uploads of fresh bytes (no HEAD skip), hashed while streamed, fsynced.
+    progress("4 MiB uploads");
+    let up = uploads(&c, quick).await?;
+    rows.push(NodeRow {
+        name: "4 MiB upload (hashed, fsynced: the default)",
+        value: up,
+        unit: "GB/s",
+        p99: None,
+        goal: Some(("≥ 2 GB/s", up >= 2.0)),
+        peer: "ZeroMQ 4 MiB echo 1.8–3.3 ms (1.3–2.3 GB/s)",
+    });
+
+    // A 1024² matmul job with its inputs already on the node, output fetched, against the
+    // same matmul run locally.
+    progress("1024² matmul: local, then as a job");
+    let g = GraphBuilder::new();
+    let a = g.input("a", DType::F32, &[1024, 1024]);
+    let b = g.input("b", DType::F32, &[1024, 1024]);
+    let mm = g
+        .finish(&[("c", &a.matmul(&b))])
+        .map_err(|e| e.to_string())?;
+    let (at, bt) = (filled(&[1024, 1024], 3), filled(&[1024, 1024], 4));
+    let local = CpuBackend::new(threads, tenet_exec::SimdLevel::detect());
+    let prepared = local.prepare(&mm).map_err(|e| e.to_string())?;
+    let inputs = HashMap::from([("a".to_string(), at.clone()), ("b".to_string(), bt.clone())]);
+    let mm_reps = if quick { 5 } else { 20 };
+    let mut local_ms = Vec::new();
+    for _ in 0..mm_reps {
+        let t = Instant::now();
+        prepared
+            .run(&inputs, &tenet_ir::NoWeights, 0)
+            .map_err(|e| e.to_string())?;
+        local_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mm_task = c.put_blob(mm.to_bytes()).await.map_err(err)?.hash;
+    c.put_blob(tensor::encode(&at)).await.map_err(err)?;
+    c.put_blob(tensor::encode(&bt)).await.map_err(err)?;
+    let mut remote_ms = Vec::new();
+    let mut exec_ms = Vec::new();
+    let mut job_ms = Vec::new();
+    let mut fetch_ms = Vec::new();
+    for i in 0..mm_reps {
+        let req = RunJob {
+            job: spec(
+                format!("mm-{}-{i}", tenet_proto::to_hex(&run_id)),
+                mm_task,
+                &[("a", &at), ("b", &bt)],
+            ),
+            timeout_ms: None,
+            blobs: Default::default(),
+        };
+        let t = Instant::now();
+        let committed = c.run_job(&req).await.map_err(err)?;
+        job_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let revealed = c.reveal(&req.job.job_id).await.map_err(err)?;
+        let fetch = Instant::now();
+        let out = c
+            .get_blob(&revealed.reveal.outputs[0].hash)
+            .await
+            .map_err(err)?;
+        remote_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        fetch_ms.push(fetch.elapsed().as_secs_f64() * 1e3);
+        exec_ms.push(committed.exec_us as f64 / 1e3);
+        if out.len() < 4 << 20 {
+            return Err("the matmul output came back short".into());
+        }
+    }
+    let (l, r) = (quantile(&local_ms, 0.5), quantile(&remote_ms, 0.5));
+    rows.push(NodeRow {
+        name: "1024² matmul run locally",
+        value: l,
+        unit: "ms",
+        p99: None,
+        goal: None,
+        peer: "numpy ≈ 10 ms (2 threads)",
+    });
+    rows.push(NodeRow {
+        name: "1024² matmul as a job (run, reveal, fetch 4 MiB)",
+        value: r,
+        unit: "ms",
+        p99: None,
+        goal: None,
+        peer: "GT 35–38 ms",
+    });
+    for (name, v) in [
+        ("  of which the job request (commitment back)", &job_ms),
+        ("    of which the node executing the graph", &exec_ms),
+        ("  of which fetching the 4 MiB output", &fetch_ms),
+    ] {
+        rows.push(NodeRow {
+            name,
+            value: quantile(v, 0.5),
+            unit: "ms",
+            p99: None,
+            goal: None,
+            peer: "",
+        });
+    }
+    rows.push(NodeRow {
+        name: "1024² matmul job overhead over local",
+        value: r - l,
+        unit: "ms",
+        p99: None,
+        goal: Some(("≤ 3 ms", r - l <= 3.0)),
+        peer: "GT adds 15–18 ms",
+    });
+    Ok(NodeReport {
+        backend: info.backend,
+        rows,
+    })
+}
+
+impl NodeReport {
+    pub fn json(&self) -> Value {
+        json!({
+            "backend": self.backend,
+            "rows": self.rows.iter().map(|r| json!({
+                "name": r.name.trim(),
+                "value": r.value,
+                "unit": r.unit,
+                "p99": r.p99,
+                "goal": r.goal.map(|g| g.0),
+                "goal_met": r.goal.map(|g| g.1),
+                "peer": r.peer,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = format!(
+            "tenet node on 127.0.0.1 ({}), signed client in another process; medians\n\n",
+            self.backend
+        );
+        let _ = writeln!(
+            out,
+            "{:<50} {:>10} {:>10}  {:<16} peer on this machine kind",
+            "workload", "median", "p99", "goal"
+        );
+        for r in &self.rows {
+            let p99 = r.p99.map_or(String::new(), |p| format!("{p:.1}"));
+            let goal = r.goal.map_or(String::new(), |(g, met)| {
+                format!("{g} {}", if met { "met" } else { "MISSED" })
+            });
+            let _ = writeln!(
+                out,
+                "{:<50} {:>7.2} {:<4} {:>6}  {:<16} {}",
+                r.name, r.value, r.unit, p99, goal, r.peer
+            );
+        }
+        out
+    }
+}
