@@ -14,6 +14,15 @@ pub const NONCE_HEADER: &str = "x-tenet-nonce";
 pub const BODY_HASH_HEADER: &str = "x-tenet-body-hash";
 pub const SIGNATURE_HEADER: &str = "x-tenet-signature";
 
+/// The five signature headers, in the order `to_pairs` gives them.
+pub const HEADER_NAMES: [&str; 5] = [
+    KEY_HEADER,
+    TIMESTAMP_HEADER,
+    NONCE_HEADER,
+    BODY_HASH_HEADER,
+    SIGNATURE_HEADER,
+];
+
 /// How far a request's timestamp may be from the receiver's clock, either way.
 pub const DEFAULT_MAX_SKEW_SECS: u64 = 30;
 
