@@ -145,6 +145,75 @@ pub fn run(
     report
 }
 
+/// Median µs of a 200-byte ping-pong and median ms of a 4 MiB send answered by one byte, over
+/// loopback TCP to an echo thread: what no HTTP stack can beat on this machine.
+fn tcp_floor(reps: usize) -> Result<(f64, f64), String> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut small = [0u8; 200];
+        let mut big = vec![0u8; 4 << 20];
+        loop {
+            let mut kind = [0u8; 1];
+            if s.read(&mut kind)? == 0 {
+                return Ok(());
+            }
+            if kind[0] == b's' {
+                s.read_exact(&mut small)?;
+                s.write_all(&small)?;
+            } else {
+                s.read_exact(&mut big)?;
+                s.write_all(b"k")?;
+            }
+        }
+    });
+    let io = |e: std::io::Error| e.to_string();
+    let mut s = std::net::TcpStream::connect(addr).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    let mut small = [b's'; 201];
+    let mut rtt = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        s.write_all(&small).map_err(io)?;
+        s.read_exact(&mut small[1..]).map_err(io)?;
+        rtt.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let mut big = vec![b'b'; (4 << 20) + 1];
+    let mut ack = [0u8; 1];
+    let mut ms = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        s.write_all(&big).map_err(io)?;
+        s.read_exact(&mut ack).map_err(io)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        big[0] = b'b';
+    }
+    drop(s);
+    let _ = echo.join();
+    Ok((quantile(&rtt, 0.5), quantile(&ms, 0.5)))
+}
+
+/// Median µs to sign and to verify a request-sized message.
+fn signature_costs() -> (f64, f64) {
+    let key = identity::generate();
+    let msg = tenet_proto::auth::signing_message("POST", "/v1/jobs", &Hash::of(b"x"), 1, &[0; 16]);
+    let mut sign = Vec::new();
+    let mut verify = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let sig = key.sign(&msg);
+        sign.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let ok = key.public().verify(&msg, &sig);
+        verify.push(t.elapsed().as_secs_f64() * 1e6);
+        assert!(ok, "a fresh signature verifies");
+    }
+    (quantile(&sign, 0.5), quantile(&verify, 0.5))
+}
+
 /// Median GB/s of 4 MiB uploads of fresh bytes (no HEAD skip).
 async fn uploads(c: &NodeClient, quick: bool) -> Result<f64, String> {
     let mut gbps = Vec::new();
@@ -179,7 +248,44 @@ async fn measure(
     let mut rows = Vec::new();
     let reps = if quick { 200 } else { 2000 };
 
-    // Round trips with no work: where the floor is.
+    // The floors: bare loopback TCP and the signatures every job pays for.
+    progress("floors: bare loopback TCP, Ed25519");
+    let (rtt, four_mib) = tcp_floor(reps)?;
+    rows.push(NodeRow {
+        name: "floor: bare TCP round trip on loopback, 200 B",
+        value: rtt,
+        unit: "µs",
+        p99: None,
+        goal: None,
+        peer: "",
+    });
+    rows.push(NodeRow {
+        name: "floor: bare TCP, 4 MiB one way + 1 B back",
+        value: four_mib,
+        unit: "ms",
+        p99: None,
+        goal: None,
+        peer: "",
+    });
+    let (sign_us, verify_us) = signature_costs();
+    rows.push(NodeRow {
+        name: "floor: Ed25519 sign",
+        value: sign_us,
+        unit: "µs",
+        p99: None,
+        goal: None,
+        peer: "",
+    });
+    rows.push(NodeRow {
+        name: "floor: Ed25519 verify (strict)",
+        value: verify_us,
+        unit: "µs",
+        p99: None,
+        goal: None,
+        peer: "",
+    });
+
+    // Round trips with no work.
     progress("round trips: unsigned info and a signed request");
     let mut info_us = Vec::new();
     let mut signed_us = Vec::new();
