@@ -209,10 +209,26 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tenet: error: {e:#}");
+            eprintln!("tenet: error: {}", render_error(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once (library errors often quote their cause already).
+fn render_error(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn run(cli: Cli) -> Result<()> {

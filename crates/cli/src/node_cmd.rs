@@ -4,7 +4,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use tenet_node::config::parse_size;
 use tenet_node::{NodeConfig, identity};
 
@@ -155,8 +155,7 @@ pub fn run_node(args: &NodeArgs) -> Result<()> {
             let _ = writeln!(out, "  trusts {trusted} key(s); Ctrl-C stops it gracefully");
         }
         let _ = out.flush();
-    })
-    .context("the node stopped")?;
+    })?;
     eprintln!("tenet node: stopped");
     Ok(())
 }

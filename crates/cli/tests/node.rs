@@ -751,3 +751,34 @@ fn the_node_benchmark_runs_and_reports_every_workload() {
     }
     assert!(rows.iter().any(|r| r["goal_met"].is_boolean()));
 }
+
+#[test]
+fn a_node_that_trusts_nobody_or_cannot_listen_refuses_to_start_and_says_why() {
+    let dir = temp_dir("refuse");
+    let out = Command::new(env!("CARGO_BIN_EXE_tenet"))
+        .args(["node", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trusts no keys") && err.contains("--trust") && err.contains("--open"),
+        "{err}"
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_tenet"))
+        .args(["node", "--open", "--listen", &addr, "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert_eq!(
+        err.matches("in use").count(),
+        1,
+        "the cause is said once: {err}"
+    );
+}
