@@ -199,6 +199,46 @@ async fn upload_run_commit_reveal() {
         "job ids are single-use"
     );
 
+    // A job with weights: a safetensors file uploaded as a blob, named by its hash.
+    let wdata: Vec<u8> = tensor_of(&[8, 3], 5).bytes().to_vec();
+    let file =
+        tenet_models::write_safetensors(&[("fc.weight", DType::F32, vec![8, 3], wdata)]).unwrap();
+    let wid = tenet_ir::WeightsId::of_bytes(&file);
+    let g = GraphBuilder::new();
+    let xin = g.input("x", DType::F32, &[4, 8]);
+    let fc = g.weight(wid, "fc.weight", DType::F32, &[8, 3]);
+    let weighted = g.finish(&[("y", &xin.matmul(&fc).relu())]).unwrap();
+    let wtask = c.put_blob(weighted.to_bytes()).await.unwrap().hash;
+    let wblob = c.put_blob(file.clone()).await.unwrap().hash;
+    c.pin(&wblob, true).await.unwrap();
+    let xw = tensor_of(&[4, 8], 6);
+    let mut req = job("job-weights", wtask, &[("x", &xw)]);
+    let e = c.run_job(&req).await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Some(ErrorCode::BadInputs),
+        "weights not named: {e}"
+    );
+    req.job.job_id = "job-weights-2".into();
+    req.job.weights = Some(wblob);
+    let committed = c.run_job(&req).await.unwrap();
+    let revealed = c.reveal("job-weights-2").await.unwrap();
+    assert!(revealed.reveal.opens(&committed.commitment));
+    let wf = tenet_models::WeightsFile::from_bytes(file, "w").unwrap();
+    let expected = CpuBackend::new(1, SimdLevel::Portable)
+        .prepare(&weighted)
+        .unwrap()
+        .run(
+            &HashMap::from([("x".into(), xw)]),
+            &tenet_models::WeightSet(vec![wf]),
+            0,
+        )
+        .unwrap();
+    assert_eq!(
+        revealed.reveal.outputs[0].hash,
+        tensor::hash(&expected[0].1)
+    );
+
     // A large output is stored as a blob instead of travelling inline.
     let g = GraphBuilder::new();
     let a = g.input("a", DType::F32, &[300, 300]);

@@ -248,6 +248,14 @@ impl NodeClient {
             .await
     }
 
+    /// Keep blob `hash` through evictions and restarts (`false`: let it be evicted again).
+    pub async fn pin(&self, hash: &Hash, pinned: bool) -> Result<(), ClientError> {
+        let method = if pinned { Method::PUT } else { Method::DELETE };
+        self.call(method, &format!("/v1/pins/{hash}"), Bytes::new())
+            .await
+            .map(|_| ())
+    }
+
     pub async fn get_blob(&self, hash: &Hash) -> Result<Bytes, ClientError> {
         self.call(Method::GET, &format!("/v1/blobs/{hash}"), Bytes::new())
             .await

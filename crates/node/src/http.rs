@@ -78,6 +78,7 @@ fn route_name(method: &Method, parts: &[&str]) -> &'static str {
         ("GET", ["metrics"]) => "metrics",
         ("PUT", ["v1", "blobs", _]) => "blob_put",
         ("GET" | "HEAD", ["v1", "blobs", _]) => "blob_get",
+        ("PUT" | "DELETE", ["v1", "pins", _]) => "pin",
         ("POST", ["v1", "jobs"]) => "job_run",
         ("GET", ["v1", "jobs", _]) => "job_status",
         ("DELETE", ["v1", "jobs", _]) => "job_cancel",
@@ -275,6 +276,16 @@ async fn dispatch(
             } else {
                 Ok(bytes_reply(node, node.blob(&hash)?))
             }
+        }
+        ("pin", [_, _, h]) => {
+            let hash = parse_hash(h)?;
+            let pinned = *req.method() == Method::PUT;
+            if pinned {
+                node.store().pin(&hash).map_err(store_error)?;
+            } else {
+                node.store().unpin(&hash).map_err(store_error)?;
+            }
+            json_reply(&serde_json::json!({"hash": hash, "pinned": pinned}))
         }
         ("job_run", _) => {
             let body = read_body(node, req, &auth, max).await?;

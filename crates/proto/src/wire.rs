@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `GET /info` | → [`NodeInfo`] |
 //! | `PUT /blobs/{hash}` | raw bytes → [`BlobStored`]; `HEAD`, `GET` |
+//! | `PUT /pins/{hash}` | → keeps the blob through evictions and restarts; `DELETE` unpins |
 //! | `POST /jobs` | [`RunJob`] → [`Committed`] |
 //! | `GET /jobs/{id}` | → [`JobStatus`]; `DELETE` cancels |
 //! | `POST /jobs/{id}/reveal` | → [`Revealed`] |
