@@ -822,3 +822,49 @@ fn a_node_that_trusts_nobody_or_cannot_listen_refuses_to_start_and_says_why() {
         "the cause is said once: {err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_client_went_away_still_commits_and_can_be_revealed() {
+    let (node, key) = trusted_node("abandoned", &[]);
+    let c = node.client(&key);
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[256, 256]);
+    let mut y = x.clone();
+    for _ in 0..400 {
+        y = y.matmul(&x).tanh();
+    }
+    let graph = g.finish(&[("y", &y)]).unwrap();
+    let task = c.put_blob(graph.to_bytes()).await.unwrap().hash;
+    let xt = tensor_of(&[256, 256], 9);
+    let req = job("abandoned", task, &[("x", &xt)]);
+    let runner = node.client(&key);
+    let request = tokio::spawn(async move { runner.run_job(&req).await });
+    let started = Instant::now();
+    while c.job_status("abandoned").await.ok().map(|s| s.state) != Some(JobState::Running) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the job never started"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    request.abort(); // the client hangs up mid-job
+    let _ = request.await;
+    loop {
+        let state = c.job_status("abandoned").await.unwrap().state;
+        if state == JobState::Committed {
+            break;
+        }
+        assert_eq!(state, JobState::Running);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the job never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let revealed = c.reveal("abandoned").await.unwrap();
+    let expected = local_run(&graph, &HashMap::from([("x".into(), xt)]));
+    assert_eq!(
+        revealed.reveal.outputs[0].hash,
+        tensor::hash(&expected[0].1)
+    );
+}

@@ -285,15 +285,32 @@ impl Node {
             let c = t.graph.cost();
             c.flops <= TINY_JOB_FLOPS && c.peak_bytes <= TINY_JOB_BYTES
         });
-        let outcome = if tiny {
-            self.execute(spec, &inline, &cancel, limit)
-        } else {
-            let node = self.clone();
-            self.pool
-                .run(move || node.execute(spec, &inline, &cancel, limit))
+        if tiny {
+            let outcome = self.execute(spec, &inline, &cancel, limit);
+            return self.record(job_id, outcome);
+        }
+        // The job is seen through in its own task: if the client goes away, the result is
+        // still recorded (and revealable) instead of the job staying `running` forever.
+        let node = self.clone();
+        tokio::spawn(async move {
+            let worker = node.clone();
+            let outcome = node
+                .pool
+                .run(move || worker.execute(spec, &inline, &cancel, limit))
                 .await
-                .and_then(|r| r)
-        };
+                .and_then(|r| r);
+            node.record(job_id, outcome)
+        })
+        .await
+        .unwrap_or_else(|e| Err(internal(format!("a job's task failed: {e}"))))
+    }
+
+    /// Enter a finished job's outcome in the table (and keep its large outputs fetchable).
+    fn record(
+        &self,
+        job_id: String,
+        outcome: Result<Executed, ApiError>,
+    ) -> Result<Committed, ApiError> {
         let outcome = outcome.map(|done| {
             for (hash, blob) in done.large {
                 self.keep_output(hash, blob);
