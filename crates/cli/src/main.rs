@@ -183,6 +183,39 @@ enum Command {
         tenet node --trust $(tenet key show coordinator.key)\n  \
         tenet node --open --listen 127.0.0.1:0 --data-dir /tmp/node1 --event-log -")]
     Node(node_cmd::NodeArgs),
+    /// Is honesty a node's best strategy? Expected values of honest and dishonest play under
+    /// spot-checking (EigenTensor's model), and the smallest check rate α that keeps honesty
+    /// dominant.
+    #[command(
+        after_help = "Example:\n  tenet economics --stake 1000 --payment 1 --cost 0.5 --alpha 0.1 \
+        --collusion 0.05 --catch 0.99"
+    )]
+    Economics {
+        /// S: stake a caught node loses.
+        #[arg(long)]
+        stake: f64,
+        /// P: payment per job.
+        #[arg(long)]
+        payment: f64,
+        /// C: cost of computing a job honestly.
+        #[arg(long)]
+        cost: f64,
+        /// α: probability a job is checked by other nodes.
+        #[arg(long)]
+        alpha: f64,
+        /// β: probability the checkers collude against an honest node.
+        #[arg(long)]
+        collusion: f64,
+        /// γ: probability a cheat is caught when checked.
+        #[arg(long)]
+        catch: f64,
+        /// ε: cheating costs ε·C.
+        #[arg(long, default_value_t = 0.0)]
+        epsilon: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Create or show Ed25519 key files (identities of clients, coordinators and nodes).
     Key {
         #[command(subcommand)]
@@ -261,6 +294,41 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => run::run(&args),
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
+        Command::Economics {
+            stake,
+            payment,
+            cost,
+            alpha,
+            collusion,
+            catch,
+            epsilon,
+            json,
+        } => {
+            let p = tenet_coordinator::economics::Params {
+                stake,
+                payment,
+                cost,
+                alpha,
+                collusion,
+                catch,
+                epsilon,
+            };
+            let v = p.verdict()?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "stake": stake, "payment": payment, "cost": cost, "alpha": alpha,
+                        "collusion": collusion, "catch": catch, "epsilon": epsilon,
+                        "ev_honest": v.ev_honest, "ev_dishonest": v.ev_dishonest,
+                        "honest_dominant": v.honest_dominant, "min_alpha": v.min_alpha,
+                    })
+                );
+            } else {
+                print!("{}", report::economics(&p, &v));
+            }
+            Ok(())
+        }
         Command::Bench {
             what:
                 Some(BenchWhat::Node {

@@ -157,6 +157,44 @@ pub fn human(graph: &Graph, weights_checked: bool) -> String {
     s
 }
 
+/// `tenet economics` as text.
+pub fn economics(
+    p: &tenet_coordinator::economics::Params,
+    v: &tenet_coordinator::economics::Verdict,
+) -> String {
+    let mut out = format!(
+        "spot-check economics: stake {} payment {} cost {} α {} collusion β {} catch γ {} ε {}\n",
+        p.stake, p.payment, p.cost, p.alpha, p.collusion, p.catch, p.epsilon
+    );
+    out += &format!(
+        "  expected value per job, honest:    {:>12.6}\n",
+        v.ev_honest
+    );
+    out += &format!(
+        "  expected value per job, dishonest: {:>12.6}\n",
+        v.ev_dishonest
+    );
+    out += &format!(
+        "  at α = {}: {}\n",
+        p.alpha,
+        if v.honest_dominant {
+            "honesty dominates"
+        } else {
+            "CHEATING PAYS MORE"
+        }
+    );
+    out += &match v.min_alpha {
+        Some(a) if a > 0.0 => format!(
+            "  smallest α keeping honesty dominant: {a:.6} (check about 1 job in {:.0})\n",
+            (1.0 / a).floor()
+        ),
+        Some(_) => "  smallest α keeping honesty dominant: 0 (cheating saves nothing)\n".to_string(),
+        None => "  no α ≤ 1 keeps honesty dominant: raise the stake, lower collusion, or raise the catch rate\n"
+            .to_string(),
+    };
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -589,3 +589,52 @@ fn generate_json_gives_the_reference_greedy_tokens() {
     );
     assert_eq!(a["tokens"], b["tokens"]);
 }
+
+#[test]
+fn economics_prices_honesty_and_finds_the_smallest_check_rate() {
+    let args = [
+        "economics",
+        "--stake",
+        "1000",
+        "--payment",
+        "1",
+        "--cost",
+        "0.5",
+        "--alpha",
+        "0.1",
+        "--collusion",
+        "0.05",
+        "--catch",
+        "0.99",
+    ];
+    let text = stdout(&tenet(&args));
+    assert!(text.contains("honesty dominates"), "{text}");
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&tenet(&with_json))).unwrap();
+    let min = v["min_alpha"].as_f64().unwrap();
+    assert!((min - 0.5 / 940.965).abs() < 1e-12, "{v}");
+    assert_eq!(v["honest_dominant"], true);
+    // Below the threshold cheating pays, and the report says so.
+    let low = format!("{}", min / 2.0);
+    let mut below = args.to_vec();
+    below[8] = &low;
+    assert!(stdout(&tenet(&below)).contains("CHEATING PAYS MORE"));
+    let bad = tenet(&[
+        "economics",
+        "--stake",
+        "1",
+        "--payment",
+        "1",
+        "--cost",
+        "1",
+        "--alpha",
+        "2",
+        "--collusion",
+        "0",
+        "--catch",
+        "1",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--alpha must be a probability"));
+}
