@@ -4,6 +4,7 @@
 mod demo;
 mod models_cmd;
 mod node_cmd;
+mod receipt_cmd;
 mod report;
 mod run;
 
@@ -52,6 +53,26 @@ enum BenchWhat {
         /// Threads per job on the node (and for the local matmul) [default: all cores].
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReceiptCommand {
+    /// Check a receipt: every node's signed commitment and its opening, the outputs' hash and
+    /// the coordinator's signature. Exit status 1 if anything does not check out.
+    Verify {
+        /// The receipt (JSON, as `tenet call` saves it).
+        file: PathBuf,
+        /// Also require that this coordinator (public key) signed it.
+        #[arg(long, value_name = "KEY")]
+        coordinator: Option<String>,
+        /// Re-run the job locally from the blobs in DIR (files named by hash, or a blob store)
+        /// and compare with the receipt.
+        #[arg(long, value_name = "DIR")]
+        replay: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -216,6 +237,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check receipts offline.
+    Receipt {
+        #[command(subcommand)]
+        command: ReceiptCommand,
+    },
     /// Create or show Ed25519 key files (identities of clients, coordinators and nodes).
     Key {
         #[command(subcommand)]
@@ -294,6 +320,20 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => run::run(&args),
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
+        Command::Receipt {
+            command:
+                ReceiptCommand::Verify {
+                    file,
+                    coordinator,
+                    replay,
+                    json,
+                },
+        } => receipt_cmd::verify(receipt_cmd::VerifyArgs {
+            file: &file,
+            coordinator: coordinator.as_deref(),
+            replay: replay.as_ref(),
+            json,
+        }),
         Command::Economics {
             stake,
             payment,

@@ -868,3 +868,103 @@ async fn a_job_whose_client_went_away_still_commits_and_can_be_revealed() {
         tensor::hash(&expected[0].1)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_from_real_commitments_verify_offline_replay_and_catch_alterations() {
+    use tenet_proto::commit::Sig;
+    use tenet_proto::receipt::{Attestation, Receipt};
+    let (a, key) = trusted_node("receipt-a", &[]);
+    let pk = key.public().to_hex();
+    let b = NodeProc::start(&temp_dir("receipt-b"), &["--trust", &pk]);
+    let graph = small_graph();
+    let (x, w, bias) = (
+        tensor_of(&[4, 8], 1),
+        tensor_of(&[8, 3], 2),
+        tensor_of(&[3], 3),
+    );
+    let req = job(
+        "receipted",
+        Hash::from(graph.id()),
+        &[("x", &x), ("w", &w), ("b", &bias)],
+    );
+    let mut attestations = Vec::new();
+    let mut revealed = None;
+    for node in [&a, &b] {
+        let c = node.client(&key);
+        c.put_blob(graph.to_bytes()).await.unwrap();
+        let committed = c.run_job(&req).await.unwrap();
+        let r = c.reveal("receipted").await.unwrap();
+        attestations.push(Attestation {
+            commitment: committed.commitment,
+            output_hash: r.reveal.output_hash,
+            salt: r.reveal.salt,
+        });
+        revealed = Some(r);
+    }
+    let r = revealed.unwrap().reveal;
+    let coordinator = identity::generate();
+    let receipt = Receipt {
+        version: 1,
+        job: req.job.clone(),
+        outputs: r.outputs.clone(),
+        output_hash: r.output_hash,
+        replicas: 2,
+        tolerance: 0.0,
+        nodes: attestations,
+        coordinator: coordinator.public(),
+        issued_at: tenet_proto::unix_now(),
+        signature: Sig([0; 64]),
+    }
+    .sign(&coordinator);
+    let dir = temp_dir("receipt-files");
+    let file = dir.join("receipt.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&receipt).unwrap()).unwrap();
+    let blobs = dir.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(
+        blobs.join(Hash::from(graph.id()).to_hex()),
+        graph.to_bytes(),
+    )
+    .unwrap();
+    for t in [&x, &w, &bias] {
+        std::fs::write(blobs.join(tensor::hash(t).to_hex()), tensor::encode(t)).unwrap();
+    }
+    let tenet = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tenet"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let f = file.to_str().unwrap();
+    let ok = tenet(&[
+        "receipt",
+        "verify",
+        f,
+        "--coordinator",
+        &coordinator.public().to_hex(),
+        "--replay",
+        blobs.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        out.contains("receipt verified") && out.contains("bit-identical"),
+        "{out}"
+    );
+    // Altered: a different output hash in the JSON.
+    let mut v: serde_json::Value = serde_json::to_value(&receipt).unwrap();
+    v["output_hash"] = serde_json::json!(Hash::of(b"forged").to_hex());
+    let forged = dir.join("forged.json");
+    std::fs::write(&forged, v.to_string()).unwrap();
+    let bad = tenet(&["receipt", "verify", forged.to_str().unwrap()]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("does NOT verify"));
+    // Signed by someone else than the coordinator the caller expects.
+    let other = identity::generate().public().to_hex();
+    let wrong = tenet(&["receipt", "verify", f, "--coordinator", &other]);
+    assert!(!wrong.status.success());
+}

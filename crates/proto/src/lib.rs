@@ -1,7 +1,7 @@
 //! `tenet-proto`: what travels between tenet's parties, and nothing that moves it.
 //!
 //! Content addresses ([`Hash`]), the tensor blob encoding ([`tensor`]), signed requests
-//! ([`auth`]), commitments to results ([`commit`]), the JSON bodies of the node API ([`wire`]),
+//! ([`auth`]), commitments to results ([`commit`]), receipts ([`receipt`]), the JSON bodies of the node API ([`wire`]),
 //! and the one table that maps an error to an HTTP status ([`error`]). This crate does no I/O: it
 //! knows the bytes, not the sockets. Only this crate knows the wire format.
 
@@ -9,6 +9,7 @@ pub mod auth;
 pub mod commit;
 pub mod error;
 mod hash;
+pub mod receipt;
 pub mod tensor;
 pub mod wire;
 

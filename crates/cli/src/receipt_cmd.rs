@@ -1,0 +1,152 @@
+//! `tenet receipt verify`: check a receipt offline, and optionally re-run its job locally.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use tenet_exec::Backend;
+use tenet_proto::auth::PublicKey;
+use tenet_proto::commit::{OutputRef, Tier, output_hash};
+use tenet_proto::receipt::Receipt;
+use tenet_proto::{Hash, tensor};
+
+/// Blob `hash` from `dir`: a file named by the hash, or a blob store's `blobs/xx/hash`.
+fn blob(dir: &Path, hash: &Hash, what: &str) -> Result<Vec<u8>> {
+    let hex = hash.to_hex();
+    let candidates = [
+        dir.join(&hex),
+        dir.join("blobs").join(&hex[..2]).join(&hex),
+        dir.join("store").join("blobs").join(&hex[..2]).join(&hex),
+    ];
+    let path = candidates.iter().find(|p| p.exists()).with_context(|| {
+        format!(
+            "{what} {hash} is not in {} (a file named by its hash, or a blob store)",
+            dir.display()
+        )
+    })?;
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if Hash::of(&bytes) != *hash {
+        bail!("{} does not hash to {hash}", path.display());
+    }
+    Ok(bytes)
+}
+
+pub struct VerifyArgs<'a> {
+    pub file: &'a Path,
+    pub coordinator: Option<&'a str>,
+    pub replay: Option<&'a PathBuf>,
+    pub json: bool,
+}
+
+pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
+    let text = std::fs::read_to_string(a.file)
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    let receipt: Receipt = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a tenet receipt", a.file.display()))?;
+    match a.coordinator {
+        Some(k) => {
+            let key = PublicKey::parse(k)
+                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))?;
+            receipt.verify_from(&key)
+        }
+        None => receipt.verify(),
+    }
+    .with_context(|| format!("{} does NOT verify", a.file.display()))?;
+    let replayed = match a.replay {
+        Some(dir) => Some(replay(&receipt, dir)?),
+        None => None,
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "verified": true, "job_id": receipt.job.job_id, "task": receipt.job.task,
+                "output_hash": receipt.output_hash, "nodes": receipt.nodes.len(),
+                "replicas": receipt.replicas, "coordinator": receipt.coordinator,
+                "replayed": replayed.is_some(),
+            })
+        );
+    } else {
+        println!(
+            "receipt verified: job {} on task {}\n  output hash {}\n  {} of {} node(s) agreed, each signature and commitment opening checked\n  signed by coordinator {}",
+            receipt.job.job_id,
+            receipt.job.task.short(),
+            receipt.output_hash,
+            receipt.nodes.len(),
+            receipt.replicas,
+            receipt.coordinator
+        );
+        if let Some(msg) = replayed {
+            println!("  {msg}");
+        }
+    }
+    Ok(())
+}
+
+/// Re-run the job on this machine from blobs in `dir` and compare with the receipt.
+fn replay(r: &Receipt, dir: &Path) -> Result<String> {
+    let graph = tenet_ir::codec::decode(&blob(dir, &r.job.task, "task")?)
+        .context("the task blob is not a canonical tenet graph")?;
+    let weights = match &r.job.weights {
+        Some(w) => vec![tenet_models::WeightsFile::from_bytes(
+            blob(dir, w, "weights")?,
+            &w.short(),
+        )?],
+        None => Vec::new(),
+    };
+    let mut inputs = HashMap::new();
+    for (name, hash) in &r.job.inputs {
+        let t = tensor::decode(&blob(dir, hash, &format!("input {name}"))?)
+            .with_context(|| format!("input {name}"))?;
+        inputs.insert(name.clone(), t);
+    }
+    let backend = tenet_exec::CpuBackend::auto();
+    let outputs =
+        backend
+            .prepare(&graph)?
+            .run(&inputs, &tenet_models::WeightSet(weights), r.job.seed)?;
+    let refs: Vec<OutputRef> = outputs
+        .iter()
+        .map(|(name, t)| OutputRef {
+            name: name.clone(),
+            hash: tensor::hash(t),
+            ty: t.ty().to_string(),
+        })
+        .collect();
+    if output_hash(&refs) == r.output_hash {
+        return Ok("replayed locally: bit-identical outputs".into());
+    }
+    if r.job.tier == Tier::Exact {
+        bail!(
+            "replayed locally: the outputs differ from the receipt's (local output hash {}, receipt {})",
+            output_hash(&refs),
+            r.output_hash
+        );
+    }
+    // Tolerant tier: compare element-wise with the receipt's outputs, if their blobs are here.
+    let mut worst = 0f64;
+    for ((name, mine), theirs) in outputs.iter().zip(&r.outputs) {
+        let t = tensor::decode(&blob(dir, &theirs.hash, &format!("output {name}"))?)?;
+        if t.ty() != mine.ty() {
+            bail!(
+                "output {name}: the receipt says {}, the replay gives {}",
+                t.ty(),
+                mine.ty()
+            );
+        }
+        for (a, b) in mine.to_f32_vec().iter().zip(t.to_f32_vec()) {
+            let d = (a - b).abs() as f64;
+            if d.is_nan() || d > r.tolerance {
+                bail!(
+                    "output {name}: an element differs by {d}, above the receipt's bound {}",
+                    r.tolerance
+                );
+            }
+            worst = worst.max(d);
+        }
+    }
+    Ok(format!(
+        "replayed locally: within the tolerant bound {} (largest difference {worst})",
+        r.tolerance
+    ))
+}
