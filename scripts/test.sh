@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # The one command that runs all of tenet's checks: formatting, lints, and every test.
+# The ledger's PostgreSQL suite runs against TENET_TEST_POSTGRES_URL, or against a throwaway
+# server this script starts on 127.0.0.1 when PostgreSQL is installed (else it is skipped,
+# and says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -z "${TENET_TEST_POSTGRES_URL:-}" ]; then
+    pgdir=$(mktemp -d "${TMPDIR:-/tmp}/tenet-pg.XXXXXX")
+    if url=$(./scripts/pg-test-server.sh start "$pgdir"); then
+        export TENET_TEST_POSTGRES_URL=$url
+        trap './scripts/pg-test-server.sh stop "$pgdir"' EXIT
+        echo "== PostgreSQL for the ledger tests: $url"
+    else
+        rm -rf "$pgdir"
+        echo "== PostgreSQL is not installed: the ledger's PostgreSQL suite will be skipped"
+    fi
+fi
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

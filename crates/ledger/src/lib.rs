@@ -1,0 +1,257 @@
+//! `tenet-ledger`: what the coordinator must never lose — nodes and their stakes, jobs and
+//! their state machine, each replica's commitment and reveal, results, receipts, slashes and
+//! credits.
+//!
+//! [`Ledger`] is the trait; [`SqlLedger`] implements it on SQLite (the embedded default, in WAL
+//! mode with full fsync) and on PostgreSQL, chosen by the URL, with the same SQL where the
+//! dialects agree and per-dialect schema where they do not. One test suite
+//! (`tests/suite.rs`) runs against both. The ledger stores identities and hashes as text and
+//! knows nothing of the wire format, HTTP or the executor.
+
+mod schema;
+mod sql;
+
+use std::future::Future;
+
+pub use sql::SqlLedger;
+
+/// Why a ledger operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("the ledger database failed: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("{0} not found in the ledger")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("unsupported ledger URL `{0}`: use sqlite://PATH or postgres://USER@HOST:PORT/DB")]
+    BadUrl(String),
+    #[error("the ledger holds a value this version cannot read: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T> = std::result::Result<T, LedgerError>;
+
+macro_rules! text_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident = $text:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name { $($variant),* }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),* }
+            }
+
+            pub fn parse(s: &str) -> Result<$name> {
+                match s {
+                    $($text => Ok($name::$variant),)*
+                    other => Err(LedgerError::Corrupt(format!(
+                        "{} `{other}`", stringify!($name)
+                    ))),
+                }
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// A node's standing.
+    NodeState {
+        Registered = "registered",
+        Active = "active",
+        Unhealthy = "unhealthy",
+        Deregistered = "deregistered",
+    }
+}
+
+text_enum! {
+    /// Where a job is. `Pending` → `Committing` (replicas run and commit) → `Revealing` (all
+    /// commitments in; reveals asked) → `Decided`, or `Failed` from any state before it.
+    JobState {
+        Pending = "pending",
+        Committing = "committing",
+        Revealing = "revealing",
+        Decided = "decided",
+        Failed = "failed",
+    }
+}
+
+text_enum! {
+    /// Where one replica of a job is.
+    AssignmentState {
+        Assigned = "assigned",
+        Committed = "committed",
+        Revealed = "revealed",
+        Failed = "failed",
+        Agreed = "agreed",
+        Disagreed = "disagreed",
+    }
+}
+
+/// A registered node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    /// The node's public key (hex).
+    pub id: String,
+    pub url: String,
+    /// Stake in the smallest unit.
+    pub stake: i64,
+    pub state: NodeState,
+    pub registered_at: i64,
+    pub last_heartbeat: i64,
+    /// Jobs where the node agreed with the decided result, and where it did not.
+    pub agreed: i64,
+    pub disagreed: i64,
+    /// Sum of per-job scores (1 for agreement in the exact tier; 1/(1+distance) in tolerant).
+    pub score_sum: f64,
+}
+
+impl NodeRecord {
+    /// Mean score over decided jobs (1.0 for a node with none yet).
+    pub fn score(&self) -> f64 {
+        let n = self.agreed + self.disagreed;
+        if n == 0 {
+            1.0
+        } else {
+            self.score_sum / n as f64
+        }
+    }
+}
+
+/// A job as the ledger keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    pub id: String,
+    pub task: String,
+    pub weights: Option<String>,
+    /// The inputs (name → hash) as JSON.
+    pub inputs: String,
+    pub tier: String,
+    pub seed: i64,
+    /// Replicas asked for.
+    pub replicas: i64,
+    pub state: JobState,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub output_hash: Option<String>,
+    /// The receipt (JSON) once decided.
+    pub receipt: Option<String>,
+    pub error: Option<String>,
+}
+
+/// One replica of a job on one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    pub job_id: String,
+    pub node_id: String,
+    pub state: AssignmentState,
+    /// The node's signed commitment (JSON).
+    pub commitment: Option<String>,
+    pub output_hash: Option<String>,
+    pub salt: Option<String>,
+}
+
+/// A change of a node's stake.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StakeEvent {
+    pub node_id: String,
+    pub job_id: Option<String>,
+    /// Negative for a slash.
+    pub delta: i64,
+    pub reason: String,
+    pub at: i64,
+}
+
+/// How a node came out of a decided job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    pub node_id: String,
+    pub agreed: bool,
+    pub score: f64,
+}
+
+/// Everything the coordinator records. Every method is one transaction.
+pub trait Ledger: Send + Sync {
+    fn register_node(&self, node: &NodeRecord) -> impl Future<Output = Result<()>> + Send;
+    fn set_node_state(&self, id: &str, state: NodeState)
+    -> impl Future<Output = Result<()>> + Send;
+    fn heartbeat(&self, id: &str, at: i64) -> impl Future<Output = Result<()>> + Send;
+    fn node(&self, id: &str) -> impl Future<Output = Result<Option<NodeRecord>>> + Send;
+    fn nodes(&self) -> impl Future<Output = Result<Vec<NodeRecord>>> + Send;
+
+    /// Record a new job and its first replicas.
+    fn create_job(
+        &self,
+        job: &JobRecord,
+        nodes: &[String],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Add a replica (a rescheduled or extra node).
+    fn assign(&self, job_id: &str, node_id: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Move a job from `from` to `to`; refused if it is not in `from`.
+    fn advance_job(
+        &self,
+        job_id: &str,
+        from: JobState,
+        to: JobState,
+        at: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
+    fn record_commitment(
+        &self,
+        job_id: &str,
+        node_id: &str,
+        commitment: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    fn record_reveal(
+        &self,
+        job_id: &str,
+        node_id: &str,
+        output_hash: &str,
+        salt: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    fn fail_assignment(
+        &self,
+        job_id: &str,
+        node_id: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The job is decided: its result, receipt, and how each judged node came out (counters
+    /// and scores updated in the same transaction).
+    fn decide_job(
+        &self,
+        job_id: &str,
+        output_hash: &str,
+        receipt: &str,
+        verdicts: &[Verdict],
+        at: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
+    fn fail_job(
+        &self,
+        job_id: &str,
+        error: &str,
+        at: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Take `fraction` of a node's stake (rounded down); returns the amount taken.
+    fn slash(
+        &self,
+        node_id: &str,
+        job_id: &str,
+        fraction: f64,
+        reason: &str,
+        at: i64,
+    ) -> impl Future<Output = Result<i64>> + Send;
+    fn credit(
+        &self,
+        node_id: &str,
+        job_id: &str,
+        amount: i64,
+        at: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    fn job(&self, id: &str) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
+    /// The newest `limit` jobs, newest first.
+    fn jobs(&self, limit: i64) -> impl Future<Output = Result<Vec<JobRecord>>> + Send;
+    /// Jobs not yet decided or failed: what a restarted coordinator resumes.
+    fn unfinished_jobs(&self) -> impl Future<Output = Result<Vec<JobRecord>>> + Send;
+    fn assignments(&self, job_id: &str) -> impl Future<Output = Result<Vec<Assignment>>> + Send;
+    fn stake_events(&self, node_id: &str) -> impl Future<Output = Result<Vec<StakeEvent>>> + Send;
+}

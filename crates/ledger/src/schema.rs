@@ -1,0 +1,87 @@
+//! The ledger's schema, as numbered migrations applied in order at connect time and recorded in
+//! `ledger_migrations`. Both dialects share the DDL except where they cannot (an auto-numbered
+//! key). Never edit an applied migration; add the next one.
+
+/// Which database the SQL is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+const NODES_JOBS: &str = "
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    stake BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    registered_at BIGINT NOT NULL,
+    last_heartbeat BIGINT NOT NULL,
+    agreed BIGINT NOT NULL DEFAULT 0,
+    disagreed BIGINT NOT NULL DEFAULT 0,
+    score_sum DOUBLE PRECISION NOT NULL DEFAULT 0
+);
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY,
+    task TEXT NOT NULL,
+    weights TEXT,
+    inputs TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    seed BIGINT NOT NULL,
+    replicas BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    output_hash TEXT,
+    receipt TEXT,
+    error TEXT
+);
+CREATE INDEX jobs_by_state ON jobs (state);
+CREATE INDEX jobs_by_created ON jobs (created_at);
+CREATE TABLE assignments (
+    job_id TEXT NOT NULL REFERENCES jobs (id),
+    node_id TEXT NOT NULL REFERENCES nodes (id),
+    state TEXT NOT NULL,
+    commitment TEXT,
+    output_hash TEXT,
+    salt TEXT,
+    PRIMARY KEY (job_id, node_id)
+);
+";
+
+const STAKE_EVENTS_SQLITE: &str = "
+CREATE TABLE stake_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    node_id TEXT NOT NULL REFERENCES nodes (id),
+    job_id TEXT,
+    delta BIGINT NOT NULL,
+    reason TEXT NOT NULL,
+    at BIGINT NOT NULL
+);
+CREATE INDEX stake_events_by_node ON stake_events (node_id);
+";
+
+const STAKE_EVENTS_POSTGRES: &str = "
+CREATE TABLE stake_events (
+    seq BIGSERIAL PRIMARY KEY,
+    node_id TEXT NOT NULL REFERENCES nodes (id),
+    job_id TEXT,
+    delta BIGINT NOT NULL,
+    reason TEXT NOT NULL,
+    at BIGINT NOT NULL
+);
+CREATE INDEX stake_events_by_node ON stake_events (node_id);
+";
+
+/// Migrations in order: (version, statements for SQLite, statements for PostgreSQL).
+pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
+    let stake = match d {
+        Dialect::Sqlite => STAKE_EVENTS_SQLITE,
+        Dialect::Postgres => STAKE_EVENTS_POSTGRES,
+    };
+    vec![(1, statements(NODES_JOBS).chain(statements(stake)).collect())]
+}
+
+fn statements(sql: &'static str) -> impl Iterator<Item = &'static str> {
+    sql.split(';').map(str::trim).filter(|s| !s.is_empty())
+}

@@ -1,0 +1,647 @@
+//! The ledger on SQL: SQLite or PostgreSQL through sqlx's `Any` driver, one set of queries
+//! (numbered `$n` parameters, which both accept).
+
+use std::sync::Once;
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use crate::schema::{Dialect, migrations};
+use crate::{
+    Assignment, AssignmentState, JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState,
+    Result, StakeEvent, Verdict,
+};
+
+/// A ledger in SQLite or PostgreSQL.
+#[derive(Clone)]
+pub struct SqlLedger {
+    pool: AnyPool,
+    dialect: Dialect,
+}
+
+static DRIVERS: Once = Once::new();
+
+impl SqlLedger {
+    /// Connect to `url` (`sqlite://PATH`, created if missing, or `postgres://…`) and bring the
+    /// schema up to date.
+    pub async fn connect(url: &str) -> Result<SqlLedger> {
+        DRIVERS.call_once(sqlx::any::install_default_drivers);
+        let (dialect, url) = if let Some(path) = url.strip_prefix("sqlite://") {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            (Dialect::Sqlite, format!("sqlite://{path}{sep}mode=rwc"))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Dialect::Postgres, url.to_string())
+        } else {
+            return Err(LedgerError::BadUrl(url.to_string()));
+        };
+        let mut options = AnyPoolOptions::new();
+        if dialect == Dialect::Sqlite {
+            // Every connection waits for the writer instead of failing, and commits reach the
+            // disk before they return: an acknowledged job is never lost.
+            options = options.max_connections(4).after_connect(|conn, _| {
+                Box::pin(async move {
+                    for pragma in [
+                        "PRAGMA busy_timeout = 10000",
+                        "PRAGMA foreign_keys = ON",
+                        "PRAGMA synchronous = FULL",
+                    ] {
+                        sqlx::query(pragma).execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            });
+        } else {
+            options = options.max_connections(8);
+        }
+        let pool = options.connect(&url).await?;
+        if dialect == Dialect::Sqlite {
+            sqlx::query("PRAGMA journal_mode = WAL")
+                .execute(&pool)
+                .await?;
+        }
+        let ledger = SqlLedger { pool, dialect };
+        ledger.migrate().await?;
+        Ok(ledger)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS ledger_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&self.pool)
+        .await?;
+        for (version, statements) in migrations(self.dialect) {
+            let mut tx = self.pool.begin().await?;
+            let done: Option<i64> =
+                sqlx::query_scalar("SELECT version FROM ledger_migrations WHERE version = $1")
+                    .bind(version)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if done.is_some() {
+                continue;
+            }
+            for s in statements {
+                sqlx::query(s).execute(&mut *tx).await?;
+            }
+            sqlx::query("INSERT INTO ledger_migrations (version, applied_at) VALUES ($1, $2)")
+                .bind(version)
+                .bind(now())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The schema version in force.
+    pub async fn schema_version(&self) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM ledger_migrations")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// SQLite's journal mode (`wal` for a ledger this crate opened).
+    pub async fn journal_mode(&self) -> Result<String> {
+        Ok(sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Run one administrative statement (such as `CREATE DATABASE`) on a server URL; for
+    /// tests and setup tools.
+    pub async fn admin_execute(url: &str, statement: &str) -> Result<()> {
+        DRIVERS.call_once(sqlx::any::install_default_drivers);
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(statement.to_string()))
+            .execute(&pool)
+            .await?;
+        pool.close().await;
+        Ok(())
+    }
+
+    /// Close every connection.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub fn dialect_name(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn node_row(r: &AnyRow) -> Result<NodeRecord> {
+    Ok(NodeRecord {
+        id: r.try_get("id")?,
+        url: r.try_get("url")?,
+        stake: r.try_get("stake")?,
+        state: NodeState::parse(&r.try_get::<String, _>("state")?)?,
+        registered_at: r.try_get("registered_at")?,
+        last_heartbeat: r.try_get("last_heartbeat")?,
+        agreed: r.try_get("agreed")?,
+        disagreed: r.try_get("disagreed")?,
+        score_sum: r.try_get("score_sum")?,
+    })
+}
+
+fn job_row(r: &AnyRow) -> Result<JobRecord> {
+    Ok(JobRecord {
+        id: r.try_get("id")?,
+        task: r.try_get("task")?,
+        weights: r.try_get("weights")?,
+        inputs: r.try_get("inputs")?,
+        tier: r.try_get("tier")?,
+        seed: r.try_get("seed")?,
+        replicas: r.try_get("replicas")?,
+        state: JobState::parse(&r.try_get::<String, _>("state")?)?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        output_hash: r.try_get("output_hash")?,
+        receipt: r.try_get("receipt")?,
+        error: r.try_get("error")?,
+    })
+}
+
+fn assignment_row(r: &AnyRow) -> Result<Assignment> {
+    Ok(Assignment {
+        job_id: r.try_get("job_id")?,
+        node_id: r.try_get("node_id")?,
+        state: AssignmentState::parse(&r.try_get::<String, _>("state")?)?,
+        commitment: r.try_get("commitment")?,
+        output_hash: r.try_get("output_hash")?,
+        salt: r.try_get("salt")?,
+    })
+}
+
+/// A query assembled only from this file's constant column lists and fixed words (never from
+/// data, which is always bound as a parameter).
+macro_rules! sql {
+    ($($t:tt)*) => {
+        sqlx::AssertSqlSafe(format!($($t)*))
+    };
+}
+
+const NODE_COLS: &str =
+    "id, url, stake, state, registered_at, last_heartbeat, agreed, disagreed, score_sum";
+const JOB_COLS: &str = "id, task, weights, inputs, tier, seed, replicas, state, created_at, updated_at, output_hash, receipt, error";
+
+impl SqlLedger {
+    /// Update one assignment from `from` to `to` (with extra columns), or say why not.
+    async fn move_assignment(
+        &self,
+        job_id: &str,
+        node_id: &str,
+        from: AssignmentState,
+        to: AssignmentState,
+        commitment: Option<&str>,
+        reveal: Option<(&str, &str)>,
+    ) -> Result<()> {
+        let done = sqlx::query(
+            "UPDATE assignments SET state = $1,
+                commitment = COALESCE($2, commitment),
+                output_hash = COALESCE($3, output_hash),
+                salt = COALESCE($4, salt)
+             WHERE job_id = $5 AND node_id = $6 AND state = $7",
+        )
+        .bind(to.as_str())
+        .bind(commitment.map(str::to_string))
+        .bind(reveal.map(|r| r.0.to_string()))
+        .bind(reveal.map(|r| r.1.to_string()))
+        .bind(job_id)
+        .bind(node_id)
+        .bind(from.as_str())
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        let state: Option<String> =
+            sqlx::query_scalar("SELECT state FROM assignments WHERE job_id = $1 AND node_id = $2")
+                .bind(job_id)
+                .bind(node_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        match state {
+            None => Err(LedgerError::NotFound(format!(
+                "assignment of job {job_id} to node {node_id}"
+            ))),
+            Some(s) => Err(LedgerError::Conflict(format!(
+                "job {job_id} on node {node_id} is {s}, not {}",
+                from.as_str()
+            ))),
+        }
+    }
+}
+
+impl Ledger for SqlLedger {
+    async fn register_node(&self, n: &NodeRecord) -> Result<()> {
+        let existing = self.node(&n.id).await?;
+        if existing
+            .as_ref()
+            .is_some_and(|e| e.state != NodeState::Deregistered)
+        {
+            return Err(LedgerError::Conflict(format!(
+                "node {} is already registered",
+                n.id
+            )));
+        }
+        let sql = if existing.is_some() {
+            "UPDATE nodes SET url = $2, stake = $3, state = $4, registered_at = $5, last_heartbeat = $6 WHERE id = $1"
+        } else {
+            "INSERT INTO nodes (id, url, stake, state, registered_at, last_heartbeat) VALUES ($1, $2, $3, $4, $5, $6)"
+        };
+        sqlx::query(sql)
+            .bind(&n.id)
+            .bind(&n.url)
+            .bind(n.stake)
+            .bind(n.state.as_str())
+            .bind(n.registered_at)
+            .bind(n.last_heartbeat)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_node_state(&self, id: &str, state: NodeState) -> Result<()> {
+        let r = sqlx::query("UPDATE nodes SET state = $1 WHERE id = $2")
+            .bind(state.as_str())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(LedgerError::NotFound(format!("node {id}")));
+        }
+        Ok(())
+    }
+
+    async fn heartbeat(&self, id: &str, at: i64) -> Result<()> {
+        let r = sqlx::query("UPDATE nodes SET last_heartbeat = $1 WHERE id = $2")
+            .bind(at)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(LedgerError::NotFound(format!("node {id}")));
+        }
+        Ok(())
+    }
+
+    async fn node(&self, id: &str) -> Result<Option<NodeRecord>> {
+        sqlx::query(sql!("SELECT {NODE_COLS} FROM nodes WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(node_row)
+            .transpose()
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        sqlx::query(sql!(
+            "SELECT {NODE_COLS} FROM nodes ORDER BY registered_at, id"
+        ))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(node_row)
+        .collect()
+    }
+
+    async fn create_job(&self, j: &JobRecord, nodes: &[String]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let exists: Option<String> = sqlx::query_scalar("SELECT id FROM jobs WHERE id = $1")
+            .bind(&j.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_some() {
+            return Err(LedgerError::Conflict(format!("job {} exists", j.id)));
+        }
+        sqlx::query(sql!(
+            "INSERT INTO jobs ({JOB_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        ))
+        .bind(&j.id)
+        .bind(&j.task)
+        .bind(j.weights.clone())
+        .bind(&j.inputs)
+        .bind(&j.tier)
+        .bind(j.seed)
+        .bind(j.replicas)
+        .bind(j.state.as_str())
+        .bind(j.created_at)
+        .bind(j.updated_at)
+        .bind(j.output_hash.clone())
+        .bind(j.receipt.clone())
+        .bind(j.error.clone())
+        .execute(&mut *tx)
+        .await?;
+        for n in nodes {
+            sqlx::query("INSERT INTO assignments (job_id, node_id, state) VALUES ($1, $2, $3)")
+                .bind(&j.id)
+                .bind(n)
+                .bind(AssignmentState::Assigned.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn assign(&self, job_id: &str, node_id: &str) -> Result<()> {
+        sqlx::query("INSERT INTO assignments (job_id, node_id, state) VALUES ($1, $2, $3)")
+            .bind(job_id)
+            .bind(node_id)
+            .bind(AssignmentState::Assigned.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| match e {
+                sqlx::Error::Database(d) if d.is_unique_violation() => LedgerError::Conflict(
+                    format!("job {job_id} is already assigned to node {node_id}"),
+                ),
+                e => e.into(),
+            })?;
+        Ok(())
+    }
+
+    async fn advance_job(&self, job_id: &str, from: JobState, to: JobState, at: i64) -> Result<()> {
+        let r =
+            sqlx::query("UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4")
+                .bind(to.as_str())
+                .bind(at)
+                .bind(job_id)
+                .bind(from.as_str())
+                .execute(&self.pool)
+                .await?;
+        if r.rows_affected() == 1 {
+            return Ok(());
+        }
+        match self.job(job_id).await? {
+            None => Err(LedgerError::NotFound(format!("job {job_id}"))),
+            Some(j) => Err(LedgerError::Conflict(format!(
+                "job {job_id} is {}, not {}",
+                j.state.as_str(),
+                from.as_str()
+            ))),
+        }
+    }
+
+    async fn record_commitment(&self, job_id: &str, node_id: &str, commitment: &str) -> Result<()> {
+        self.move_assignment(
+            job_id,
+            node_id,
+            AssignmentState::Assigned,
+            AssignmentState::Committed,
+            Some(commitment),
+            None,
+        )
+        .await
+    }
+
+    async fn record_reveal(
+        &self,
+        job_id: &str,
+        node_id: &str,
+        output_hash: &str,
+        salt: &str,
+    ) -> Result<()> {
+        self.move_assignment(
+            job_id,
+            node_id,
+            AssignmentState::Committed,
+            AssignmentState::Revealed,
+            None,
+            Some((output_hash, salt)),
+        )
+        .await
+    }
+
+    async fn fail_assignment(&self, job_id: &str, node_id: &str) -> Result<()> {
+        let r = sqlx::query(
+            "UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3 AND state IN ('assigned', 'committed')",
+        )
+        .bind(AssignmentState::Failed.as_str())
+        .bind(job_id)
+        .bind(node_id)
+        .execute(&self.pool)
+        .await?;
+        if r.rows_affected() == 0 {
+            return Err(LedgerError::Conflict(format!(
+                "job {job_id} on node {node_id} cannot fail now (unknown, revealed or judged)"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn decide_job(
+        &self,
+        job_id: &str,
+        output_hash: &str,
+        receipt: &str,
+        verdicts: &[Verdict],
+        at: i64,
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let r = sqlx::query(
+            "UPDATE jobs SET state = $1, output_hash = $2, receipt = $3, updated_at = $4
+             WHERE id = $5 AND state IN ('pending', 'committing', 'revealing')",
+        )
+        .bind(JobState::Decided.as_str())
+        .bind(output_hash)
+        .bind(receipt)
+        .bind(at)
+        .bind(job_id)
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() != 1 {
+            return Err(LedgerError::Conflict(format!(
+                "job {job_id} is unknown or already finished"
+            )));
+        }
+        for v in verdicts {
+            let state = if v.agreed {
+                AssignmentState::Agreed
+            } else {
+                AssignmentState::Disagreed
+            };
+            sqlx::query("UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3")
+                .bind(state.as_str())
+                .bind(job_id)
+                .bind(&v.node_id)
+                .execute(&mut *tx)
+                .await?;
+            let counter = if v.agreed { "agreed" } else { "disagreed" };
+            sqlx::query(sql!(
+                "UPDATE nodes SET {counter} = {counter} + 1, score_sum = score_sum + $1 WHERE id = $2"
+            ))
+            .bind(v.score)
+            .bind(&v.node_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn fail_job(&self, job_id: &str, error: &str, at: i64) -> Result<()> {
+        let r = sqlx::query(
+            "UPDATE jobs SET state = $1, error = $2, updated_at = $3
+             WHERE id = $4 AND state IN ('pending', 'committing', 'revealing')",
+        )
+        .bind(JobState::Failed.as_str())
+        .bind(error)
+        .bind(at)
+        .bind(job_id)
+        .execute(&self.pool)
+        .await?;
+        if r.rows_affected() != 1 {
+            return Err(LedgerError::Conflict(format!(
+                "job {job_id} is unknown or already finished"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn slash(
+        &self,
+        node_id: &str,
+        job_id: &str,
+        fraction: f64,
+        reason: &str,
+        at: i64,
+    ) -> Result<i64> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(LedgerError::Conflict(format!(
+                "a slash takes a fraction in [0, 1], not {fraction}"
+            )));
+        }
+        let mut tx = self.pool.begin().await?;
+        // Write first, so the transaction holds the writer lock before it reads the stake.
+        sqlx::query("UPDATE nodes SET stake = stake WHERE id = $1")
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        let stake: Option<i64> = sqlx::query_scalar("SELECT stake FROM nodes WHERE id = $1")
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let stake = stake.ok_or_else(|| LedgerError::NotFound(format!("node {node_id}")))?;
+        let amount = (stake as f64 * fraction).floor() as i64;
+        sqlx::query("UPDATE nodes SET stake = stake - $1 WHERE id = $2")
+            .bind(amount)
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(node_id)
+        .bind(job_id)
+        .bind(-amount)
+        .bind(reason)
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(amount)
+    }
+
+    async fn credit(&self, node_id: &str, job_id: &str, amount: i64, at: i64) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let r = sqlx::query("UPDATE nodes SET stake = stake + $1 WHERE id = $2")
+            .bind(amount)
+            .bind(node_id)
+            .execute(&mut *tx)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(LedgerError::NotFound(format!("node {node_id}")));
+        }
+        sqlx::query(
+            "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES ($1, $2, $3, 'credit', $4)",
+        )
+        .bind(node_id)
+        .bind(job_id)
+        .bind(amount)
+        .bind(at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn job(&self, id: &str) -> Result<Option<JobRecord>> {
+        sqlx::query(sql!("SELECT {JOB_COLS} FROM jobs WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(job_row)
+            .transpose()
+    }
+
+    async fn jobs(&self, limit: i64) -> Result<Vec<JobRecord>> {
+        sqlx::query(sql!(
+            "SELECT {JOB_COLS} FROM jobs ORDER BY created_at DESC, id DESC LIMIT $1"
+        ))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_row)
+        .collect()
+    }
+
+    async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>> {
+        sqlx::query(sql!(
+            "SELECT {JOB_COLS} FROM jobs WHERE state IN ('pending', 'committing', 'revealing') ORDER BY created_at, id"
+        ))
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_row)
+        .collect()
+    }
+
+    async fn assignments(&self, job_id: &str) -> Result<Vec<Assignment>> {
+        sqlx::query(
+            "SELECT job_id, node_id, state, commitment, output_hash, salt FROM assignments WHERE job_id = $1 ORDER BY node_id",
+        )
+        .bind(job_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(assignment_row)
+        .collect()
+    }
+
+    async fn stake_events(&self, node_id: &str) -> Result<Vec<StakeEvent>> {
+        sqlx::query(
+            "SELECT node_id, job_id, delta, reason, at FROM stake_events WHERE node_id = $1 ORDER BY seq",
+        )
+        .bind(node_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(StakeEvent {
+                node_id: r.try_get("node_id")?,
+                job_id: r.try_get("job_id")?,
+                delta: r.try_get("delta")?,
+                reason: r.try_get("reason")?,
+                at: r.try_get("at")?,
+            })
+        })
+        .collect()
+    }
+}

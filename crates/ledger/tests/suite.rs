@@ -1,0 +1,265 @@
+//! One suite, every backend: the same checks run on SQLite (always) and on PostgreSQL (when
+//! TENET_TEST_POSTGRES_URL names a server that lets the test create a database; `.ci/run`
+//! starts one on 127.0.0.1).
+
+use tenet_ledger::{
+    AssignmentState, JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState, SqlLedger,
+    Verdict,
+};
+
+fn node(id: &str, stake: i64) -> NodeRecord {
+    NodeRecord {
+        id: id.into(),
+        url: format!("http://127.0.0.1:1/{id}"),
+        stake,
+        state: NodeState::Registered,
+        registered_at: 10,
+        last_heartbeat: 10,
+        agreed: 0,
+        disagreed: 0,
+        score_sum: 0.0,
+    }
+}
+
+fn job(id: &str, created_at: i64) -> JobRecord {
+    JobRecord {
+        id: id.into(),
+        task: "t".repeat(64),
+        weights: None,
+        inputs: r#"{"x":"00"}"#.into(),
+        tier: "exact".into(),
+        seed: 7,
+        replicas: 3,
+        state: JobState::Pending,
+        created_at,
+        updated_at: created_at,
+        output_hash: None,
+        receipt: None,
+        error: None,
+    }
+}
+
+fn conflict<T: std::fmt::Debug>(r: Result<T, LedgerError>) {
+    assert!(
+        matches!(r, Err(LedgerError::Conflict(_))),
+        "expected a conflict, got {r:?}"
+    );
+}
+
+/// The suite. `reopen` connects again to the same database (a coordinator restart).
+async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
+    assert_eq!(l.schema_version().await.unwrap(), 1);
+    // Nodes: register, refuse duplicates, heartbeat, states, re-register after leaving.
+    for (id, stake) in [("a", 1000), ("b", 1000), ("c", 500)] {
+        l.register_node(&node(id, stake)).await.unwrap();
+    }
+    conflict(l.register_node(&node("a", 5)).await);
+    l.set_node_state("a", NodeState::Active).await.unwrap();
+    l.heartbeat("a", 99).await.unwrap();
+    assert!(matches!(
+        l.heartbeat("zz", 1).await,
+        Err(LedgerError::NotFound(_))
+    ));
+    let a = l.node("a").await.unwrap().unwrap();
+    assert_eq!(
+        (a.state, a.last_heartbeat, a.stake),
+        (NodeState::Active, 99, 1000)
+    );
+    l.set_node_state("c", NodeState::Deregistered)
+        .await
+        .unwrap();
+    l.register_node(&node("c", 700)).await.unwrap();
+    assert_eq!(l.node("c").await.unwrap().unwrap().stake, 700);
+    assert_eq!(l.nodes().await.unwrap().len(), 3);
+
+    // A job and its state machine.
+    let nodes: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    l.create_job(&job("j1", 100), &nodes).await.unwrap();
+    conflict(l.create_job(&job("j1", 100), &nodes).await);
+    l.advance_job("j1", JobState::Pending, JobState::Committing, 101)
+        .await
+        .unwrap();
+    conflict(
+        l.advance_job("j1", JobState::Pending, JobState::Committing, 102)
+            .await,
+    );
+    assert!(matches!(
+        l.advance_job("nope", JobState::Pending, JobState::Committing, 1)
+            .await,
+        Err(LedgerError::NotFound(_))
+    ));
+    conflict(l.record_reveal("j1", "a", "h", "s").await); // no reveal before the commitment
+    for n in ["a", "b", "c"] {
+        l.record_commitment("j1", n, &format!("{{\"node\":\"{n}\"}}"))
+            .await
+            .unwrap();
+    }
+    conflict(l.record_commitment("j1", "a", "again").await);
+    l.advance_job("j1", JobState::Committing, JobState::Revealing, 103)
+        .await
+        .unwrap();
+    l.record_reveal("j1", "a", "good", "s1").await.unwrap();
+    l.record_reveal("j1", "b", "good", "s2").await.unwrap();
+    l.record_reveal("j1", "c", "evil", "s3").await.unwrap();
+    let asg = l.assignments("j1").await.unwrap();
+    assert_eq!(asg.len(), 3);
+    assert!(asg.iter().all(|a| a.state == AssignmentState::Revealed));
+    assert_eq!(asg[2].output_hash.as_deref(), Some("evil"));
+    assert_eq!(asg[0].commitment.as_deref(), Some("{\"node\":\"a\"}"));
+    assert_eq!(l.unfinished_jobs().await.unwrap().len(), 1);
+    let verdicts = [
+        Verdict {
+            node_id: "a".into(),
+            agreed: true,
+            score: 1.0,
+        },
+        Verdict {
+            node_id: "b".into(),
+            agreed: true,
+            score: 1.0,
+        },
+        Verdict {
+            node_id: "c".into(),
+            agreed: false,
+            score: 0.0,
+        },
+    ];
+    l.decide_job("j1", "good", "{\"receipt\":1}", &verdicts, 104)
+        .await
+        .unwrap();
+    conflict(l.decide_job("j1", "good", "{}", &verdicts, 105).await);
+    conflict(l.fail_job("j1", "late", 105).await);
+    let j = l.job("j1").await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Decided);
+    assert_eq!(j.output_hash.as_deref(), Some("good"));
+    assert_eq!(j.receipt.as_deref(), Some("{\"receipt\":1}"));
+    let c = l.node("c").await.unwrap().unwrap();
+    assert_eq!((c.agreed, c.disagreed, c.score()), (0, 1, 0.0));
+    assert_eq!(l.node("a").await.unwrap().unwrap().score(), 1.0);
+    assert!(l.unfinished_jobs().await.unwrap().is_empty());
+    let asg = l.assignments("j1").await.unwrap();
+    assert_eq!(asg[2].state, AssignmentState::Disagreed);
+
+    // Slashes and credits.
+    assert_eq!(
+        l.slash("c", "j1", 0.5, "disagreed", 106).await.unwrap(),
+        350
+    );
+    assert_eq!(
+        l.slash("c", "j1", 0.3, "disagreed", 107).await.unwrap(),
+        105
+    );
+    l.credit("a", "j1", 10, 108).await.unwrap();
+    assert_eq!(l.node("c").await.unwrap().unwrap().stake, 245);
+    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1010);
+    let ev = l.stake_events("c").await.unwrap();
+    assert_eq!(ev.iter().map(|e| e.delta).collect::<Vec<_>>(), [-350, -105]);
+    assert_eq!(ev[0].job_id.as_deref(), Some("j1"));
+    conflict(l.slash("c", "j1", 1.5, "bad", 1).await);
+    assert!(matches!(
+        l.slash("zz", "j1", 0.5, "x", 1).await,
+        Err(LedgerError::NotFound(_))
+    ));
+
+    // Failing jobs and replicas; rescheduling onto another node.
+    l.create_job(&job("j2", 200), &nodes[..2]).await.unwrap();
+    l.advance_job("j2", JobState::Pending, JobState::Committing, 201)
+        .await
+        .unwrap();
+    l.fail_assignment("j2", "b").await.unwrap();
+    conflict(l.fail_assignment("j2", "b").await);
+    l.assign("j2", "c").await.unwrap();
+    conflict(l.assign("j2", "c").await);
+    assert_eq!(l.assignments("j2").await.unwrap().len(), 3);
+    l.create_job(&job("j3", 300), &nodes[..1]).await.unwrap();
+    l.fail_job("j3", "no nodes answered", 301).await.unwrap();
+    assert_eq!(
+        l.job("j3").await.unwrap().unwrap().error.as_deref(),
+        Some("no nodes answered")
+    );
+    let listed: Vec<String> = l.jobs(2).await.unwrap().into_iter().map(|j| j.id).collect();
+    assert_eq!(listed, ["j3", "j2"], "newest first, limited");
+
+    // Concurrent slashes from many tasks: every one lands, none is lost.
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            l.slash("a", &format!("k{i}"), 0.01, "load", 400)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut taken = 0;
+    for t in tasks {
+        taken += t.await.unwrap();
+    }
+    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1010 - taken);
+    assert_eq!(l.stake_events("a").await.unwrap().len(), 21);
+
+    // Everything is still there after reconnecting (a restart), and j2 is still unfinished.
+    let again = reopen().await;
+    assert_eq!(
+        again.schema_version().await.unwrap(),
+        1,
+        "migrations are not re-applied"
+    );
+    assert_eq!(again.node("c").await.unwrap().unwrap().stake, 245);
+    let unfinished: Vec<String> = again
+        .unfinished_jobs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(unfinished, ["j2"]);
+    assert_eq!(
+        again.job("j1").await.unwrap().unwrap().state,
+        JobState::Decided
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let l = SqlLedger::connect(&url).await.unwrap();
+    assert_eq!(l.dialect_name(), "sqlite");
+    suite(&l, async || SqlLedger::connect(&url).await.unwrap()).await;
+    let mode: String = l.journal_mode().await.unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let Ok(admin) = std::env::var("TENET_TEST_POSTGRES_URL") else {
+        eprintln!(
+            "SKIPPED: set TENET_TEST_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres) to run the ledger suite on PostgreSQL; .ci/run does"
+        );
+        return;
+    };
+    let name = format!(
+        "tenet_test_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            % 1_000_000_000
+    );
+    let base = admin
+        .rsplit_once('/')
+        .map_or(admin.as_str(), |(b, _)| b)
+        .to_string();
+    SqlLedger::admin_execute(&admin, &format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let url = format!("{base}/{name}");
+    let l = SqlLedger::connect(&url).await.unwrap();
+    assert_eq!(l.dialect_name(), "postgres");
+    suite(&l, async || SqlLedger::connect(&url).await.unwrap()).await;
+    l.close().await;
+    SqlLedger::admin_execute(&admin, &format!("DROP DATABASE {name}"))
+        .await
+        .unwrap();
+}
