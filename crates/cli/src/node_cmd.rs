@@ -64,6 +64,10 @@ pub struct NodeArgs {
     /// Price per GFLOP advertised in /v1/info.
     #[arg(long, value_name = "PRICE")]
     price_per_gflop: Option<f64>,
+    /// Lie on purpose: flip, noise=AMPLITUDE or collude. For demos and tests of the
+    /// coordinator only: a cheating node's commitments are signed lies and will be slashed.
+    #[arg(long, value_name = "MODE")]
+    cheat: Option<String>,
 }
 
 impl NodeArgs {
@@ -115,6 +119,9 @@ impl NodeArgs {
         if let Some(v) = self.price_per_gflop {
             c.price_per_gflop = v;
         }
+        if let Some(m) = &self.cheat {
+            c.cheat = Some(m.clone());
+        }
         Ok(c)
     }
 }
@@ -145,6 +152,13 @@ pub fn run_node(args: &NodeArgs) -> Result<()> {
             c.max_job_flops / 1_000_000_000,
             c.job_timeout_ms as f64 / 1000.0
         );
+        if let Some(m) = &c.cheat {
+            let _ = writeln!(
+                out,
+                "  WARNING: CHEATING NODE ({m}): every result it commits to is deliberately wrong"
+            );
+            eprintln!("tenet node: WARNING: cheating on purpose ({m})");
+        }
         if info.open {
             let _ = writeln!(
                 out,

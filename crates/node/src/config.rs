@@ -47,6 +47,9 @@ pub struct NodeConfig {
     pub price_per_gflop: f64,
     /// Write every request and job phase as a JSON line here (`-` = standard error).
     pub event_log: Option<PathBuf>,
+    /// Lie on purpose (`flip`, `noise=AMPLITUDE`, `collude`): for demos and the coordinator's
+    /// tests only.
+    pub cheat: Option<String>,
 }
 
 impl Default for NodeConfig {
@@ -70,6 +73,7 @@ impl Default for NodeConfig {
             max_clock_skew_secs: tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
             price_per_gflop: 0.0,
             event_log: None,
+            cheat: None,
         }
     }
 }
@@ -98,6 +102,8 @@ pub enum ConfigError {
         "the node trusts no keys and is not open: add a coordinator's key (--trust KEY or trusted_keys in the config), or run with --open for local use"
     )]
     NobodyTrusted,
+    #[error("cheat mode `{0}` is not one of flip, noise=AMPLITUDE, collude")]
+    BadCheat(String),
     #[error("{0} must be at least 1")]
     Zero(&'static str),
 }
@@ -124,6 +130,11 @@ impl NodeConfig {
             .collect::<Result<_, _>>()?;
         if keys.is_empty() && !self.open {
             return Err(ConfigError::NobodyTrusted);
+        }
+        if let Some(c) = &self.cheat
+            && crate::cheat::Cheat::parse(c).is_none()
+        {
+            return Err(ConfigError::BadCheat(c.clone()));
         }
         if self.workers == 0 {
             return Err(ConfigError::Zero("workers"));

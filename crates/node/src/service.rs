@@ -115,6 +115,8 @@ pub struct Node {
     /// Large job outputs, for `GET /v1/blobs` without a trip to the disk.
     outputs: Mutex<Lru<Bytes>>,
     pub(crate) gate: Gate,
+    /// Set only on a node told to lie (demos and tests).
+    cheat: Option<crate::cheat::Cheat>,
     pub(crate) events: EventLog,
     pub(crate) metrics: Metrics,
     info: NodeInfo,
@@ -202,6 +204,7 @@ impl Node {
             sessions: Mutex::new(HashMap::new()),
             resident_bytes: AtomicU64::new(0),
             outputs: Mutex::new(Lru::new(OUTPUT_CACHE_BYTES)),
+            cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
             events,
             metrics: Metrics::default(),
             info,
@@ -386,6 +389,10 @@ impl Node {
             deadline,
         )?;
         let exec_us = started.elapsed().as_micros() as u64;
+        let outputs: Vec<(String, HostTensor)> = match self.cheat {
+            Some(c) => outputs.into_iter().map(|(n, t)| (n, c.apply(t))).collect(),
+            None => outputs,
+        };
         // Each output is encoded once and hashed once (a tensor blob's address is its hash).
         let total: usize = outputs.iter().map(|(_, t)| t.bytes().len()).sum();
         let mut refs = Vec::with_capacity(outputs.len());

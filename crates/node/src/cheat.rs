@@ -1,0 +1,84 @@
+//! A node that lies, on purpose: for `tenet demo` and the coordinator's tests, which must show
+//! liars caught and slashed. Off unless the operator asks (`--cheat MODE`), and announced
+//! loudly when on. The lie is applied to the outputs after an honest run and before they are
+//! hashed and committed, so the node's commitment is a real signature over a wrong result.
+
+use tenet_ir::{DType, HostTensor};
+
+/// How a cheating node corrupts its results.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Cheat {
+    /// Flip the lowest mantissa bit of the first float element: the smallest possible lie.
+    Flip,
+    /// Add `amplitude` × a fixed pseudo-random pattern in [-1, 1] to every float element.
+    Noise(f32),
+    /// Add 1 to the first float element: colluding nodes told to cheat this way agree.
+    Collude,
+}
+
+impl Cheat {
+    /// Parse `flip`, `noise=AMPLITUDE` or `collude`.
+    pub fn parse(text: &str) -> Option<Cheat> {
+        match text {
+            "flip" => Some(Cheat::Flip),
+            "collude" => Some(Cheat::Collude),
+            _ => {
+                let amp: f32 = text.strip_prefix("noise=")?.parse().ok()?;
+                (amp.is_finite() && amp > 0.0).then_some(Cheat::Noise(amp))
+            }
+        }
+    }
+
+    /// Corrupt `t` (f32 tensors only; others are left alone).
+    pub fn apply(self, t: HostTensor) -> HostTensor {
+        if t.dtype() != DType::F32 || t.numel() == 0 {
+            return t;
+        }
+        let ty = t.ty().clone();
+        let mut v = t.to_f32_vec();
+        match self {
+            Cheat::Flip => v[0] = f32::from_bits(v[0].to_bits() ^ 1),
+            Cheat::Collude => v[0] += 1.0,
+            Cheat::Noise(amp) => {
+                let mut state = 0x9E37_79B9u32;
+                for x in &mut v {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    *x += amp * (state as f32 / u32::MAX as f32 * 2.0 - 1.0);
+                }
+            }
+        }
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        HostTensor::new(ty, bytes).unwrap_or_else(|e| panic!("same type, same size: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_change_the_result() {
+        assert_eq!(Cheat::parse("flip"), Some(Cheat::Flip));
+        assert_eq!(Cheat::parse("noise=0.5"), Some(Cheat::Noise(0.5)));
+        assert_eq!(Cheat::parse("noise=-1"), None);
+        assert_eq!(Cheat::parse("lie"), None);
+        let t = HostTensor::from_f32(&[3], &[1.0, 2.0, 3.0]).unwrap();
+        for c in [Cheat::Flip, Cheat::Collude, Cheat::Noise(0.1)] {
+            let lied = c.apply(t.clone());
+            assert_ne!(lied.bytes(), t.bytes(), "{c:?}");
+            assert_eq!(lied.ty(), t.ty());
+        }
+        let n = Cheat::Noise(0.1).apply(t.clone()).to_f32_vec();
+        assert!(
+            n.iter()
+                .zip([1.0, 2.0, 3.0])
+                .all(|(a, b)| (a - b).abs() <= 0.1)
+        );
+        assert_eq!(
+            Cheat::Collude.apply(t.clone()).bytes(),
+            Cheat::Collude.apply(t).bytes()
+        );
+    }
+}
