@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tenet_exec::Backend;
 use tenet_proto::auth::PublicKey;
-use tenet_proto::commit::{OutputRef, Tier, output_hash};
+use tenet_proto::commit::{Tier, output_hash, output_refs};
 use tenet_proto::receipt::Receipt;
 use tenet_proto::{Hash, tensor};
 
@@ -105,14 +105,7 @@ fn replay(r: &Receipt, dir: &Path) -> Result<String> {
         backend
             .prepare(&graph)?
             .run(&inputs, &tenet_models::WeightSet(weights), r.job.seed)?;
-    let refs: Vec<OutputRef> = outputs
-        .iter()
-        .map(|(name, t)| OutputRef {
-            name: name.clone(),
-            hash: tensor::hash(t),
-            ty: t.ty().to_string(),
-        })
-        .collect();
+    let refs = output_refs(&outputs);
     if output_hash(&refs) == r.output_hash {
         return Ok("replayed locally: bit-identical outputs".into());
     }

@@ -22,7 +22,7 @@ use tenet_ir::HostTensor;
 use tenet_ledger::{JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState, Verdict};
 use tenet_node::{ClientError, NodeClient};
 use tenet_proto::auth::KeyPair;
-use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash};
+use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash, output_refs};
 use tenet_proto::receipt::{Attestation, Receipt};
 use tenet_proto::wire::RunJob;
 use tenet_proto::{Hash, tensor};
@@ -457,15 +457,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .map(|(t, _)| t.clone())
             .collect();
         let chosen = &replicas[result];
-        let outputs_refs: Vec<tenet_proto::commit::OutputRef> = chosen
-            .outputs
-            .iter()
-            .map(|(name, t)| tenet_proto::commit::OutputRef {
-                name: name.clone(),
-                hash: tensor::hash(t),
-                ty: t.ty().to_string(),
-            })
-            .collect();
+        let outputs_refs = output_refs(&chosen.outputs);
         let receipt = Receipt {
             version: 1,
             job: spec.clone(),
@@ -621,15 +613,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 .map_err(|e| e.to_string())?
                 .run(&inputs, &tenet_models::WeightSet(weights), spec.seed)
                 .map_err(|e| e.to_string())?;
-            let refs: Vec<_> = outs
-                .iter()
-                .map(|(name, t)| tenet_proto::commit::OutputRef {
-                    name: name.clone(),
-                    hash: tensor::hash(t),
-                    ty: t.ty().to_string(),
-                })
-                .collect();
-            Ok(output_hash(&refs))
+            Ok(output_hash(&output_refs(&outs)))
         })
         .await
         .map_err(|e| DispatchError::Referee(e.to_string()))?

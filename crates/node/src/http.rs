@@ -124,7 +124,7 @@ fn error_reply(e: &ApiError) -> Reply {
         StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(
         "content-type",
-        "application/json".parse().expect("static header"),
+        hyper::header::HeaderValue::from_static("application/json"),
     );
     r
 }
@@ -135,7 +135,7 @@ fn json_reply<T: serde::Serialize>(value: &T) -> Result<Reply, ApiError> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     r.headers_mut().insert(
         "content-type",
-        "application/json".parse().expect("static header"),
+        hyper::header::HeaderValue::from_static("application/json"),
     );
     Ok(r)
 }
@@ -148,7 +148,7 @@ fn bytes_reply(node: &Node, body: impl Into<Bytes>) -> Reply {
     let mut r = Response::new(Full::new(body));
     r.headers_mut().insert(
         "content-type",
-        "application/octet-stream".parse().expect("static header"),
+        hyper::header::HeaderValue::from_static("application/octet-stream"),
     );
     r
 }
@@ -235,7 +235,7 @@ async fn dispatch(
             let mut r = Response::new(Full::new(Bytes::from(node.metrics_text())));
             r.headers_mut().insert(
                 "content-type",
-                "text/plain; version=0.0.4".parse().expect("static header"),
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
             );
             return Ok(r);
         }

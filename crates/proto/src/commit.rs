@@ -41,6 +41,22 @@ pub struct OutputRef {
     pub ty: String,
 }
 
+impl OutputRef {
+    /// The reference to output `name` holding `t`.
+    pub fn of(name: &str, t: &tenet_ir::HostTensor) -> OutputRef {
+        OutputRef {
+            name: name.to_string(),
+            hash: crate::tensor::hash(t),
+            ty: t.ty().to_string(),
+        }
+    }
+}
+
+/// References to a run's outputs, in order.
+pub fn output_refs(outputs: &[(String, tenet_ir::HostTensor)]) -> Vec<OutputRef> {
+    outputs.iter().map(|(n, t)| OutputRef::of(n, t)).collect()
+}
+
 /// The hash of a job's outputs: their names and tensor hashes in graph output order.
 pub fn output_hash(outputs: &[OutputRef]) -> Hash {
     let mut h = blake3::Hasher::new();
