@@ -1,6 +1,7 @@
 //! `tenet`: the command line. Parses arguments and delegates to the library crates; rendering of
 //! reports lives in `report.rs`.
 
+mod coord_cmd;
 mod demo;
 mod models_cmd;
 mod node_cmd;
@@ -242,6 +243,61 @@ enum Command {
         #[command(subcommand)]
         command: ReceiptCommand,
     },
+    /// Run a coordinator: deploy tasks, and run each call on several nodes that commit before
+    /// they reveal; answer with the agreed result and a signed receipt; slash liars.
+    #[command(
+        after_help = "Example:\n  tenet coordinator --open --listen 127.0.0.1:7080 --data-dir /tmp/coord\n  \
+        tenet node --trust <the coordinator's key> ...\n  tenet register http://127.0.0.1:7070 --stake 1000"
+    )]
+    Coordinator(coord_cmd::CoordinatorArgs),
+    /// Register a node with a coordinator (the node must trust the coordinator's key).
+    Register {
+        /// The node's URL.
+        url: String,
+        /// The stake it puts at risk.
+        #[arg(long)]
+        stake: i64,
+        #[command(flatten)]
+        remote: coord_cmd::Remote,
+    },
+    /// Deploy a graph (and its weights) to a coordinator; prints the task id and endpoint.
+    Deploy {
+        /// The graph: text (.tg) or binary (.tnt).
+        graph: PathBuf,
+        /// The safetensors file its weights come from.
+        #[arg(long, value_name = "FILE")]
+        weights: Option<PathBuf>,
+        /// Print the task as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: coord_cmd::Remote,
+    },
+    /// Call a deployed task: verified by several nodes; checks the receipt before printing.
+    Call {
+        /// The task id (from `tenet deploy`).
+        task: String,
+        /// An input: NAME=FILE (.npy, .json or .safetensors); repeatable.
+        #[arg(short, long = "input", value_name = "NAME=FILE")]
+        inputs: Vec<String>,
+        /// exact (bit-identical replicas) or tolerant (within the coordinator's bound).
+        #[arg(long, default_value = "exact")]
+        tier: String,
+        /// Seed for the graph's random ops.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write the outputs here (.npy, .json, .safetensors).
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Save the receipt here.
+        #[arg(long, value_name = "FILE")]
+        receipt: Option<PathBuf>,
+        /// Print the coordinator's whole answer as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: coord_cmd::Remote,
+    },
     /// Create or show Ed25519 key files (identities of clients, coordinators and nodes).
     Key {
         #[command(subcommand)]
@@ -320,6 +376,35 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => run::run(&args),
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
+        Command::Coordinator(args) => coord_cmd::run_coordinator(&args),
+        Command::Register { url, stake, remote } => coord_cmd::register(&remote, &url, stake),
+        Command::Deploy {
+            graph,
+            weights,
+            json,
+            remote,
+        } => coord_cmd::deploy(&remote, &graph, weights.as_deref(), json),
+        Command::Call {
+            task,
+            inputs,
+            tier,
+            seed,
+            output,
+            receipt,
+            json,
+            remote,
+        } => coord_cmd::call(
+            &remote,
+            coord_cmd::CallArgs {
+                task: &task,
+                inputs: &inputs,
+                tier: &tier,
+                seed,
+                output: output.as_deref(),
+                receipt: receipt.as_deref(),
+                json,
+            },
+        ),
         Command::Receipt {
             command:
                 ReceiptCommand::Verify {

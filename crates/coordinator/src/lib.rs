@@ -4,10 +4,135 @@
 //!
 //! [`dispatch`] is the core (scheduling, commit-reveal across replicas, comparison per tier,
 //! verdicts, slashes, receipts) over a [`tenet_ledger::Ledger`]; [`compare`] decides agreement;
-//! [`economics`] prices honesty under spot-checking.
+//! [`economics`] prices honesty under spot-checking; [`http`] is the REST API for clients.
 
 pub mod compare;
 pub mod dispatch;
 pub mod economics;
+pub mod http;
 
 pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How to start a coordinator service.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    pub listen: std::net::SocketAddr,
+    pub data_dir: PathBuf,
+    /// `sqlite://PATH` or `postgres://…`; default: SQLite in the data directory.
+    pub ledger_url: Option<String>,
+    pub api_keys: Vec<String>,
+    /// Client public keys (hex) whose signed requests are accepted.
+    pub trusted_keys: Vec<String>,
+    pub open: bool,
+    pub core: CoordinatorConfig,
+}
+
+/// Why a coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot use the data directory {path}: {message}")]
+    DataDir { path: String, message: String },
+    #[error(transparent)]
+    Ledger(#[from] tenet_ledger::LedgerError),
+    #[error("cannot listen on {addr}: {message}")]
+    Listen { addr: String, message: String },
+    #[error("client key `{0}` is not a 64-hex-character public key")]
+    BadKey(String),
+    #[error(
+        "nobody could call this coordinator: give an --api-key, --trust a client key, or run with --open for local use"
+    )]
+    NobodyAllowed,
+}
+
+/// Start a coordinator and serve until Ctrl-C or SIGTERM; `ready` hears the address and the
+/// coordinator's public key.
+pub fn run_blocking(
+    config: ServiceConfig,
+    ready: impl FnOnce(std::net::SocketAddr, &tenet_proto::auth::PublicKey),
+) -> Result<(), StartError> {
+    if config.api_keys.is_empty() && config.trusted_keys.is_empty() && !config.open {
+        return Err(StartError::NobodyAllowed);
+    }
+    let trusted = config
+        .trusted_keys
+        .iter()
+        .map(|k| {
+            tenet_proto::auth::PublicKey::parse(k).ok_or_else(|| StartError::BadKey(k.clone()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let dir_err = |message: String| StartError::DataDir {
+        path: config.data_dir.display().to_string(),
+        message,
+    };
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| dir_err(e.to_string()))?;
+    let key = tenet_node::identity::load_or_create_at(&config.data_dir.join("coordinator.key"))
+        .map_err(|e| dir_err(e.to_string()))?;
+    let store = tenet_store::Store::open(
+        &config.data_dir.join("store"),
+        tenet_store::StoreConfig::default(),
+    )
+    .map_err(|e| dir_err(e.to_string()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tenet-coordinator")
+        .build()
+        .map_err(|e| dir_err(e.to_string()))?;
+    runtime.block_on(async move {
+        let url = config
+            .ledger_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", config.data_dir.join("ledger.db").display()));
+        let ledger = tenet_ledger::SqlLedger::connect(&url).await?;
+        let core = Arc::new(Coordinator::new(
+            ledger,
+            key.clone(),
+            store,
+            config.core.clone(),
+        ));
+        let service = Arc::new(http::Service {
+            core,
+            access: http::Access {
+                api_keys: config.api_keys.clone(),
+                gate: tenet_node::gate::Gate::new(
+                    trusted,
+                    config.open,
+                    tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
+                ),
+                open: config.open,
+                max_request_bytes: 1 << 30,
+            },
+        });
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| StartError::Listen {
+                addr: config.listen.to_string(),
+                message: e.to_string(),
+            })?;
+        let bound = listener.local_addr().map_err(|e| StartError::Listen {
+            addr: config.listen.to_string(),
+            message: e.to_string(),
+        })?;
+        let _ = std::fs::write(config.data_dir.join("addr"), format!("{bound}\n"));
+        ready(bound, &key.public());
+        http::serve(service, listener, shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term => {},
+    }
+}

@@ -18,6 +18,6 @@ pub use safetensors_io::{
     BindError, TensorInfo, WeightSet, WeightsError, WeightsFile, check_bindings, write_safetensors,
 };
 pub use tensor_io::{
-    MAX_TENSOR_FILE_BYTES, TensorIoError, npy_bytes, outputs_json, read_tensor, write_atomically,
-    write_outputs,
+    MAX_TENSOR_FILE_BYTES, TensorIoError, npy_bytes, outputs_json, read_tensor, tensor_from_json,
+    write_atomically, write_outputs,
 };

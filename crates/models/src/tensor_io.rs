@@ -259,7 +259,16 @@ pub fn npy_bytes(t: &HostTensor) -> Result<Vec<u8>, String> {
 fn read_json(bytes: &[u8], expected: &TensorType) -> Result<HostTensor, String> {
     let v: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| format!("invalid JSON: {e}"))?;
-    let (dtype, declared_shape, data) = match &v {
+    tensor_from_json(&v, expected)
+}
+
+/// A tensor from a JSON value, in any form `.json` tensor files accept (see `read_json`);
+/// `expected` supplies what the value leaves out.
+pub fn tensor_from_json(
+    v: &serde_json::Value,
+    expected: &TensorType,
+) -> Result<HostTensor, String> {
+    let (dtype, declared_shape, data) = match v {
         serde_json::Value::Object(o) => {
             let dtype = match o.get("dtype") {
                 Some(serde_json::Value::String(s)) => {

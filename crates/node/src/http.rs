@@ -22,7 +22,8 @@ use tokio::net::TcpListener;
 use crate::errors::{bad_request, not_found, store_error};
 use crate::service::Node;
 
-type Reply = Response<Full<Bytes>>;
+/// What every handler answers.
+pub type Reply = Response<Full<Bytes>>;
 
 /// The largest read buffer per connection: big bodies arrive in big reads (hyper's default of
 /// about 400 KiB makes a 4 MiB upload take several times as long on loopback).
@@ -118,7 +119,8 @@ async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Reply {
     reply
 }
 
-fn error_reply(e: &ApiError) -> Reply {
+/// An error as a response, with the status its code carries.
+pub fn error_reply(e: &ApiError) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from(e.to_json())));
     *r.status_mut() =
         StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -129,7 +131,8 @@ fn error_reply(e: &ApiError) -> Reply {
     r
 }
 
-fn json_reply<T: serde::Serialize>(value: &T) -> Result<Reply, ApiError> {
+/// A JSON response.
+pub fn json_reply<T: serde::Serialize>(value: &T) -> Result<Reply, ApiError> {
     let body = serde_json::to_vec(value)
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("encoding the answer: {e}")))?;
     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -162,7 +165,8 @@ fn parse_hash(text: &str) -> Result<Hash, ApiError> {
     Hash::parse(text).map_err(|e| bad_request(e.to_string()))
 }
 
-fn declared_length(req: &Request<Incoming>) -> Result<Option<u64>, ApiError> {
+/// The request's Content-Length, if it declares one.
+pub fn declared_length(req: &Request<Incoming>) -> Result<Option<u64>, ApiError> {
     req.headers()
         .get("content-length")
         .map(|v| {
@@ -181,21 +185,7 @@ async fn read_body(
     auth: &AuthHeaders,
     limit: u64,
 ) -> Result<Bytes, ApiError> {
-    let declared = declared_length(&req)?;
-    if let Some(n) = declared.filter(|&n| n > limit) {
-        return Err(too_large(n, limit));
-    }
-    let mut body = req.into_body();
-    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(truncated)?;
-        if let Some(data) = frame.data_ref() {
-            if (buf.len() + data.len()) as u64 > limit {
-                return Err(too_large((buf.len() + data.len()) as u64, limit));
-            }
-            buf.extend_from_slice(data);
-        }
-    }
+    let buf = collect_body(req, limit).await?;
     node.metrics
         .bytes_in
         .fetch_add(buf.len() as u64, Ordering::Relaxed);
@@ -206,6 +196,26 @@ async fn read_body(
         ));
     }
     Ok(Bytes::from(buf))
+}
+
+/// Read a whole body of at most `limit` bytes (413 beyond it; 400 if it ends early).
+pub async fn collect_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, ApiError> {
+    let declared = declared_length(&req)?;
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        return Err(too_large(n, limit));
+    }
+    let mut body = req.into_body();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(truncated)?;
+        if let Some(data) = frame.data_ref() {
+            if (buf.len() + data.len()) as u64 > limit {
+                return Err(too_large((buf.len() + data.len()) as u64, limit));
+            }
+            buf.extend_from_slice(data);
+        }
+    }
+    Ok(buf)
 }
 
 fn too_large(size: u64, limit: u64) -> ApiError {

@@ -70,12 +70,16 @@ pub fn write_key(path: &Path, key: &KeyPair) -> Result<(), KeyFileError> {
 
 /// The node's key in `data_dir`, created on first use.
 pub fn load_or_create(data_dir: &Path) -> Result<KeyPair, KeyFileError> {
-    let path = data_dir.join("node.key");
+    load_or_create_at(&data_dir.join("node.key"))
+}
+
+/// The key at `path`, created on first use.
+pub fn load_or_create_at(path: &Path) -> Result<KeyPair, KeyFileError> {
     if path.exists() {
-        return read_key(&path);
+        return read_key(path);
     }
     let key = generate();
-    write_key(&path, &key)?;
+    write_key(path, &key)?;
     Ok(key)
 }
 

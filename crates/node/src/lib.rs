@@ -13,7 +13,7 @@ pub mod client;
 pub mod config;
 mod engine;
 mod errors;
-mod gate;
+pub mod gate;
 pub mod http;
 pub mod identity;
 mod lru;

@@ -1,0 +1,371 @@
+//! `tenet coordinator`, `tenet deploy` and `tenet call`: flags onto the coordinator's config,
+//! and the client side of its REST API.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use tenet_coordinator::{CoordinatorConfig, ServiceConfig};
+use tenet_ir::TensorType;
+use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
+use tenet_proto::receipt::Receipt;
+use tenet_proto::{ApiError, Hash};
+
+#[derive(clap::Args)]
+pub struct CoordinatorArgs {
+    /// Where the coordinator keeps its key, blobs and (by default) its SQLite ledger
+    /// [default: ~/.local/share/tenet/coordinator].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7080")]
+    listen: SocketAddr,
+    /// The ledger: sqlite://PATH or postgres://USER@HOST:PORT/DB [default: SQLite in the data
+    /// directory].
+    #[arg(long, value_name = "URL")]
+    ledger: Option<String>,
+    /// An API key clients may present as `authorization: Bearer KEY`; repeatable.
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A client public key whose signed requests are accepted; repeatable.
+    #[arg(long = "trust", value_name = "KEY")]
+    trust: Vec<String>,
+    /// Accept calls from anyone. For local use only.
+    #[arg(long)]
+    open: bool,
+    /// Nodes each job runs on.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Per-element bound against the median in the tolerant tier.
+    #[arg(long, default_value_t = 1e-4)]
+    tolerance: f64,
+    /// Fraction of stake a node loses when its result disagrees.
+    #[arg(long, default_value_t = 0.1)]
+    slash: f64,
+    /// Seconds a node may take to commit or reveal.
+    #[arg(long, default_value_t = 60.0)]
+    node_timeout: f64,
+}
+
+fn default_dir(name: &str) -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("tenet")
+        .join(name)
+}
+
+pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
+    if !(0.0..=1.0).contains(&a.slash) {
+        bail!("--slash must be a fraction in [0, 1]");
+    }
+    if a.replicas == 0 || a.node_timeout.is_nan() || a.node_timeout <= 0.0 {
+        bail!("--replicas and --node-timeout must be above 0");
+    }
+    let config = ServiceConfig {
+        listen: a.listen,
+        data_dir: a
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| default_dir("coordinator")),
+        ledger_url: a.ledger.clone(),
+        api_keys: a.api_keys.clone(),
+        trusted_keys: a.trust.clone(),
+        open: a.open,
+        core: CoordinatorConfig {
+            replicas: a.replicas,
+            tolerance: a.tolerance,
+            slash_fraction: a.slash,
+            reward: 1,
+            node_timeout: std::time::Duration::from_secs_f64(a.node_timeout),
+        },
+    };
+    let dir = config.data_dir.clone();
+    let open = a.open;
+    tenet_coordinator::run_blocking(config, |addr, key| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "tenet coordinator {key} listening on http://{addr}");
+        let _ = writeln!(
+            out,
+            "  data {}  nodes must trust this key: tenet node --trust {key}",
+            dir.display()
+        );
+        if open {
+            let _ = writeln!(
+                out,
+                "  WARNING: open mode: anyone who can reach the port may call it"
+            );
+        }
+        let _ = out.flush();
+    })?;
+    eprintln!("tenet coordinator: stopped");
+    Ok(())
+}
+
+/// How a client reaches and authenticates to a coordinator.
+#[derive(clap::Args, Clone)]
+pub struct Remote {
+    /// The coordinator's URL.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TENET_COORDINATOR",
+        default_value = "http://127.0.0.1:7080"
+    )]
+    coordinator: String,
+    /// API key (sent as `authorization: Bearer KEY`).
+    #[arg(long, value_name = "KEY", env = "TENET_API_KEY")]
+    api_key: Option<String>,
+    /// Sign requests with this key file instead (see `tenet key new`).
+    #[arg(long, value_name = "FILE")]
+    key: Option<PathBuf>,
+}
+
+struct Client {
+    http: NodeClient,
+    api_key: Option<String>,
+    signed: bool,
+}
+
+impl Client {
+    fn new(r: &Remote) -> Result<Client> {
+        let key = match &r.key {
+            Some(p) => identity::read_key(p)?,
+            None => identity::generate(),
+        };
+        Ok(Client {
+            http: NodeClient::new(&r.coordinator, key)?,
+            api_key: r.api_key.clone(),
+            signed: r.key.is_some(),
+        })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> Result<Value> {
+        let mut req = if self.signed {
+            self.http.signed(method, path, body)
+        } else {
+            RawRequest {
+                method,
+                path: path.to_string(),
+                headers: Vec::new(),
+                body: Bytes::from(body),
+            }
+        };
+        if let Some(k) = &self.api_key {
+            req.headers
+                .push(("authorization".into(), format!("Bearer {k}")));
+        }
+        req.headers
+            .push(("content-type".into(), content_type.into()));
+        let r = self.http.send(req).await?;
+        if !(200..300).contains(&r.status) {
+            match ApiError::from_json(&r.body) {
+                Some(e) => bail!("the coordinator refused ({}): {}", r.status, e),
+                None => bail!(
+                    "the coordinator answered {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                ),
+            }
+        }
+        serde_json::from_slice(&r.body).context("the coordinator's answer is not JSON")
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+pub fn deploy(
+    remote: &Remote,
+    graph_path: &Path,
+    weights: Option<&Path>,
+    as_json: bool,
+) -> Result<()> {
+    let graph = crate::load_graph(graph_path)?;
+    let client = Client::new(remote)?;
+    runtime()?.block_on(async {
+        if let Some(w) = weights {
+            let bytes = std::fs::read(w).with_context(|| format!("cannot read {}", w.display()))?;
+            let hash = Hash::of(&bytes);
+            eprint!(
+                "uploading weights {} ({:.1} MB)... ",
+                w.display(),
+                bytes.len() as f64 / 1e6
+            );
+            let t = Instant::now();
+            client
+                .call(
+                    Method::PUT,
+                    &format!("/v1/blobs/{hash}"),
+                    bytes,
+                    "application/octet-stream",
+                )
+                .await?;
+            eprintln!("done in {:.2} s", t.elapsed().as_secs_f64());
+        }
+        let task = client
+            .call(
+                Method::POST,
+                "/v1/tasks",
+                graph.to_bytes(),
+                "application/octet-stream",
+            )
+            .await?;
+        if as_json {
+            println!("{task}");
+        } else {
+            println!("deployed task {}", task["id"].as_str().unwrap_or("?"));
+            println!(
+                "  call it: POST {}{}",
+                remote.coordinator.trim_end_matches('/'),
+                task["endpoint"].as_str().unwrap_or("")
+            );
+            println!(
+                "  or: tenet call {} -i NAME=FILE ...",
+                task["id"].as_str().unwrap_or("?")
+            );
+        }
+        Ok(())
+    })
+}
+
+pub struct CallArgs<'a> {
+    pub task: &'a str,
+    pub inputs: &'a [String],
+    pub tier: &'a str,
+    pub seed: u64,
+    pub output: Option<&'a Path>,
+    pub receipt: Option<&'a Path>,
+    pub json: bool,
+}
+
+pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
+    let client = Client::new(remote)?;
+    runtime()?.block_on(async {
+        let info = client
+            .call(Method::GET, "/v1/info", Vec::new(), "application/json")
+            .await?;
+        let task = client
+            .call(
+                Method::GET,
+                &format!("/v1/tasks/{}", a.task),
+                Vec::new(),
+                "application/json",
+            )
+            .await?;
+        let mut given = Vec::new();
+        for spec in a.inputs {
+            let (name, path) = spec
+                .split_once('=')
+                .with_context(|| format!("`{spec}` should be NAME=FILE"))?;
+            let decl = task["inputs"]
+                .as_array()
+                .and_then(|v| v.iter().find(|i| i["name"] == name))
+                .with_context(|| format!("task {} has no input {name}", a.task))?;
+            let dtype = tenet_ir::DType::from_name(decl["dtype"].as_str().unwrap_or(""))
+                .context("the task declares an unknown dtype")?;
+            let shape: Vec<u64> = decl["shape"]
+                .as_array()
+                .map(|s| s.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            let t =
+                tenet_models::read_tensor(Path::new(path), name, &TensorType::new(dtype, shape))?;
+            given.push((name.to_string(), t));
+        }
+        let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))?;
+        let body = serde_json::to_vec(&json!({"inputs": inputs, "tier": a.tier, "seed": a.seed}))?;
+        let t = Instant::now();
+        let r = client
+            .call(
+                Method::POST,
+                &format!("/v1/tasks/{}/run", a.task),
+                body,
+                "application/json",
+            )
+            .await?;
+        let took = t.elapsed();
+        let receipt: Receipt =
+            serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;
+        let coordinator =
+            tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
+                .context("the coordinator's /v1/info has no key")?;
+        receipt
+            .verify_from(&coordinator)
+            .context("the receipt does NOT verify")?;
+        if let Some(p) = a.receipt {
+            tenet_models::write_atomically(p, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
+        }
+        let mut outputs = Vec::new();
+        if let Some(map) = r["outputs"].as_object() {
+            for (name, v) in map {
+                let fallback = TensorType::new(tenet_ir::DType::F32, Vec::<u64>::new());
+                let t = tenet_models::tensor_from_json(v, &fallback).map_err(anyhow::Error::msg)?;
+                outputs.push((name.clone(), t));
+            }
+        }
+        if let Some(p) = a.output {
+            tenet_models::write_outputs(p, &outputs)?;
+        }
+        if a.json {
+            println!("{r}");
+            return Ok(());
+        }
+        println!(
+            "job {} verified by {} of {} node(s) in {:.1} ms; receipt signed by {}",
+            r["job_id"].as_str().unwrap_or("?"),
+            receipt.nodes.len(),
+            receipt.replicas,
+            took.as_secs_f64() * 1e3,
+            &receipt.coordinator.to_hex()[..12]
+        );
+        for s in r["slashed"].as_array().into_iter().flatten() {
+            println!(
+                "  node {} disagreed and was slashed {}",
+                &s["node"].as_str().unwrap_or("?")
+                    [..12.min(s["node"].as_str().unwrap_or("?").len())],
+                s["amount"]
+            );
+        }
+        if let Some(p) = a.receipt {
+            println!(
+                "  receipt written to {} (check it: tenet receipt verify {})",
+                p.display(),
+                p.display()
+            );
+        }
+        if a.output.is_none() {
+            println!("{}", tenet_models::outputs_json(&outputs));
+        }
+        Ok(())
+    })
+}
+
+pub fn register(remote: &Remote, url: &str, stake: i64) -> Result<()> {
+    let client = Client::new(remote)?;
+    runtime()?.block_on(async {
+        let body = serde_json::to_vec(&json!({"url": url, "stake": stake}))?;
+        let n = client
+            .call(Method::POST, "/v1/nodes", body, "application/json")
+            .await?;
+        println!(
+            "registered node {} at {} with stake {}",
+            n["id"].as_str().unwrap_or("?"),
+            url,
+            n["stake"]
+        );
+        Ok(())
+    })
+}
