@@ -125,13 +125,22 @@ pub struct Remote {
     key: Option<PathBuf>,
 }
 
-struct Client {
+pub(crate) struct Client {
     http: NodeClient,
     api_key: Option<String>,
     signed: bool,
 }
 
 impl Client {
+    /// A client that presents `api_key`.
+    pub(crate) fn with_api_key(url: &str, api_key: &str) -> Result<Client> {
+        Ok(Client {
+            http: NodeClient::new(url, identity::generate())?,
+            api_key: Some(api_key.to_string()),
+            signed: false,
+        })
+    }
+
     fn new(r: &Remote) -> Result<Client> {
         let key = match &r.key {
             Some(p) => identity::read_key(p)?,
@@ -144,7 +153,7 @@ impl Client {
         })
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,

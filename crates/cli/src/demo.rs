@@ -1,19 +1,29 @@
-//! `tenet demo`: tenet's main job as far as it exists today, end to end on this machine.
+//! `tenet demo`: tenet's main job, end to end on this machine.
 //!
-//! Builds the example MLP with the Rust builder, writes the graph (binary and text) and its
-//! weights to a fresh directory, reads them back as a stranger's files would be read, checks that
-//! every form names the same graph id and that the weight references bind, and prints the
-//! graph's interface and cost certificate. Later milestones extend this to running the graph on a
-//! local network of nodes with a verified receipt.
+//! Builds the example MLP with the Rust builder and checks its files (binary, text, weights)
+//! read back to the same graph; then starts a local network on 127.0.0.1 — a coordinator with a
+//! SQLite ledger in a temporary directory and five nodes, one of them told to lie — deploys the
+//! MLP over the REST API, calls it until the liar has been caught, checks every receipt and the
+//! result against a local run, prints what happened, and shuts the network down.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use serde_json::json;
-use tenet_ir::{codec, text};
+use serde_json::{Value, json};
+use tenet_coordinator::CoordinatorConfig;
+use tenet_coordinator::local::LocalNetwork;
+use tenet_exec::Backend;
+use tenet_ir::{HostTensor, codec, text};
 use tenet_models::{WeightsFile, check_bindings, examples};
+use tenet_node::Method;
+use tenet_proto::receipt::Receipt;
 
+use crate::coord_cmd::Client;
 use crate::report;
+
+const STAKE: i64 = 1000;
+const CHEAT: &str = "flip";
 
 pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -26,7 +36,6 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     crate::write_atomically(&tnt, &graph.to_bytes())?;
     crate::write_atomically(&tg, text::print(&graph).as_bytes())?;
     crate::write_atomically(&st, &weights)?;
-
     let from_binary = codec::decode(&std::fs::read(&tnt)?)?;
     let from_text = text::parse(&std::fs::read_to_string(&tg)?)?;
     ensure!(
@@ -43,31 +52,229 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     );
     let file = WeightsFile::open(&st)?;
     check_bindings(&from_binary, std::slice::from_ref(&file))?;
-
-    if as_json {
-        let summary = json!({
-            "verified": true,
-            "id": graph.id().to_hex(),
-            "weights_id": file.id.to_hex(),
-            "files": [tnt, tg, st],
-            "graph": report::json(&from_binary, true),
-        });
-        println!("{summary}");
-    } else {
-        println!("tenet demo: a 2-layer MLP built with the Rust builder\n");
+    if !as_json {
+        println!("tenet demo: a 2-layer MLP built with the Rust builder");
         println!(
-            "wrote {}  (canonical binary, {} bytes)",
+            "  wrote {} (graph {}), {} and {} (weights {}); all read back the same\n",
             tnt.display(),
-            graph.to_bytes().len()
+            graph.id().short(),
+            tg.display(),
+            st.display(),
+            file.id.short()
         );
-        println!("wrote {}  (text form, for review)", tg.display());
-        println!("wrote {}  (weights, id {})", st.display(), file.id.short());
-        println!(
-            "read back: binary and text both name graph {}; weights bind\n",
-            graph.id().short()
-        );
-        print!("{}", report::human(&from_binary, true));
-        println!("\nnext: tenet inspect {} --text", tnt.display());
     }
+
+    // The input, and the answer this machine computes by itself.
+    let (_, _, x_ty) = graph.inputs().next().context("the MLP has an input")?;
+    let n = x_ty.numel().unwrap_or(0) as usize;
+    let xs: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let x = HostTensor::from_f32(&x_ty.shape, &xs)?;
+    let local = tenet_exec::CpuBackend::auto().prepare(&graph)?.run(
+        &HashMap::from([("x".to_string(), x.clone())]),
+        &tenet_models::WeightSet(vec![file.clone()]),
+        0,
+    )?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let net_dir = dir.join("network");
+    let _ = std::fs::remove_dir_all(&net_dir);
+    runtime.block_on(async {
+        let cheats = [None, None, None, None, Some(CHEAT)];
+        let net =
+            LocalNetwork::start(&net_dir, &cheats, STAKE, CoordinatorConfig::default()).await?;
+        let result = drive(&net, &graph, &weights, &x, &local, dir, as_json).await;
+        net.shutdown().await;
+        result
+    })
+}
+
+async fn drive(
+    net: &LocalNetwork,
+    graph: &tenet_ir::Graph,
+    weights: &[u8],
+    x: &HostTensor,
+    local: &[(String, HostTensor)],
+    dir: &Path,
+    as_json: bool,
+) -> Result<()> {
+    let say = |s: String| {
+        if !as_json {
+            println!("{s}");
+        }
+    };
+    say(format!(
+        "started on 127.0.0.1: coordinator {} (key {}, SQLite ledger), {} nodes with stake {STAKE} each; node {} is told to lie (--cheat {CHEAT})",
+        net.coordinator_url,
+        &net.coordinator_key.public().to_hex()[..12],
+        net.nodes.len(),
+        &net.nodes[4].1[..12],
+    ));
+    let client = Client::with_api_key(&net.coordinator_url, &net.api_key)?;
+    let wid = tenet_proto::Hash::of(weights);
+    client
+        .call(
+            Method::PUT,
+            &format!("/v1/blobs/{wid}"),
+            weights.to_vec(),
+            "application/octet-stream",
+        )
+        .await?;
+    let task = client
+        .call(
+            Method::POST,
+            "/v1/tasks",
+            graph.to_bytes(),
+            "application/octet-stream",
+        )
+        .await?;
+    let task_id = task["id"]
+        .as_str()
+        .context("deploy answered no id")?
+        .to_string();
+    say(format!(
+        "deployed task {} → {}",
+        &task_id[..12],
+        task["endpoint"].as_str().unwrap_or("")
+    ));
+
+    let inputs: Value =
+        serde_json::from_str(&tenet_models::outputs_json(&[("x".to_string(), x.clone())]))?;
+    let body = serde_json::to_vec(&json!({"inputs": inputs, "tier": "exact"}))?;
+    let coordinator = net.coordinator_key.public();
+    let cheater = net.nodes[4].1.clone();
+    let mut jobs = 0;
+    let mut verified = true;
+    let mut caught = false;
+    let mut last = Value::Null;
+    let mut first_catch: Option<Value> = None;
+    while jobs < 3 || (!caught && jobs < 20) {
+        let r = client
+            .call(
+                Method::POST,
+                &format!("/v1/tasks/{task_id}/run"),
+                body.clone(),
+                "application/json",
+            )
+            .await?;
+        jobs += 1;
+        let receipt: Receipt = serde_json::from_value(r["receipt"].clone())?;
+        let ok = receipt.verify_from(&coordinator).is_ok()
+            && r["outputs"] == serde_json::from_str::<Value>(&tenet_models::outputs_json(local))?;
+        verified &= ok;
+        let slashed: Vec<&str> = r["slashed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["node"].as_str())
+            .collect();
+        let nodes: Vec<String> = receipt
+            .nodes
+            .iter()
+            .map(|a| a.commitment.node.to_hex()[..12].to_string())
+            .collect();
+        say(format!(
+            "call {jobs}: job {} agreed by {} [{}]{}; receipt {}",
+            &r["job_id"].as_str().unwrap_or("?")[..12],
+            receipt.nodes.len(),
+            nodes.join(", "),
+            if slashed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} disagreed → slashed",
+                    slashed
+                        .iter()
+                        .map(|s| &s[..12])
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
+            if ok { "verified" } else { "DID NOT VERIFY" },
+        ));
+        if slashed.contains(&cheater.as_str()) && first_catch.is_none() {
+            first_catch = Some(r.clone());
+        }
+        caught |= slashed.contains(&cheater.as_str());
+        last = r;
+    }
+    let shown = first_catch.as_ref().unwrap_or(&last);
+    let receipt_path = dir.join("receipt.json");
+    crate::write_atomically(
+        &receipt_path,
+        serde_json::to_string_pretty(&shown["receipt"])?.as_bytes(),
+    )?;
+    let nodes = client
+        .call(Method::GET, "/v1/nodes", Vec::new(), "application/json")
+        .await?;
+    let node_list: Vec<Value> = nodes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            let id = n["id"].as_str().unwrap_or("");
+            json!({"id": id, "stake": n["stake"], "agreed": n["agreed"], "disagreed": n["disagreed"],
+                   "cheating": id == cheater})
+        })
+        .collect();
+    let cheater_row = node_list
+        .iter()
+        .find(|n| n["cheating"] == true)
+        .cloned()
+        .unwrap_or(Value::Null);
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "verified": verified,
+                "cheaters_caught": if caught { 1 } else { 0 },
+                "jobs": jobs,
+                "task": task_id,
+                "coordinator": coordinator.to_hex(),
+                "receipt": receipt_path,
+                "outputs": shown["outputs"],
+                "nodes": node_list,
+                "graph": report::json(graph, true),
+            })
+        );
+    } else {
+        println!("\nverified result (identical to this machine's own run):");
+        for (name, t) in local {
+            let v = t.to_f32_vec();
+            println!(
+                "  {name} {}: [{:.6}, {:.6}, {:.6}, …]",
+                t.ty(),
+                v[0],
+                v[1],
+                v[2]
+            );
+        }
+        println!(
+            "receipt: {} (check it offline: tenet receipt verify {} --coordinator {})",
+            receipt_path.display(),
+            receipt_path.display(),
+            coordinator
+        );
+        println!(
+            "cheater {}: {} — disagreed {} time(s), stake {} → {}",
+            &cheater[..12],
+            if caught {
+                "CAUGHT and slashed"
+            } else {
+                "never picked"
+            },
+            cheater_row["disagreed"],
+            STAKE,
+            cheater_row["stake"]
+        );
+        println!(
+            "{} calls, all receipts verified: {verified}; network shut down",
+            jobs
+        );
+    }
+    ensure!(verified, "a receipt or a result did not verify");
     Ok(())
 }

@@ -184,7 +184,8 @@ fn tenet_models_free_file() -> Vec<u8> {
 fn demo_runs_end_to_end() {
     let dir = tmp("demo");
     let o = stdout(&tenet(&["demo", "--dir", dir.to_str().unwrap()]));
-    assert!(o.contains("weights bind"), "{o}");
+    assert!(o.contains("CAUGHT and slashed"), "{o}");
+    assert!(o.contains("all receipts verified: true"), "{o}");
     assert!(dir.join("mlp.tnt").exists() && dir.join("mlp.safetensors").exists());
     let json: serde_json::Value = serde_json::from_str(&stdout(&tenet(&[
         "demo",
@@ -194,10 +195,28 @@ fn demo_runs_end_to_end() {
     ])))
     .unwrap();
     assert_eq!(json["verified"], true);
-    // The demo's graph is the committed example.
+    assert_eq!(json["cheaters_caught"], 1);
+    assert!(json["jobs"].as_u64().unwrap() >= 3);
+    let cheater = json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["cheating"] == true)
+        .unwrap();
+    assert!(cheater["stake"].as_i64().unwrap() < 1000, "{cheater}");
+    // The demo deploys the committed example, and its receipt verifies offline.
     let committed: serde_json::Value =
         serde_json::from_str(&stdout(&tenet(&["inspect", "examples/mlp.tg", "--json"]))).unwrap();
-    assert_eq!(json["id"], committed["id"]);
+    assert_eq!(json["task"], committed["id"]);
+    let receipt = json["receipt"].as_str().unwrap();
+    let coordinator = json["coordinator"].as_str().unwrap();
+    stdout(&tenet(&[
+        "receipt",
+        "verify",
+        receipt,
+        "--coordinator",
+        coordinator,
+    ]));
 }
 
 fn write_npy(path: &Path, t: &tenet_ir::HostTensor) {

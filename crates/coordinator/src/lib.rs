@@ -10,6 +10,7 @@ pub mod compare;
 pub mod dispatch;
 pub mod economics;
 pub mod http;
+pub mod local;
 
 pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};
 

@@ -1,0 +1,131 @@
+//! A whole tenet network in one process, on 127.0.0.1: a coordinator (SQLite ledger in a given
+//! directory) and several nodes, some optionally told to lie. Real HTTP between them; what
+//! `tenet demo` and benchmarks start, then stop.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tenet_ledger::SqlLedger;
+use tenet_node::{Node, NodeConfig};
+use tenet_proto::auth::KeyPair;
+use tokio::sync::watch;
+
+use crate::dispatch::{Coordinator, CoordinatorConfig};
+use crate::http::{Access, Service};
+
+/// A running local network.
+pub struct LocalNetwork {
+    pub coordinator_url: String,
+    pub coordinator_key: KeyPair,
+    /// The API key callers use.
+    pub api_key: String,
+    /// Each node's URL, id and cheat mode.
+    pub nodes: Vec<(String, String, Option<String>)>,
+    pub core: Arc<Coordinator<SqlLedger>>,
+    stop: watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Why the network could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("starting the local network: {0}")]
+pub struct LocalError(pub String);
+
+fn err(e: impl std::fmt::Display) -> LocalError {
+    LocalError(e.to_string())
+}
+
+impl LocalNetwork {
+    /// Start a coordinator and one node per entry of `cheats` (`None` = honest) under `dir`,
+    /// register every node with `stake`.
+    pub async fn start(
+        dir: &Path,
+        cheats: &[Option<&str>],
+        stake: i64,
+        config: CoordinatorConfig,
+    ) -> Result<LocalNetwork, LocalError> {
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let (stop, rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let key = tenet_node::identity::generate();
+        let mut servers = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, cheat) in cheats.iter().enumerate() {
+            let config = NodeConfig {
+                listen: "127.0.0.1:0".parse().map_err(err)?,
+                data_dir: dir.join(format!("node{i}")),
+                trusted_keys: vec![key.public().to_hex()],
+                threads_per_job: 1,
+                durable: false,
+                cheat: cheat.map(str::to_string),
+                ..NodeConfig::default()
+            };
+            let node = Node::start(config).map_err(err)?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(err)?;
+            let url = format!("http://{}", listener.local_addr().map_err(err)?);
+            let id = node.info().node_id.to_hex();
+            servers.push(tokio::spawn(tenet_node::http::serve(
+                node,
+                listener,
+                stopped(rx.clone()),
+            )));
+            nodes.push((url, id, cheat.map(str::to_string)));
+        }
+        let ledger = SqlLedger::connect(&format!("sqlite://{}", dir.join("ledger.db").display()))
+            .await
+            .map_err(err)?;
+        let store = tenet_store::Store::open(
+            &dir.join("coordinator-store"),
+            tenet_store::StoreConfig::default(),
+        )
+        .map_err(err)?;
+        let core = Arc::new(Coordinator::new(ledger, key.clone(), store, config));
+        for (url, _, _) in &nodes {
+            core.register_node(url, stake).await.map_err(err)?;
+        }
+        let api_key = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<16>());
+        let service = Arc::new(Service {
+            core: core.clone(),
+            access: Access {
+                api_keys: vec![api_key.clone()],
+                gate: tenet_node::gate::Gate::new(
+                    Vec::new(),
+                    false,
+                    tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
+                ),
+                open: false,
+                max_request_bytes: 1 << 30,
+            },
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(err)?;
+        let coordinator_url = format!("http://{}", listener.local_addr().map_err(err)?);
+        servers.push(tokio::spawn(crate::http::serve(
+            service,
+            listener,
+            stopped(rx.clone()),
+        )));
+        Ok(LocalNetwork {
+            coordinator_url,
+            coordinator_key: key,
+            api_key,
+            nodes,
+            core,
+            stop,
+            servers,
+        })
+    }
+
+    /// Stop every server and wait for them.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for s in self.servers {
+            let _ = s.await;
+        }
+    }
+}
