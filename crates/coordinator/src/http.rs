@@ -53,6 +53,9 @@ fn not_found(message: impl Into<String>) -> ApiError {
 
 /// A dispatch failure as the client sees it.
 fn dispatch_error(e: DispatchError) -> ApiError {
+    if let DispatchError::Ledger(l) = e {
+        return ledger_error(l);
+    }
     let code = match &e {
         DispatchError::BadRequest(_) => ErrorCode::BadInputs,
         DispatchError::NotEnoughNodes { .. } | DispatchError::Nodes(_) => ErrorCode::Busy,
