@@ -50,15 +50,6 @@ pub struct CoordinatorArgs {
     node_timeout: f64,
 }
 
-fn default_dir(name: &str) -> PathBuf {
-    std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."))
-        .join("tenet")
-        .join(name)
-}
-
 pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.slash) {
         bail!("--slash must be a fraction in [0, 1]");
@@ -71,7 +62,7 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
         data_dir: a
             .data_dir
             .clone()
-            .unwrap_or_else(|| default_dir("coordinator")),
+            .unwrap_or_else(|| tenet_node::config::data_dir_for("coordinator")),
         ledger_url: a.ledger.clone(),
         api_keys: a.api_keys.clone(),
         trusted_keys: a.trust.clone(),
@@ -141,6 +132,38 @@ impl Client {
         })
     }
 
+    /// Upload the weights file (named for messages), then deploy the graph; the task as the
+    /// coordinator describes it.
+    pub(crate) async fn deploy(
+        &self,
+        graph: &tenet_ir::Graph,
+        weights: Option<&(String, Vec<u8>)>,
+    ) -> Result<Value> {
+        if let Some((name, bytes)) = weights {
+            let hash = Hash::of(bytes);
+            eprint!(
+                "uploading weights {name} ({:.1} MB)... ",
+                bytes.len() as f64 / 1e6
+            );
+            let t = Instant::now();
+            self.call(
+                Method::PUT,
+                &format!("/v1/blobs/{hash}"),
+                bytes.clone(),
+                "application/octet-stream",
+            )
+            .await?;
+            eprintln!("done in {:.2} s", t.elapsed().as_secs_f64());
+        }
+        self.call(
+            Method::POST,
+            "/v1/tasks",
+            graph.to_bytes(),
+            "application/octet-stream",
+        )
+        .await
+    }
+
     fn new(r: &Remote) -> Result<Client> {
         let key = match &r.key {
             Some(p) => identity::read_key(p)?,
@@ -205,34 +228,15 @@ pub fn deploy(
 ) -> Result<()> {
     let graph = crate::load_graph(graph_path)?;
     let client = Client::new(remote)?;
+    let weights = weights
+        .map(|w| {
+            std::fs::read(w)
+                .map(|bytes| (w.display().to_string(), bytes))
+                .with_context(|| format!("cannot read {}", w.display()))
+        })
+        .transpose()?;
     runtime()?.block_on(async {
-        if let Some(w) = weights {
-            let bytes = std::fs::read(w).with_context(|| format!("cannot read {}", w.display()))?;
-            let hash = Hash::of(&bytes);
-            eprint!(
-                "uploading weights {} ({:.1} MB)... ",
-                w.display(),
-                bytes.len() as f64 / 1e6
-            );
-            let t = Instant::now();
-            client
-                .call(
-                    Method::PUT,
-                    &format!("/v1/blobs/{hash}"),
-                    bytes,
-                    "application/octet-stream",
-                )
-                .await?;
-            eprintln!("done in {:.2} s", t.elapsed().as_secs_f64());
-        }
-        let task = client
-            .call(
-                Method::POST,
-                "/v1/tasks",
-                graph.to_bytes(),
-                "application/octet-stream",
-            )
-            .await?;
+        let task = client.deploy(&graph, weights.as_ref()).await?;
         if as_json {
             println!("{task}");
         } else {

@@ -114,21 +114,10 @@ async fn drive(
         &net.nodes[4].1[..12],
     ));
     let client = Client::with_api_key(&net.coordinator_url, &net.api_key)?;
-    let wid = tenet_proto::Hash::of(weights);
-    client
-        .call(
-            Method::PUT,
-            &format!("/v1/blobs/{wid}"),
-            weights.to_vec(),
-            "application/octet-stream",
-        )
-        .await?;
     let task = client
-        .call(
-            Method::POST,
-            "/v1/tasks",
-            graph.to_bytes(),
-            "application/octet-stream",
+        .deploy(
+            graph,
+            Some(&("mlp.safetensors".to_string(), weights.to_vec())),
         )
         .await?;
     let task_id = task["id"]

@@ -3,9 +3,7 @@
 //! caught, a node killed mid-job replaced. Every receipt verifies offline.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,47 +17,35 @@ use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::Tier;
 use tenet_store::{Store, StoreConfig};
 
+mod common;
+
+use common::{Proc, spawn_tenet, url_of};
+
 struct NodeProc {
-    child: Child,
+    child: Proc,
     url: String,
 }
 
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_node(dir: &Path, trust: &KeyPair, cheat: Option<&str>) -> NodeProc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenet"));
-    cmd.args([
+    let key = trust.public().to_hex();
+    let dir = dir.to_str().expect("a UTF-8 temporary path");
+    let mut args = vec![
         "node",
         "--listen",
         "127.0.0.1:0",
         "--threads",
         "1",
         "--no-fsync",
-        "--trust",
-    ])
-    .arg(trust.public().to_hex())
-    .arg("--data-dir")
-    .arg(dir);
+    ];
+    args.extend(["--trust", &key, "--data-dir", dir]);
     if let Some(c) = cheat {
-        cmd.args(["--cheat", c]);
+        args.extend(["--cheat", c]);
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let url = first.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(url.starts_with("http://"), "{first}");
-    NodeProc { child, url }
+    let (child, line) = spawn_tenet(args);
+    NodeProc {
+        child,
+        url: url_of(&line),
+    }
 }
 
 struct Cluster {

@@ -2,39 +2,12 @@
 //! 127.0.0.1, one node lying: the verified result equals a local run, the liar is slashed, the
 //! receipt verifies offline and a forged one does not; callers without a key are refused.
 
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Output;
 
-struct Proc(Child);
+mod common;
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tenet() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tenet"));
-    c.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
-    c
-}
-
-/// Start a long-running `tenet` command; returns it and its first stdout line.
-fn spawn(args: &[&str]) -> (Proc, String) {
-    let mut child = tenet()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    (Proc(child), first.trim().to_string())
-}
+use common::{spawn_tenet as spawn, tenet};
 
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -58,7 +31,7 @@ fn tmp() -> PathBuf {
 fn deploy_and_call_through_the_cli_with_one_lying_node() {
     let dir = tmp();
     let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
-    let (_coord, line) = spawn(&[
+    let (_coord, line) = spawn([
         "coordinator",
         "--listen",
         "127.0.0.1:0",

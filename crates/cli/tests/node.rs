@@ -2,9 +2,9 @@
 //! client would refuse to misbehave, through raw sockets.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tenet_exec::{Backend, CpuBackend, SimdLevel};
@@ -15,18 +15,15 @@ use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{Batch, JobState, OpResult, RunJob, SessionOp};
 use tenet_proto::{ErrorCode, Hash, tensor};
 
+mod common;
+
+use common::{Proc, spawn_tenet, url_of};
+
 /// A node process, killed when dropped.
 struct NodeProc {
-    child: Child,
+    child: Proc,
     addr: String,
     dir: PathBuf,
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -44,36 +41,14 @@ fn temp_dir(name: &str) -> PathBuf {
 
 impl NodeProc {
     fn start(dir: &Path, extra: &[&str]) -> NodeProc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tenet"))
-            .args(["node", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir)
-            .args(["--threads", "1"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tenet node");
-        let mut first = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        let Some(addr) = first
-            .trim()
-            .rsplit("http://")
-            .next()
-            .filter(|_| first.contains("listening"))
-        else {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            panic!("node did not start: {first}{err}");
-        };
+        let dir_arg = dir.to_str().expect("a UTF-8 temporary path");
+        let mut args = vec!["node", "--listen", "127.0.0.1:0", "--data-dir", dir_arg];
+        args.extend(["--threads", "1"]);
+        args.extend_from_slice(extra);
+        let (child, line) = spawn_tenet(args);
+        let url = url_of(&line);
         NodeProc {
-            addr: addr.to_string(),
+            addr: url.trim_start_matches("http://").to_string(),
             child,
             dir: dir.to_path_buf(),
         }
@@ -760,7 +735,7 @@ async fn the_event_log_records_requests_and_job_phases_and_sigterm_stops_cleanly
 
 #[test]
 fn the_node_benchmark_runs_and_reports_every_workload() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tenet"))
+    let out = common::tenet()
         .args(["bench", "node", "--quick", "--json", "--threads", "1"])
         .output()
         .unwrap();
@@ -795,7 +770,7 @@ fn the_node_benchmark_runs_and_reports_every_workload() {
 #[test]
 fn a_node_that_trusts_nobody_or_cannot_listen_refuses_to_start_and_says_why() {
     let dir = temp_dir("refuse");
-    let out = Command::new(env!("CARGO_BIN_EXE_tenet"))
+    let out = common::tenet()
         .args(["node", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&dir)
         .output()
@@ -808,7 +783,7 @@ fn a_node_that_trusts_nobody_or_cannot_listen_refuses_to_start_and_says_why() {
     );
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_tenet"))
+    let out = common::tenet()
         .args(["node", "--open", "--listen", &addr, "--data-dir"])
         .arg(&dir)
         .output()
@@ -929,12 +904,7 @@ async fn receipts_from_real_commitments_verify_offline_replay_and_catch_alterati
     for t in [&x, &w, &bias] {
         std::fs::write(blobs.join(tensor::hash(t).to_hex()), tensor::encode(t)).unwrap();
     }
-    let tenet = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_tenet"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let tenet = |args: &[&str]| common::tenet().args(args).output().unwrap();
     let f = file.to_str().unwrap();
     let ok = tenet(&[
         "receipt",

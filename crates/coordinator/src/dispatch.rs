@@ -370,12 +370,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             )));
         }
         self.ledger
-            .advance_job(
-                &job_id,
-                JobState::Committing,
-                JobState::Revealing,
-                tenet_proto::unix_now() as i64,
-            )
+            .advance_job(&job_id, JobState::Committing, JobState::Revealing, now())
             .await?;
 
         // Reveal phase: only now, with every commitment in.

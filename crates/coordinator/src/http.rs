@@ -4,17 +4,14 @@
 //! require (a trusted Ed25519 key); `--open` accepts anyone, for local use.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tenet_ir::{Graph, HostTensor, Op};
 use tenet_ledger::{JobRecord, Ledger, NodeRecord};
@@ -106,12 +103,19 @@ fn task_json(id: &Hash, g: &Graph) -> Value {
     })
 }
 
-/// The one weights file a graph references, if any.
+/// The weights files a graph references.
+fn weight_files(g: &Graph) -> std::collections::BTreeSet<Hash> {
+    g.weights()
+        .filter_map(|(_, op, _)| match op {
+            Op::Weight { file, .. } => Some(Hash(file.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The one weights file a deployed task references, if any.
 fn weights_of(g: &Graph) -> Option<Hash> {
-    g.weights().find_map(|(_, op, _)| match op {
-        Op::Weight { file, .. } => Some(Hash(file.0)),
-        _ => None,
-    })
+    weight_files(g).first().copied()
 }
 
 impl<L: Ledger + 'static> Service<L> {
@@ -261,13 +265,7 @@ impl<L: Ledger + 'static> Service<L> {
             ("POST", ["v1", "tasks"]) => {
                 let graph = tenet_ir::decode_any(&body)
                     .map_err(|e| ApiError::new(ErrorCode::InvalidGraph, e.to_string()))?;
-                let files: std::collections::BTreeSet<Hash> = graph
-                    .weights()
-                    .filter_map(|(_, op, _)| match op {
-                        Op::Weight { file, .. } => Some(Hash(file.0)),
-                        _ => None,
-                    })
-                    .collect();
+                let files = weight_files(&graph);
                 if files.len() > 1 {
                     return Err(ApiError::new(
                         ErrorCode::InvalidGraph,
@@ -440,31 +438,6 @@ pub async fn serve<L: Ledger + 'static>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let svc = service.clone();
-                let handler = hyper::service::service_fn(move |req| {
-                    let svc = svc.clone();
-                    async move { Ok::<_, Infallible>(svc.handle(req).await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), handler);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-            _ = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+    tenet_node::http::serve_connections(listener, shutdown, move |req| service.clone().handle(req))
+        .await;
 }

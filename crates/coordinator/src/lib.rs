@@ -118,22 +118,7 @@ pub fn run_blocking(
         })?;
         let _ = std::fs::write(config.data_dir.join("addr"), format!("{bound}\n"));
         ready(bound, &key.public());
-        http::serve(service, listener, shutdown_signal()).await;
+        http::serve(service, listener, tenet_node::shutdown_signal()).await;
         Ok(())
     })
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term => {},
-    }
 }

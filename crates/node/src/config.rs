@@ -79,11 +79,17 @@ impl Default for NodeConfig {
 }
 
 fn default_data_dir() -> PathBuf {
+    data_dir_for("node")
+}
+
+/// Where a tenet service called `name` keeps its data by default:
+/// `$XDG_DATA_HOME/tenet/NAME`, else `~/.local/share/tenet/NAME`.
+pub fn data_dir_for(name: &str) -> PathBuf {
     let base = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
-    base.join("tenet").join("node")
+    base.join("tenet").join(name)
 }
 
 /// A configuration that cannot be used.

@@ -71,13 +71,7 @@ impl Engine {
         if let Some(t) = self.tasks.lock().ok().and_then(|mut c| c.get(hash)) {
             return Ok(t);
         }
-        let bytes = self.store.get(hash).map_err(|e| match e {
-            tenet_store::StoreError::NotFound(_) => ApiError::new(
-                ErrorCode::NotFound,
-                format!("task {hash} is not on this node: upload the graph with PUT /v1/blobs/{hash} first"),
-            ),
-            e => store_error(e),
-        })?;
+        let bytes = self.blob(hash, "task")?;
         let graph =
             tenet_ir::codec::decode_with_limits(&bytes, &Limits::default()).map_err(|e| {
                 ApiError::new(
@@ -92,6 +86,19 @@ impl Engine {
             c.insert(*hash, task.clone(), 1);
         }
         Ok(task)
+    }
+
+    /// A blob a job needs, or a not-found error that says how to provide it.
+    fn blob(&self, hash: &Hash, what: &str) -> Result<Vec<u8>, ApiError> {
+        self.store.get(hash).map_err(|e| match e {
+            tenet_store::StoreError::NotFound(_) => ApiError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "{what} {hash} is not on this node: upload it with PUT /v1/blobs/{hash} first"
+                ),
+            ),
+            e => store_error(e),
+        })
     }
 
     /// The task `hash` if it is already decoded and planned.
@@ -161,13 +168,7 @@ impl Engine {
         if let Some(w) = self.weights.lock().ok().and_then(|mut c| c.get(hash)) {
             return Ok(w);
         }
-        let bytes = self.store.get(hash).map_err(|e| match e {
-            tenet_store::StoreError::NotFound(_) => ApiError::new(
-                ErrorCode::NotFound,
-                format!("weights {hash} are not on this node: upload them with PUT /v1/blobs/{hash} first"),
-            ),
-            e => store_error(e),
-        })?;
+        let bytes = self.blob(hash, "weights")?;
         let file = WeightsFile::from_bytes(bytes, &hash.short())
             .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
         let file = Arc::new(file);

@@ -35,6 +35,26 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// Serve `listener` until `shutdown` resolves, then stop accepting, let in-flight requests
 /// finish (up to ten seconds), and flush the event log.
 pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let handler_node = node.clone();
+    serve_connections(listener, shutdown, move |req| {
+        handle(handler_node.clone(), req)
+    })
+    .await;
+    node.events.emit("shutdown", serde_json::Value::Null);
+    node.events.close();
+}
+
+/// The accept loop every tenet service uses: HTTP/1.1 keep-alive connections with large read
+/// buffers, each request answered by `handler`, until `shutdown` resolves; then no new
+/// connections, and in-flight requests get up to ten seconds.
+pub async fn serve_connections<F, Fut>(
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+    handler: F,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -49,10 +69,10 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let node = node.clone();
+                let handler = handler.clone();
                 let service = hyper::service::service_fn(move |req| {
-                    let node = node.clone();
-                    async move { Ok::<_, Infallible>(handle(node, req).await) }
+                    let reply = handler(req);
+                    async move { Ok::<_, Infallible>(reply.await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .max_buf_size(READ_BUFFER_MAX)
@@ -68,8 +88,6 @@ pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future
     }
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
-    node.events.emit("shutdown", serde_json::Value::Null);
-    node.events.close();
 }
 
 /// The routes, named for metrics.

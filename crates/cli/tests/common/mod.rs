@@ -1,0 +1,69 @@
+//! What the tests that start `tenet` service processes share: starting one and reading the
+//! line it prints when it listens, and killing it when the test ends.
+// Each test binary uses some of these helpers, not all.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::io::{BufRead, Read};
+use std::ops::{Deref, DerefMut};
+use std::process::{Child, Command, Stdio};
+
+/// A `tenet` process, killed when dropped.
+pub struct Proc(pub Child);
+
+impl Deref for Proc {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tenet` run from the repository root.
+pub fn tenet() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tenet"));
+    c.current_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    c
+}
+
+/// Start `tenet ARGS` (a node or coordinator) and return it with the first line it prints
+/// (`… listening on http://…`); panics with its standard error if it does not start.
+pub fn spawn_tenet<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> (Proc, String) {
+    let mut child = tenet()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tenet");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut first)
+        .expect("read the first line");
+    if !first.contains("listening on http://") {
+        let mut err = String::new();
+        let _ = child
+            .stderr
+            .take()
+            .expect("piped stderr")
+            .read_to_string(&mut err);
+        panic!("tenet did not start: {first}{err}");
+    }
+    (Proc(child), first.trim().to_string())
+}
+
+/// The URL at the end of a `listening on http://…` line.
+pub fn url_of(line: &str) -> String {
+    line.rsplit(' ').next().unwrap_or_default().to_string()
+}
