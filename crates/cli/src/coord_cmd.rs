@@ -36,9 +36,17 @@ pub struct CoordinatorArgs {
     /// Accept calls from anyone. For local use only.
     #[arg(long)]
     open: bool,
-    /// Nodes each job runs on.
+    /// Nodes each job runs on (each replicated job, with --spot-check).
     #[arg(long, default_value_t = 3)]
     replicas: usize,
+    /// Spot-check mode: run each job on one node, and on --replicas nodes with probability
+    /// ALPHA (`tenet economics` gives the smallest ALPHA that keeps honesty dominant).
+    #[arg(long, value_name = "ALPHA")]
+    spot_check: Option<f64>,
+    /// Seconds between health checks; a node silent for three is probed, and marked unhealthy
+    /// (no new jobs) until it answers again.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    health_interval: f64,
     /// Per-element bound against the median in the tolerant tier.
     #[arg(long, default_value_t = 1e-4)]
     tolerance: f64,
@@ -54,8 +62,16 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.slash) {
         bail!("--slash must be a fraction in [0, 1]");
     }
-    if a.replicas == 0 || a.node_timeout.is_nan() || a.node_timeout <= 0.0 {
-        bail!("--replicas and --node-timeout must be above 0");
+    if a.replicas == 0
+        || !(a.node_timeout > 0.0 && a.node_timeout.is_finite())
+        || !(a.health_interval > 0.0 && a.health_interval.is_finite())
+    {
+        bail!("--replicas, --node-timeout and --health-interval must be above 0");
+    }
+    if let Some(alpha) = a.spot_check
+        && !(alpha > 0.0 && alpha <= 1.0)
+    {
+        bail!("--spot-check takes a probability in (0, 1], not {alpha}");
     }
     let config = ServiceConfig {
         listen: a.listen,
@@ -69,17 +85,28 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
         open: a.open,
         core: CoordinatorConfig {
             replicas: a.replicas,
+            spot_check: a.spot_check,
             tolerance: a.tolerance,
             slash_fraction: a.slash,
             reward: 1,
             node_timeout: std::time::Duration::from_secs_f64(a.node_timeout),
         },
+        health_interval: std::time::Duration::from_secs_f64(a.health_interval),
     };
     let dir = config.data_dir.clone();
     let open = a.open;
-    tenet_coordinator::run_blocking(config, |addr, key| {
+    tenet_coordinator::run_blocking(config, |s| {
+        let (addr, key) = (s.addr, s.key);
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "tenet coordinator {key} listening on http://{addr}");
+        if !s.resumed.is_empty() {
+            let _ = writeln!(
+                out,
+                "  resumed {} unfinished job(s) from the ledger: {}",
+                s.resumed.len(),
+                s.resumed.join(", ")
+            );
+        }
         let _ = writeln!(
             out,
             "  data {}  nodes must trust this key: tenet node --trust {key}",
@@ -214,6 +241,62 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Wait for a submitted job to end, for at most `limit`; its final view. A coordinator
+    /// that cannot be reached (restarting) is retried: the job is in its ledger and resumes.
+    pub(crate) async fn wait_for_job(
+        &self,
+        job_id: &str,
+        limit: std::time::Duration,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + limit;
+        let mut unreachable_said = false;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "job {job_id} did not finish within {:.0} s; it goes on: ask GET /v1/jobs/{job_id} later",
+                    limit.as_secs_f64()
+                );
+            }
+            let secs = left.as_secs_f64().min(30.0);
+            match self
+                .call(
+                    Method::GET,
+                    &format!("/v1/jobs/{job_id}?wait={secs:.1}"),
+                    Vec::new(),
+                    "application/json",
+                )
+                .await
+            {
+                Ok(v) => match v["state"].as_str() {
+                    Some("decided") => return Ok(v),
+                    Some("failed") => bail!(
+                        "job {job_id} failed: {}",
+                        v["error"].as_str().unwrap_or("no reason given")
+                    ),
+                    _ => {}
+                },
+                Err(e)
+                    if e.downcast_ref::<tenet_node::ClientError>()
+                        .is_some_and(|c| {
+                            matches!(c, tenet_node::ClientError::Transport { .. })
+                        }) =>
+                {
+                    if !unreachable_said {
+                        eprintln!(
+                            "the coordinator is unreachable ({e}); job {job_id} is in its ledger, retrying until it is back"
+                        );
+                        unreachable_said = true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(250).min(left)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -263,6 +346,7 @@ pub struct CallArgs<'a> {
     pub output: Option<&'a Path>,
     pub receipt: Option<&'a Path>,
     pub json: bool,
+    pub wait: std::time::Duration,
 }
 
 pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
@@ -301,14 +385,19 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
         let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))?;
         let body = serde_json::to_vec(&json!({"inputs": inputs, "tier": a.tier, "seed": a.seed}))?;
         let t = Instant::now();
-        let r = client
+        let submitted = client
             .call(
                 Method::POST,
-                &format!("/v1/tasks/{}/run", a.task),
+                &format!("/v1/tasks/{}/run?async=true", a.task),
                 body,
                 "application/json",
             )
             .await?;
+        let job_id = submitted["job_id"]
+            .as_str()
+            .context("the coordinator did not say the job's id")?
+            .to_string();
+        let r = client.wait_for_job(&job_id, a.wait).await?;
         let took = t.elapsed();
         let receipt: Receipt =
             serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;

@@ -295,6 +295,11 @@ enum Command {
         /// Print the coordinator's whole answer as JSON.
         #[arg(long)]
         json: bool,
+        /// Give up waiting for the result after this many seconds. The job is durable once
+        /// submitted: waiting rides out a coordinator restart, and `GET /v1/jobs/ID` still
+        /// answers later.
+        #[arg(long, default_value_t = 600.0, value_name = "SECS")]
+        wait: f64,
         #[command(flatten)]
         remote: coord_cmd::Remote,
     },
@@ -392,6 +397,7 @@ fn run(cli: Cli) -> Result<()> {
             output,
             receipt,
             json,
+            wait,
             remote,
         } => coord_cmd::call(
             &remote,
@@ -403,6 +409,8 @@ fn run(cli: Cli) -> Result<()> {
                 output: output.as_deref(),
                 receipt: receipt.as_deref(),
                 json,
+                wait: std::time::Duration::try_from_secs_f64(wait)
+                    .map_err(|_| anyhow::anyhow!("--wait takes a number of seconds"))?,
             },
         ),
         Command::Receipt {

@@ -68,6 +68,23 @@ pub struct NodeArgs {
     /// coordinator only: a cheating node's commitments are signed lies and will be slashed.
     #[arg(long, value_name = "MODE")]
     cheat: Option<String>,
+    /// Join the coordinator at URL: trust its key, register with --stake once listening, send
+    /// heartbeats, deregister on shutdown.
+    #[arg(long, value_name = "URL")]
+    coordinator: Option<String>,
+    /// The stake to register with (with --coordinator) [default: 1000].
+    #[arg(long, value_name = "N", requires = "coordinator")]
+    stake: Option<i64>,
+    /// An API key of the coordinator's for registering (with --coordinator); without one the
+    /// node signs the registration with its own key, which the coordinator must trust.
+    #[arg(long, value_name = "KEY", requires = "coordinator")]
+    api_key: Option<String>,
+    /// The URL the coordinator reaches this node at [default: http:// and the listen address].
+    #[arg(long, value_name = "URL", requires = "coordinator")]
+    advertise: Option<String>,
+    /// Seconds between heartbeats to the coordinator [default: 10].
+    #[arg(long, value_name = "SECS", requires = "coordinator")]
+    heartbeat: Option<f64>,
 }
 
 impl NodeArgs {
@@ -122,6 +139,38 @@ impl NodeArgs {
         if let Some(m) = &self.cheat {
             c.cheat = Some(m.clone());
         }
+        if let Some(url) = &self.coordinator {
+            let m = c
+                .membership
+                .get_or_insert_with(|| tenet_node::membership::Membership {
+                    coordinator: url.clone(),
+                    stake: 1000,
+                    api_key: None,
+                    advertise: None,
+                    heartbeat_secs: 10.0,
+                });
+            m.coordinator = url.clone();
+        }
+        if let Some(m) = &mut c.membership {
+            if let Some(s) = self.stake {
+                m.stake = s;
+            }
+            if let Some(k) = &self.api_key {
+                m.api_key = Some(k.clone());
+            }
+            if let Some(a) = &self.advertise {
+                m.advertise = Some(a.clone());
+            }
+            if let Some(h) = self.heartbeat {
+                m.heartbeat_secs = h;
+            }
+            if m.stake <= 0 {
+                bail!("--stake must be a positive integer");
+            }
+            if !(m.heartbeat_secs > 0.0 && m.heartbeat_secs.is_finite()) {
+                bail!("--heartbeat must be above 0 seconds");
+            }
+        }
         Ok(c)
     }
 }
@@ -166,7 +215,18 @@ pub fn run_node(args: &NodeArgs) -> Result<()> {
             );
             eprintln!("tenet node: WARNING: open mode, requests from any key are accepted");
         } else {
-            let _ = writeln!(out, "  trusts {trusted} key(s); Ctrl-C stops it gracefully");
+            let _ = writeln!(
+                out,
+                "  trusts {} key(s); Ctrl-C stops it gracefully",
+                trusted + usize::from(c.membership.is_some())
+            );
+        }
+        if let Some(m) = &c.membership {
+            let _ = writeln!(
+                out,
+                "  joined the coordinator at {} with stake {}; heartbeat every {} s",
+                m.coordinator, m.stake, m.heartbeat_secs
+            );
         }
         let _ = out.flush();
     })?;

@@ -10,11 +10,11 @@ use std::time::Duration;
 use tenet_coordinator::{Coordinator, CoordinatorConfig, JobRequest};
 use tenet_exec::{Backend, CpuBackend, SimdLevel};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
-use tenet_ledger::{Ledger, SqlLedger};
+use tenet_ledger::{AssignmentState, JobState, Ledger, NodeState, SqlLedger};
 use tenet_node::identity;
 use tenet_proto::Hash;
 use tenet_proto::auth::KeyPair;
-use tenet_proto::commit::Tier;
+use tenet_proto::commit::{JobSpec, Tier, output_hash, output_refs};
 use tenet_store::{Store, StoreConfig};
 
 mod common;
@@ -27,16 +27,13 @@ struct NodeProc {
 }
 
 fn start_node(dir: &Path, trust: &KeyPair, cheat: Option<&str>) -> NodeProc {
+    start_node_at(dir, trust, cheat, "127.0.0.1:0")
+}
+
+fn start_node_at(dir: &Path, trust: &KeyPair, cheat: Option<&str>, listen: &str) -> NodeProc {
     let key = trust.public().to_hex();
     let dir = dir.to_str().expect("a UTF-8 temporary path");
-    let mut args = vec![
-        "node",
-        "--listen",
-        "127.0.0.1:0",
-        "--threads",
-        "1",
-        "--no-fsync",
-    ];
+    let mut args = vec!["node", "--listen", listen, "--threads", "1", "--no-fsync"];
     args.extend(["--trust", &key, "--data-dir", dir]);
     if let Some(c) = cheat {
         args.extend(["--cheat", c]);
@@ -50,9 +47,40 @@ fn start_node(dir: &Path, trust: &KeyPair, cheat: Option<&str>) -> NodeProc {
 
 struct Cluster {
     coordinator: Arc<Coordinator<SqlLedger>>,
+    key: KeyPair,
     nodes: Vec<NodeProc>,
     ids: Vec<String>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Start one more node and register it.
+    async fn add_node(&mut self, cheat: Option<&str>) -> String {
+        let i = self.nodes.len();
+        let node = start_node(&self.dir.path().join(format!("node{i}")), &self.key, cheat);
+        let id = self
+            .coordinator
+            .register_node(&node.url, 1000, None)
+            .await
+            .unwrap()
+            .id;
+        self.nodes.push(node);
+        self.ids.push(id.clone());
+        id
+    }
+
+    /// A second coordinator on the same ledger file, blob store and key: this one after a
+    /// crash and a restart.
+    async fn restarted(&self, config: CoordinatorConfig) -> Arc<Coordinator<SqlLedger>> {
+        let ledger = SqlLedger::connect(&format!(
+            "sqlite://{}",
+            self.dir.path().join("ledger.db").display()
+        ))
+        .await
+        .unwrap();
+        let store = Store::open(&self.dir.path().join("store"), StoreConfig::default()).unwrap();
+        Arc::new(Coordinator::new(ledger, self.key.clone(), store, config))
+    }
 }
 
 async fn cluster(cheats: &[Option<&str>], config: CoordinatorConfig) -> Cluster {
@@ -70,14 +98,21 @@ async fn cluster(cheats: &[Option<&str>], config: CoordinatorConfig) -> Cluster 
     let mut ids = Vec::new();
     for (i, cheat) in cheats.iter().enumerate() {
         let node = start_node(&dir.path().join(format!("node{i}")), &key, *cheat);
-        ids.push(coordinator.register_node(&node.url, 1000).await.unwrap().id);
+        ids.push(
+            coordinator
+                .register_node(&node.url, 1000, None)
+                .await
+                .unwrap()
+                .id,
+        );
         nodes.push(node);
     }
     Cluster {
         coordinator,
+        key,
         nodes,
         ids,
-        _dir: dir,
+        dir,
     }
 }
 
@@ -295,4 +330,254 @@ async fn a_node_killed_mid_job_is_replaced_and_the_job_completes() {
     );
     assert!(out.slashed.is_empty(), "a crashed node is not a liar");
     assert_eq!(l.assignments(&out.job_id).await.unwrap().len(), 4);
+}
+
+/// What the coordinator that crashed had already done for a job: ship it to `nodes`, have
+/// them run it, and (for `recorded` of them) write their commitments to the ledger.
+async fn commit_by_hand(
+    c: &Cluster,
+    job_id: &str,
+    task: Hash,
+    inputs: &BTreeMap<String, HostTensor>,
+    graph: &Graph,
+    recorded: usize,
+) {
+    let l = &c.coordinator.ledger;
+    let mut blobs = BTreeMap::new();
+    let mut hashes = BTreeMap::new();
+    for (name, t) in inputs {
+        let blob = tenet_proto::tensor::encode(t);
+        hashes.insert(name.clone(), Hash::of(&blob));
+        blobs.insert(Hash::of(&blob), tenet_proto::to_hex(&blob));
+    }
+    let run = tenet_proto::wire::RunJob {
+        job: JobSpec {
+            job_id: job_id.to_string(),
+            task,
+            weights: None,
+            inputs: hashes,
+            tier: Tier::Exact,
+            seed: 0,
+        },
+        timeout_ms: None,
+        blobs,
+    };
+    let asg = l.assignments(job_id).await.unwrap();
+    for (i, a) in asg.iter().enumerate() {
+        let url = &l.node(&a.node_id).await.unwrap().unwrap().url;
+        let client = tenet_node::NodeClient::new(url, c.key.clone()).unwrap();
+        client.put_blob(graph.to_bytes()).await.unwrap();
+        let committed = client.run_job(&run).await.unwrap();
+        if i < recorded {
+            l.record_commitment(
+                job_id,
+                &a.node_id,
+                &serde_json::to_string(&committed.commitment).unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_coordinator_resumes_jobs_from_every_unfinished_state() {
+    let c = cluster(&[None, Some("flip"), None], CoordinatorConfig::default()).await;
+    let graph = mlp();
+    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let l = &c.coordinator.ledger;
+    let advance = async |id: &str, from, to| l.advance_job(id, from, to, 1).await.unwrap();
+    // Job 1: every replica committed and recorded; the crash came before any reveal.
+    let j1 = c
+        .coordinator
+        .admit(request(task, 1, Tier::Exact))
+        .await
+        .unwrap();
+    advance(&j1, JobState::Pending, JobState::Committing).await;
+    commit_by_hand(&c, &j1, task, &inputs(1), &graph, 3).await;
+    advance(&j1, JobState::Committing, JobState::Revealing).await;
+    // Job 2: every node ran it, but the crash came before the third commitment was recorded.
+    let j2 = c
+        .coordinator
+        .admit(request(task, 2, Tier::Exact))
+        .await
+        .unwrap();
+    advance(&j2, JobState::Pending, JobState::Committing).await;
+    commit_by_hand(&c, &j2, task, &inputs(2), &graph, 2).await;
+    // Job 3: admitted (acknowledged to its caller), never started.
+    let j3 = c
+        .coordinator
+        .admit(request(task, 3, Tier::Exact))
+        .await
+        .unwrap();
+    assert_eq!(l.unfinished_jobs().await.unwrap().len(), 3);
+
+    let again = c.restarted(CoordinatorConfig::default()).await;
+    let mut resumed = again.resume().await.unwrap();
+    resumed.sort();
+    let mut expected = vec![j1.clone(), j2.clone(), j3.clone()];
+    expected.sort();
+    assert_eq!(resumed, expected);
+    for id in &expected {
+        assert!(
+            again.wait(id, Duration::from_secs(60)).await,
+            "job {id} ended"
+        );
+    }
+    let l = &again.ledger;
+    assert!(l.unfinished_jobs().await.unwrap().is_empty());
+    let liar = &c.ids[1];
+    for (id, seed) in [(&j1, 1), (&j2, 2), (&j3, 3)] {
+        let job = l.job(id).await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Decided, "job {id}: {:?}", job.error);
+        let receipt: tenet_proto::receipt::Receipt =
+            serde_json::from_str(job.receipt.as_deref().unwrap()).unwrap();
+        receipt.verify().unwrap();
+        let expected = output_hash(&output_refs(&[(
+            "y".to_string(),
+            local(&graph, &inputs(seed)),
+        )]));
+        assert_eq!(receipt.output_hash, expected, "job {id}: the honest result");
+        assert_eq!(receipt.nodes.len(), 2);
+        for a in l.assignments(id).await.unwrap() {
+            let want = if a.node_id == *liar {
+                AssignmentState::Disagreed
+            } else {
+                AssignmentState::Agreed
+            };
+            assert_eq!(a.state, want, "job {id}, node {}", a.node_id);
+        }
+    }
+    // Each job settled exactly once: three slashes of the liar, three credits per honest node.
+    let liar_rec = l.node(liar).await.unwrap().unwrap();
+    assert_eq!((liar_rec.stake, liar_rec.disagreed), (729, 3));
+    assert_eq!(l.stake_events(liar).await.unwrap().len(), 3);
+    for honest in [&c.ids[0], &c.ids[2]] {
+        let r = l.node(honest).await.unwrap().unwrap();
+        assert_eq!((r.stake, r.agreed), (1003, 3));
+    }
+    assert!(again.resume().await.unwrap().is_empty(), "nothing left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_more_nodes_are_asked_before_any_referee() {
+    let mut c = cluster(
+        &[None, Some("flip"), Some("noise=0.5")],
+        CoordinatorConfig::default(),
+    )
+    .await;
+    let graph = mlp();
+    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    // The job's three replicas are fixed at admission: one honest node and two different liars.
+    let job = c
+        .coordinator
+        .admit(request(task, 7, Tier::Exact))
+        .await
+        .unwrap();
+    let mut honest = vec![c.ids[0].clone()];
+    for _ in 0..3 {
+        honest.push(c.add_node(None).await);
+    }
+    let out = c.coordinator.start(job.clone()).await.unwrap().unwrap();
+    assert!(!out.refereed, "four honest nodes of six are a majority");
+    let mut slashed: Vec<String> = out.slashed.iter().map(|(n, _)| n.clone()).collect();
+    slashed.sort();
+    let mut liars = vec![c.ids[1].clone(), c.ids[2].clone()];
+    liars.sort();
+    assert_eq!(slashed, liars);
+    assert_eq!(out.receipt.nodes.len(), 4);
+    assert_eq!(out.receipt.replicas, 6);
+    out.receipt.verify().unwrap();
+    assert_eq!(out.outputs[0].1.bytes(), local(&graph, &inputs(7)).bytes());
+    assert_eq!(
+        c.coordinator.ledger.assignments(&job).await.unwrap().len(),
+        6
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_check_mode_replicates_a_fraction_alpha_of_jobs_and_catches_the_liar_only_there() {
+    let config = CoordinatorConfig {
+        spot_check: Some(0.3),
+        ..CoordinatorConfig::default()
+    };
+    let c = cluster(&[None, Some("flip"), None], config).await;
+    let graph = mlp();
+    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let liar = &c.ids[1];
+    let (mut replicated, mut caught) = (0, 0);
+    for i in 0..60 {
+        let out = c
+            .coordinator
+            .run(request(task, i, Tier::Exact))
+            .await
+            .unwrap();
+        out.receipt.verify().unwrap();
+        match out.receipt.replicas {
+            1 => assert!(out.slashed.is_empty(), "job {i}: nobody to compare with"),
+            3 => {
+                replicated += 1;
+                assert_eq!(out.slashed.len(), 1, "job {i}");
+                assert_eq!(&out.slashed[0].0, liar);
+                assert_eq!(out.outputs[0].1.bytes(), local(&graph, &inputs(i)).bytes());
+                caught += 1;
+            }
+            n => panic!("job {i} ran on {n} nodes"),
+        }
+    }
+    // Binomial(60, 0.3): mean 18; outside [3, 40] with probability below 1e-7.
+    assert!(
+        (3..=40).contains(&replicated),
+        "{replicated} of 60 replicated"
+    );
+    let r = c.coordinator.ledger.node(liar).await.unwrap().unwrap();
+    assert_eq!(r.disagreed, caught);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_monitor_benches_a_dead_node_and_brings_it_back_and_deregistered_nodes_get_no_jobs()
+ {
+    let config = CoordinatorConfig {
+        replicas: 1,
+        ..CoordinatorConfig::default()
+    };
+    let mut c = cluster(&[None, None], config).await;
+    let l = &c.coordinator.ledger;
+    let state = async |id: &str| l.node(id).await.unwrap().unwrap().state;
+    let url = c.nodes[1].url.clone();
+    c.nodes[1].child.kill().unwrap();
+    c.nodes[1].child.wait().unwrap();
+    assert_eq!(c.coordinator.check_health(Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(state(&c.ids[1]).await, NodeState::Unhealthy);
+    assert_eq!(state(&c.ids[0]).await, NodeState::Active);
+    // Back on the same address with the same identity: active again.
+    c.nodes[1] = start_node_at(
+        &c.dir.path().join("node1"),
+        &c.key,
+        None,
+        url.trim_start_matches("http://"),
+    );
+    assert_eq!(c.coordinator.check_health(Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(state(&c.ids[1]).await, NodeState::Active);
+    // A node that left gets no new jobs, and its heartbeats are refused until it registers again.
+    c.coordinator.deregister(&c.ids[0]).await.unwrap();
+    assert_eq!(state(&c.ids[0]).await, NodeState::Deregistered);
+    assert!(c.coordinator.heartbeat(&c.ids[0]).await.is_err());
+    let graph = mlp();
+    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    for i in 0..5 {
+        let out = c
+            .coordinator
+            .run(request(task, i, Tier::Exact))
+            .await
+            .unwrap();
+        assert_eq!(out.receipt.nodes[0].commitment.node.to_hex(), c.ids[1]);
+    }
+    let again = c
+        .coordinator
+        .register_node(&c.nodes[0].url, 500, None)
+        .await
+        .unwrap();
+    assert_eq!((again.state, again.stake), (NodeState::Active, 500));
+    c.coordinator.heartbeat(&c.ids[0]).await.unwrap();
 }

@@ -1,6 +1,8 @@
-//! Deploy and call through the CLI, with a coordinator and three nodes as real processes on
-//! 127.0.0.1, one node lying: the verified result equals a local run, the liar is slashed, the
-//! receipt verifies offline and a forged one does not; callers without a key are refused.
+//! Deploy and call through the CLI, with a coordinator and nodes as real processes on
+//! 127.0.0.1: with one node lying, the verified result equals a local run, the liar is slashed,
+//! the receipt verifies offline and a forged one does not, and callers without a key are
+//! refused; a node joins by itself, beats and leaves; a coordinator killed mid-job and
+//! restarted finishes the job for a caller that kept waiting.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -205,4 +207,276 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
         1,
         "{stakes:?}"
     );
+}
+
+/// `GET path` on the coordinator with the test's API key; the status and the JSON answer.
+fn api_get(url: &str, path: &str) -> (u16, serde_json::Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = tenet_node::NodeClient::new(url, tenet_node::identity::generate()).unwrap();
+    let req = tenet_node::RawRequest {
+        method: tenet_node::Method::GET,
+        path: path.to_string(),
+        headers: vec![("authorization".into(), "Bearer secret".into())],
+        body: tenet_node::Bytes::new(),
+    };
+    match rt.block_on(http.send(req)) {
+        Ok(r) => (
+            r.status,
+            serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null),
+        ),
+        Err(_) => (0, serde_json::Value::Null),
+    }
+}
+
+fn coordinator_args<'a>(data: &'a str, listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "coordinator",
+        "--listen",
+        listen,
+        "--data-dir",
+        data,
+        "--api-key",
+        "secret",
+    ];
+    a.extend(extra);
+    a
+}
+
+#[test]
+fn a_node_joins_by_itself_sends_heartbeats_runs_jobs_and_leaves_on_sigterm() {
+    let dir = tmp();
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let coord_dir = d("coord");
+    let (_coord, line) = spawn(coordinator_args(
+        &coord_dir,
+        "127.0.0.1:0",
+        &["--replicas", "1"],
+    ));
+    let curl = line.split_whitespace().last().unwrap().to_string();
+    let node_dir = d("node");
+    let (mut node, line) = spawn([
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+        "--no-fsync",
+        "--data-dir",
+        &node_dir,
+        "--coordinator",
+        &curl,
+        "--api-key",
+        "secret",
+        "--stake",
+        "700",
+        "--heartbeat",
+        "0.2",
+    ]);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (node_id, node_url) = (words[2].to_string(), words.last().unwrap().to_string());
+    let (status, nodes) = api_get(&curl, "/v1/nodes");
+    assert_eq!(status, 200);
+    assert_eq!(nodes.as_array().unwrap().len(), 1, "{nodes}");
+    assert_eq!(nodes[0]["id"], node_id.as_str());
+    assert_eq!(nodes[0]["url"], node_url.as_str());
+    assert_eq!(nodes[0]["stake"], 700);
+    assert_eq!(nodes[0]["state"], "active");
+    let first_beat = nodes[0]["last_heartbeat"].as_i64().unwrap();
+    // Heartbeats move last_heartbeat on (in whole seconds).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, n) = api_get(&curl, &format!("/v1/nodes/{node_id}"));
+        if n["last_heartbeat"].as_i64().unwrap() > first_beat {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no heartbeat: {n}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The node trusts the coordinator it joined: a job runs on it.
+    let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
+    let deployed: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args([
+            "deploy",
+            "examples/mlp.tg",
+            "--weights",
+            "examples/mlp.safetensors",
+            "--json",
+        ])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap();
+    let x: Vec<Vec<f32>> = vec![vec![0.5; 64]; 8];
+    std::fs::write(d("x.json"), serde_json::to_string(&x).unwrap()).unwrap();
+    let out = ok(tenet()
+        .args(["call", deployed["id"].as_str().unwrap(), "-i"])
+        .arg(format!("x={}", d("x.json")))
+        .args(remote)
+        .output()
+        .unwrap());
+    assert!(out.contains("verified by 1 of 1 node(s)"), "{out}");
+    // SIGTERM: the node deregisters, then stops.
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &node.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(node.wait().unwrap().success());
+    let (_, n) = api_get(&curl, &format!("/v1/nodes/{node_id}"));
+    assert_eq!(n["state"], "deregistered", "{n}");
+}
+
+#[test]
+fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_gets_it() {
+    let dir = tmp();
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let coord_dir = d("coord");
+    let (mut coord, line) = spawn(coordinator_args(&coord_dir, "127.0.0.1:0", &[]));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (ckey, curl) = (words[2].to_string(), words.last().unwrap().to_string());
+    let addr = curl.trim_start_matches("http://").to_string();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let data = d(&format!("node{i}"));
+        let (p, line) = spawn([
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--no-fsync",
+            "--data-dir",
+            &data,
+            "--trust",
+            &ckey,
+            "--event-log",
+            &d(&format!("node{i}.log")),
+        ]);
+        let url = line.split_whitespace().last().unwrap().to_string();
+        ok(tenet()
+            .args(["register", &url, "--stake", "1000", "--coordinator", &curl])
+            .args(["--api-key", "secret"])
+            .output()
+            .unwrap());
+        nodes.push(p);
+    }
+    // A task slow enough (a chain of 256² matmuls) to kill the coordinator while nodes run it.
+    let g = tenet_ir::GraphBuilder::new();
+    let s = g.input("s", tenet_ir::DType::F32, &[256, 256]);
+    let mut acc = s.clone();
+    for _ in 0..600 {
+        acc = acc.matmul(&s).tanh();
+    }
+    let graph = g.finish(&[("y", &acc)]).unwrap();
+    std::fs::write(d("slow.tnt"), graph.to_bytes()).unwrap();
+    let s_in: Vec<Vec<f32>> = (0..256)
+        .map(|i| {
+            (0..256)
+                .map(|j| ((i * 31 + j * 17) % 19) as f32 / 1900.0)
+                .collect()
+        })
+        .collect();
+    std::fs::write(d("s.json"), serde_json::to_string(&s_in).unwrap()).unwrap();
+    let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
+    let task = serde_json::from_str::<serde_json::Value>(&ok(tenet()
+        .args(["deploy", &d("slow.tnt"), "--json"])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let caller = tenet()
+        .args(["call", &task, "-i"])
+        .arg(format!("s={}", d("s.json")))
+        .args([
+            "-o",
+            &d("y.json"),
+            "--receipt",
+            &d("receipt.json"),
+            "--json",
+        ])
+        .args(remote)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the coordinator once every node has started the job.
+    let started = |i: usize| {
+        std::fs::read_to_string(d(&format!("node{i}.log")))
+            .unwrap_or_default()
+            .contains("\"started\"")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !(0..3).all(started) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    coord.kill().unwrap();
+    coord.wait().unwrap();
+    let committed_before = (0..3)
+        .filter(|&i| {
+            std::fs::read_to_string(d(&format!("node{i}.log")))
+                .unwrap_or_default()
+                .contains("\"committed\"")
+        })
+        .count();
+    // Restarted on the same address and data: it resumes the job from its ledger.
+    let (_coord, line) = spawn(coordinator_args(&coord_dir, &addr, &[]));
+    assert!(line.contains(&ckey), "the same identity: {line}");
+    let out = caller.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the caller failed (nodes had committed before the kill: {committed_before}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["state"], "decided");
+    let job_id = answer["job_id"].as_str().unwrap();
+    // The result is the local result, and the receipt verifies against the coordinator.
+    ok(tenet()
+        .args(["run", &d("slow.tnt"), "-i"])
+        .arg(format!("s={}", d("s.json")))
+        .args(["-o", &d("local.json")])
+        .output()
+        .unwrap());
+    assert_eq!(
+        std::fs::read(d("y.json")).unwrap(),
+        std::fs::read(d("local.json")).unwrap()
+    );
+    ok(tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &ckey,
+        ])
+        .output()
+        .unwrap());
+    // The ledger is consistent: one job, decided, three agreeing replicas each credited once,
+    // nothing unfinished, and no node ran the job twice.
+    let (_, job) = api_get(&curl, &format!("/v1/jobs/{job_id}"));
+    assert_eq!(job["state"], "decided");
+    let asg = job["assignments"].as_array().unwrap();
+    assert_eq!(asg.len(), 3, "{job}");
+    assert!(asg.iter().all(|a| a["state"] == "agreed"), "{job}");
+    let (_, jobs) = api_get(&curl, "/v1/jobs");
+    assert_eq!(jobs.as_array().unwrap().len(), 1);
+    let (_, nodes_now) = api_get(&curl, "/v1/nodes");
+    for n in nodes_now.as_array().unwrap() {
+        assert_eq!(n["stake"], 1001, "{n}");
+        assert_eq!(n["agreed"], 1, "{n}");
+    }
+    for i in 0..3 {
+        let log = std::fs::read_to_string(d(&format!("node{i}.log"))).unwrap();
+        assert_eq!(log.matches("\"accepted\"").count(), 1, "node {i}: {log}");
+    }
 }

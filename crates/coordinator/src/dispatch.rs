@@ -1,40 +1,31 @@
-//! Running one job on several nodes, verified.
-//!
-//! 1. Pick `replicas` distinct active nodes at random, weighted by stake × score.
-//! 2. **Commit:** each runs the job and returns a signed commitment; a node that fails or
-//!    times out is marked unhealthy and replaced by another. No reveal is asked until every
-//!    replica has committed, so no node can copy another's answer.
-//! 3. **Reveal:** each shows its outputs and salt; a reveal that does not open its commitment,
-//!    or outputs that do not hash to what it revealed, make that node a liar.
-//! 4. **Compare** per tier ([`crate::compare`]). In `exact`, without a strict majority the
-//!    coordinator's own executor referees.
-//! 5. Record the decision, slash the nodes that disagreed, credit those that agreed, and sign a
-//!    receipt listing the agreeing nodes' commitments.
-//!
-//! Every step is written to the ledger as it happens.
+//! A job's life in the coordinator: admitted (inputs stored and the job in the ledger before
+//! anyone is told its id), driven to a decision in its own task (so a caller that hangs up
+//! does not strand it), waited for, and resumed after a restart from what the ledger holds.
+//! The phases a job goes through are in [`crate::phases`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tenet_exec::Backend;
 use tenet_ir::HostTensor;
-use tenet_ledger::{JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState, Verdict};
-use tenet_node::{ClientError, NodeClient};
+use tenet_ledger::{JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState};
+use tenet_node::NodeClient;
 use tenet_proto::auth::KeyPair;
-use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash, output_refs};
-use tenet_proto::receipt::{Attestation, Receipt};
-use tenet_proto::wire::RunJob;
+use tenet_proto::commit::{JobSpec, Tier};
+use tenet_proto::receipt::Receipt;
 use tenet_proto::{Hash, tensor};
 use tenet_store::Store;
-
-use crate::compare::{self, Replica};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 /// How the coordinator runs jobs.
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
-    /// Nodes each job runs on.
+    /// Nodes each job runs on (each replicated job, in spot-check mode).
     pub replicas: usize,
+    /// Spot-check mode: run each job on one node, and on `replicas` nodes with this
+    /// probability (seed 000's α; `tenet economics` says how small it may be).
+    pub spot_check: Option<f64>,
     /// Per-element bound against the median in the tolerant tier.
     pub tolerance: f64,
     /// Fraction of stake a node loses when it disagrees with the decided result.
@@ -49,6 +40,7 @@ impl Default for CoordinatorConfig {
     fn default() -> CoordinatorConfig {
         CoordinatorConfig {
             replicas: 3,
+            spot_check: None,
             tolerance: 1e-4,
             slash_fraction: 0.1,
             reward: 1,
@@ -74,6 +66,8 @@ pub enum DispatchError {
     Undecided(String),
     #[error("{0}")]
     BadRequest(String),
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// A job to run.
@@ -101,22 +95,31 @@ pub struct JobOutcome {
 /// The coordinator's core: nodes, blobs, the ledger, and its signing key.
 pub struct Coordinator<L: Ledger> {
     pub ledger: L,
-    key: KeyPair,
-    store: Arc<Store>,
-    config: CoordinatorConfig,
+    pub(crate) key: KeyPair,
+    pub(crate) store: Arc<Store>,
+    pub(crate) config: CoordinatorConfig,
     clients: Mutex<HashMap<String, Arc<NodeClient>>>,
+    /// Jobs being driven by this process; the flag turns true when one ends.
+    running: Mutex<HashMap<String, watch::Receiver<bool>>>,
 }
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     tenet_proto::unix_now() as i64
 }
 
-/// A replica that committed.
-struct Committed {
-    node: String,
-    client: Arc<NodeClient>,
-    commitment: Commitment,
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its map consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// A uniform draw from [0, 1).
+fn unit_random() -> f64 {
+    (u64::from_le_bytes(tenet_node::identity::random_bytes::<8>()) >> 11) as f64
+        / (1u64 << 53) as f64
+}
+
+/// Inputs of at most this many bytes travel inside the run request instead of as blobs.
+const INLINE_INPUT_BYTES: u64 = 256 << 10;
 
 impl<L: Ledger + 'static> Coordinator<L> {
     pub fn new(ledger: L, key: KeyPair, store: Arc<Store>, config: CoordinatorConfig) -> Self {
@@ -126,6 +129,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             store,
             config,
             clients: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
         }
     }
 
@@ -141,45 +145,22 @@ impl<L: Ledger + 'static> Coordinator<L> {
         &self.config
     }
 
-    fn client(&self, node: &NodeRecord) -> Result<Arc<NodeClient>, DispatchError> {
-        let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = c.get(&node.id) {
+    /// A client for `node`, reused across jobs (one per URL).
+    pub(crate) fn client(&self, node: &NodeRecord) -> Result<Arc<NodeClient>, DispatchError> {
+        let mut c = lock(&self.clients);
+        if let Some(existing) = c.get(&node.url) {
             return Ok(existing.clone());
         }
         let client = Arc::new(
             NodeClient::new(&node.url, self.key.clone())
                 .map_err(|e| DispatchError::BadRequest(e.to_string()))?,
         );
-        c.insert(node.id.clone(), client.clone());
+        c.insert(node.url.clone(), client.clone());
         Ok(client)
     }
 
-    /// Register the node at `url` with `stake`: its id is what it says in `/v1/info` (it must
-    /// trust this coordinator's key for jobs to run).
-    pub async fn register_node(&self, url: &str, stake: i64) -> Result<NodeRecord, DispatchError> {
-        let probe = NodeClient::new(url, self.key.clone())
-            .map_err(|e| DispatchError::BadRequest(e.to_string()))?;
-        let info = probe
-            .info()
-            .await
-            .map_err(|e| DispatchError::Nodes(format!("{url}: {e}")))?;
-        let record = NodeRecord {
-            id: info.node_id.to_hex(),
-            url: url.to_string(),
-            stake,
-            state: NodeState::Active,
-            registered_at: now(),
-            last_heartbeat: now(),
-            agreed: 0,
-            disagreed: 0,
-            score_sum: 0.0,
-        };
-        self.ledger.register_node(&record).await?;
-        Ok(record)
-    }
-
     /// Pick up to `n` distinct active nodes not in `exclude`, weighted by stake × score.
-    async fn pick(
+    pub(crate) async fn pick(
         &self,
         n: usize,
         exclude: &HashSet<String>,
@@ -198,8 +179,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 .map(|r| r.stake as f64 * r.score().max(0.01))
                 .collect();
             let total: f64 = weights.iter().sum();
-            let bytes = tenet_node::identity::random_bytes::<8>();
-            let mut x = u64::from_le_bytes(bytes) as f64 / u64::MAX as f64 * total;
+            let mut x = unit_random() * total;
             let mut i = 0;
             while i + 1 < pool.len() && x >= weights[i] {
                 x -= weights[i];
@@ -210,54 +190,26 @@ impl<L: Ledger + 'static> Coordinator<L> {
         Ok(chosen)
     }
 
-    /// Make sure `node` has every blob the job needs and does not get inline (skipping what
-    /// it has).
-    async fn ship(&self, client: &NodeClient, run: &RunJob) -> Result<(), ClientError> {
-        let spec = &run.job;
-        let mut hashes = vec![spec.task];
-        hashes.extend(spec.weights);
-        hashes.extend(spec.inputs.values().filter(|h| !run.blobs.contains_key(h)));
-        for h in hashes {
-            if client.has_blob(&h).await?.is_none() {
-                let bytes = self.store.get(&h).map_err(|e| ClientError::Unexpected {
-                    status: 0,
-                    message: e.to_string(),
-                })?;
-                client.put_blob(bytes).await?;
-            }
+    /// How many replicas a new job gets: `replicas`, or in spot-check mode one, replicated
+    /// with probability α.
+    fn replicas_for_new_job(&self) -> usize {
+        let r = self.config.replicas.max(1);
+        match self.config.spot_check {
+            Some(alpha) if unit_random() >= alpha => 1,
+            _ => r,
         }
-        Ok(())
     }
 
-    /// Run `req` on the configured number of replicas, verified.
-    pub async fn run(self: &Arc<Self>, req: JobRequest) -> Result<JobOutcome, DispatchError> {
+    /// Accept a job: store its inputs and record it, with its first replicas, in the ledger.
+    /// Once this returns, the job survives a crash of the coordinator; it has not started.
+    pub async fn admit(&self, req: JobRequest) -> Result<String, DispatchError> {
         if self.store.contains(&req.task).is_none() {
             return Err(DispatchError::BadRequest(format!(
                 "task {} is not deployed on this coordinator",
                 req.task
             )));
         }
-        // Inputs are stored too: a restarted coordinator, and replays, need them.
-        let mut inputs = BTreeMap::new();
-        let mut inline = BTreeMap::new();
-        for (name, t) in &req.inputs {
-            let blob = tensor::encode(t);
-            let h = self.store.put_bytes(&blob)?;
-            inputs.insert(name.clone(), h);
-            if blob.len() <= 256 << 10 {
-                inline.insert(h, tenet_proto::to_hex(&blob));
-            }
-        }
-        let job_id = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<12>());
-        let spec = JobSpec {
-            job_id: job_id.clone(),
-            task: req.task,
-            weights: req.weights,
-            inputs,
-            tier: req.tier,
-            seed: req.seed,
-        };
-        let want = self.config.replicas.max(1);
+        let want = self.replicas_for_new_job();
         let chosen = self.pick(want, &HashSet::new()).await?;
         if chosen.len() < want {
             return Err(DispatchError::NotEnoughNodes {
@@ -265,13 +217,19 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 need: want,
             });
         }
+        let mut inputs = BTreeMap::new();
+        for (name, t) in &req.inputs {
+            inputs.insert(name.clone(), self.store.put_bytes(&tensor::encode(t))?);
+        }
+        let job_id = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<12>());
         let record = JobRecord {
             id: job_id.clone(),
-            task: spec.task.to_hex(),
-            weights: spec.weights.map(|w| w.to_hex()),
-            inputs: serde_json::to_string(&spec.inputs).unwrap_or_default(),
-            tier: spec.tier.as_str().to_string(),
-            seed: spec.seed as i64,
+            task: req.task.to_hex(),
+            weights: req.weights.map(|w| w.to_hex()),
+            inputs: serde_json::to_string(&inputs)
+                .map_err(|e| DispatchError::Internal(e.to_string()))?,
+            tier: req.tier.as_str().to_string(),
+            seed: req.seed as i64,
             replicas: want as i64,
             state: JobState::Pending,
             created_at: now(),
@@ -280,345 +238,111 @@ impl<L: Ledger + 'static> Coordinator<L> {
             receipt: None,
             error: None,
         };
-        let ids: Vec<String> = chosen.iter().map(|n| n.id.clone()).collect();
+        let ids: Vec<String> = chosen.into_iter().map(|n| n.id).collect();
         self.ledger.create_job(&record, &ids).await?;
-        self.ledger
-            .advance_job(&job_id, JobState::Pending, JobState::Committing, now())
-            .await?;
-        let result = self.drive(spec, inline, chosen).await;
-        if let Err(e) = &result {
-            let _ = self.ledger.fail_job(&job_id, &e.to_string(), now()).await;
-        }
-        result
+        Ok(job_id)
     }
 
-    /// Commit, reveal, compare, judge.
-    async fn drive(
+    /// Drive an admitted job to its end in a task of its own; a failure is recorded in the
+    /// ledger. Dropping the handle leaves the job running.
+    pub fn start(
         self: &Arc<Self>,
-        spec: JobSpec,
-        inline: BTreeMap<Hash, String>,
-        chosen: Vec<NodeRecord>,
-    ) -> Result<JobOutcome, DispatchError> {
-        let job_id = spec.job_id.clone();
-        let run = RunJob {
-            job: spec.clone(),
-            timeout_ms: Some(self.config.node_timeout.as_millis() as u64),
-            blobs: inline,
-        };
-        // Commit phase: all replicas, concurrently; failed nodes replaced.
-        let mut tried: HashSet<String> = chosen.iter().map(|n| n.id.clone()).collect();
-        let mut pending = chosen;
-        let mut committed: Vec<Committed> = Vec::new();
-        let mut failures = Vec::new();
-        while !pending.is_empty() {
-            let mut set = tokio::task::JoinSet::new();
-            for node in pending.drain(..) {
-                let me = self.clone();
-                let run = run.clone();
-                set.spawn(async move {
-                    let r = me.commit_on(&node, &run).await;
-                    (node, r)
-                });
+        job_id: String,
+    ) -> JoinHandle<Result<JobOutcome, DispatchError>> {
+        let (done, watcher) = watch::channel(false);
+        lock(&self.running).insert(job_id.clone(), watcher);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let result = me.drive(&job_id).await;
+            if let Err(e) = &result {
+                let _ = me.ledger.fail_job(&job_id, &e.to_string(), now()).await;
             }
-            let mut lost = 0;
-            while let Some(joined) = set.join_next().await {
-                let Ok((node, r)) = joined else {
-                    lost += 1;
-                    continue;
-                };
-                match r {
-                    Ok(c) => {
-                        self.ledger
-                            .record_commitment(
-                                &job_id,
-                                &node.id,
-                                &serde_json::to_string(&c.commitment).unwrap_or_default(),
-                            )
-                            .await?;
-                        committed.push(c);
-                    }
-                    Err(e) => {
-                        failures.push(format!("{}: {e}", &node.id[..12]));
-                        let _ = self.ledger.fail_assignment(&job_id, &node.id).await;
-                        // A node that cannot run a job it was given is not healthy.
-                        let _ = self
-                            .ledger
-                            .set_node_state(&node.id, NodeState::Unhealthy)
-                            .await;
-                        lost += 1;
-                    }
-                }
-            }
-            if lost > 0 {
-                let replacements = self.pick(lost, &tried).await?;
-                if replacements.is_empty() {
-                    break;
-                }
-                for r in &replacements {
-                    tried.insert(r.id.clone());
-                    self.ledger.assign(&job_id, &r.id).await?;
-                }
-                pending = replacements;
-            }
-        }
-        if committed.len() < self.config.replicas.max(1) {
-            return Err(DispatchError::Nodes(format!(
-                "only {} of {} replicas committed ({})",
-                committed.len(),
-                self.config.replicas,
-                failures.join("; ")
-            )));
-        }
-        self.ledger
-            .advance_job(&job_id, JobState::Committing, JobState::Revealing, now())
-            .await?;
-
-        // Reveal phase: only now, with every commitment in.
-        let mut replicas: Vec<Replica> = Vec::new();
-        let mut attest: Vec<Attestation> = Vec::new();
-        let mut liars: Vec<String> = Vec::new();
-        for c in &committed {
-            match self.reveal_from(c).await {
-                Ok((replica, salt)) => {
-                    self.ledger
-                        .record_reveal(
-                            &job_id,
-                            &c.node,
-                            &replica.output_hash.to_hex(),
-                            &salt.to_hex(),
-                        )
-                        .await?;
-                    attest.push(Attestation {
-                        commitment: c.commitment.clone(),
-                        output_hash: replica.output_hash,
-                        salt,
-                    });
-                    replicas.push(replica);
-                }
-                Err(RevealError::Lied(why)) => {
-                    failures.push(format!("{}: {why}", &c.node[..12]));
-                    liars.push(c.node.clone());
-                }
-                Err(RevealError::Failed(why)) => {
-                    failures.push(format!("{}: {why}", &c.node[..12]));
-                    let _ = self.ledger.fail_assignment(&job_id, &c.node).await;
-                    let _ = self
-                        .ledger
-                        .set_node_state(&c.node, NodeState::Unhealthy)
-                        .await;
-                }
-            }
-        }
-
-        // Compare.
-        let mut refereed = false;
-        let mut decision = match spec.tier {
-            Tier::Exact => compare::exact(&replicas),
-            Tier::Tolerant => compare::tolerant(&replicas, self.config.tolerance),
-        };
-        if decision.result.is_none() && spec.tier == Tier::Exact && !replicas.is_empty() {
-            let local = self.referee(&spec).await?;
-            refereed = true;
-            decision = compare::decide_by_hash(&replicas, Some(local), None);
-        }
-        let Some(result) = decision.result else {
-            return Err(DispatchError::Undecided(format!(
-                "the {} replicas that revealed do not agree ({})",
-                replicas.len(),
-                failures.join("; ")
-            )));
-        };
-
-        // Judge: verdicts, slashes, credits, receipt.
-        let mut verdicts = Vec::new();
-        for (i, r) in replicas.iter().enumerate() {
-            verdicts.push(Verdict {
-                node_id: r.node.clone(),
-                agreed: decision.agreed[i],
-                score: decision.scores[i],
-            });
-        }
-        for l in &liars {
-            verdicts.push(Verdict {
-                node_id: l.clone(),
-                agreed: false,
-                score: 0.0,
-            });
-        }
-        let agreeing: Vec<Attestation> = attest
-            .iter()
-            .zip(&decision.agreed)
-            .filter(|(_, a)| **a)
-            .map(|(t, _)| t.clone())
-            .collect();
-        let chosen = &replicas[result];
-        let outputs_refs = output_refs(&chosen.outputs);
-        let receipt = Receipt {
-            version: 1,
-            job: spec.clone(),
-            output_hash: output_hash(&outputs_refs),
-            outputs: outputs_refs,
-            replicas: (replicas.len() + liars.len()) as u32,
-            tolerance: if spec.tier == Tier::Tolerant {
-                self.config.tolerance
-            } else {
-                0.0
-            },
-            nodes: agreeing,
-            coordinator: self.key.public(),
-            issued_at: tenet_proto::unix_now(),
-            signature: Sig([0; 64]),
-        }
-        .sign(&self.key);
-        let receipt_json = serde_json::to_string(&receipt).unwrap_or_default();
-        self.ledger
-            .decide_job(
-                &job_id,
-                &receipt.output_hash.to_hex(),
-                &receipt_json,
-                &verdicts,
-                now(),
-            )
-            .await?;
-        let mut slashed = Vec::new();
-        for v in &verdicts {
-            if v.agreed {
-                self.ledger
-                    .credit(&v.node_id, &job_id, self.config.reward, now())
-                    .await?;
-            } else {
-                let amount = self
-                    .ledger
-                    .slash(
-                        &v.node_id,
-                        &job_id,
-                        self.config.slash_fraction,
-                        "its committed result disagreed with the decided result",
-                        now(),
-                    )
-                    .await?;
-                slashed.push((v.node_id.clone(), amount));
-            }
-        }
-        for (_, t) in &chosen.outputs {
-            self.store.put_bytes(&tensor::encode(t))?;
-        }
-        Ok(JobOutcome {
-            job_id,
-            outputs: chosen.outputs.clone(),
-            receipt,
-            slashed,
-            refereed,
+            lock(&me.running).remove(&job_id);
+            let _ = done.send(true);
+            result
         })
     }
 
-    /// One replica's commit step.
-    async fn commit_on(&self, node: &NodeRecord, run: &RunJob) -> Result<Committed, String> {
-        let client = self.client(node).map_err(|e| e.to_string())?;
-        let work = async {
-            self.ship(&client, run).await.map_err(|e| e.to_string())?;
-            client.run_job(run).await.map_err(|e| e.to_string())
-        };
-        let committed = tokio::time::timeout(self.config.node_timeout, work)
+    /// Run `req` on the configured number of replicas, verified, and wait for the outcome.
+    pub async fn run(self: &Arc<Self>, req: JobRequest) -> Result<JobOutcome, DispatchError> {
+        let job_id = self.admit(req).await?;
+        self.start(job_id)
             .await
-            .map_err(|_| "timed out".to_string())??;
-        let c = committed.commitment;
-        if !c.verify() || c.node.to_hex() != node.id || c.job != run.job {
-            return Err("its commitment is not signed by it for this job".into());
+            .map_err(|e| DispatchError::Internal(format!("the job's task failed: {e}")))?
+    }
+
+    /// Admit and start `req` without waiting; its id, to wait on or read later.
+    pub async fn submit(self: &Arc<Self>, req: JobRequest) -> Result<String, DispatchError> {
+        let job_id = self.admit(req).await?;
+        drop(self.start(job_id.clone()));
+        Ok(job_id)
+    }
+
+    /// Start every job the ledger holds unfinished (after a restart); their ids.
+    pub async fn resume(self: &Arc<Self>) -> Result<Vec<String>, DispatchError> {
+        let mut resumed = Vec::new();
+        for job in self.ledger.unfinished_jobs().await? {
+            if lock(&self.running).contains_key(&job.id) {
+                continue;
+            }
+            drop(self.start(job.id.clone()));
+            resumed.push(job.id);
         }
-        Ok(Committed {
-            node: node.id.clone(),
-            client,
-            commitment: c,
+        Ok(resumed)
+    }
+
+    /// Wait up to `limit` for a job this process is driving to end; true when it is not
+    /// running here (any more).
+    pub async fn wait(&self, job_id: &str, limit: Duration) -> bool {
+        let watcher = lock(&self.running).get(job_id).cloned();
+        match watcher {
+            None => true,
+            Some(mut w) => tokio::time::timeout(limit, w.wait_for(|ended| *ended))
+                .await
+                .is_ok(),
+        }
+    }
+
+    /// Jobs being driven by this process now.
+    pub fn running_jobs(&self) -> usize {
+        lock(&self.running).len()
+    }
+
+    /// The job as the nodes see it, rebuilt from its ledger record.
+    pub(crate) fn spec_of(&self, job: &JobRecord) -> Result<JobSpec, DispatchError> {
+        let corrupt = |what: &str| {
+            DispatchError::Internal(format!("job {} in the ledger has a bad {what}", job.id))
+        };
+        Ok(JobSpec {
+            job_id: job.id.clone(),
+            task: Hash::parse(&job.task).map_err(|_| corrupt("task"))?,
+            weights: job
+                .weights
+                .as_deref()
+                .map(Hash::parse)
+                .transpose()
+                .map_err(|_| corrupt("weights"))?,
+            inputs: serde_json::from_str(&job.inputs).map_err(|_| corrupt("input list"))?,
+            tier: Tier::parse(&job.tier).ok_or_else(|| corrupt("tier"))?,
+            seed: job.seed as u64,
         })
     }
 
-    /// One replica's reveal, checked against its commitment.
-    async fn reveal_from(&self, c: &Committed) -> Result<(Replica, Hash), RevealError> {
-        let revealed = tokio::time::timeout(
-            self.config.node_timeout,
-            c.client.reveal(&c.commitment.job.job_id),
-        )
-        .await
-        .map_err(|_| RevealError::Failed("reveal timed out".into()))?
-        .map_err(|e| RevealError::Failed(e.to_string()))?;
-        if !revealed.reveal.opens(&c.commitment) {
-            return Err(RevealError::Lied(
-                "its reveal does not open its commitment".into(),
-            ));
-        }
-        let mut outputs = Vec::new();
-        for o in &revealed.reveal.outputs {
-            let bytes = match revealed.blobs.get(&o.hash) {
-                Some(hex) => {
-                    tenet_proto::from_hex(hex).ok_or_else(|| RevealError::Lied("bad hex".into()))?
-                }
-                None => c
-                    .client
-                    .get_blob(&o.hash)
-                    .await
-                    .map_err(|e| RevealError::Failed(e.to_string()))?
-                    .to_vec(),
-            };
-            if Hash::of(&bytes) != o.hash {
-                return Err(RevealError::Lied(format!(
-                    "output {} does not hash to what it revealed",
-                    o.name
-                )));
+    /// Small inputs as hex, to travel inside the run request.
+    pub(crate) fn inline_inputs(
+        &self,
+        spec: &JobSpec,
+    ) -> Result<BTreeMap<Hash, String>, DispatchError> {
+        let mut inline = BTreeMap::new();
+        for h in spec.inputs.values() {
+            if self
+                .store
+                .contains(h)
+                .is_some_and(|n| n <= INLINE_INPUT_BYTES)
+            {
+                inline.insert(*h, tenet_proto::to_hex(&self.store.get(h)?));
             }
-            let t = tensor::decode(&bytes).map_err(|e| RevealError::Lied(e.to_string()))?;
-            outputs.push((o.name.clone(), t));
         }
-        Ok((
-            Replica {
-                node: c.node.clone(),
-                output_hash: revealed.reveal.output_hash,
-                outputs,
-            },
-            revealed.reveal.salt,
-        ))
+        Ok(inline)
     }
-
-    /// Run the job on the coordinator's own executor: its output hash decides an exact-tier
-    /// disagreement.
-    async fn referee(&self, spec: &JobSpec) -> Result<Hash, DispatchError> {
-        let store = self.store.clone();
-        let spec = spec.clone();
-        tokio::task::spawn_blocking(move || -> Result<Hash, String> {
-            let graph = tenet_ir::codec::decode(&store.get(&spec.task).map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
-            let weights = match spec.weights {
-                Some(w) => vec![
-                    tenet_models::WeightsFile::from_bytes(
-                        store.get(&w).map_err(|e| e.to_string())?,
-                        &w.short(),
-                    )
-                    .map_err(|e| e.to_string())?,
-                ],
-                None => Vec::new(),
-            };
-            let mut inputs = HashMap::new();
-            for (name, h) in &spec.inputs {
-                let t = tensor::decode(&store.get(h).map_err(|e| e.to_string())?)
-                    .map_err(|e| e.to_string())?;
-                inputs.insert(name.clone(), t);
-            }
-            let outs = tenet_exec::CpuBackend::auto()
-                .prepare(&graph)
-                .map_err(|e| e.to_string())?
-                .run(&inputs, &tenet_models::WeightSet(weights), spec.seed)
-                .map_err(|e| e.to_string())?;
-            Ok(output_hash(&output_refs(&outs)))
-        })
-        .await
-        .map_err(|e| DispatchError::Referee(e.to_string()))?
-        .map_err(DispatchError::Referee)
-    }
-}
-
-enum RevealError {
-    /// The node showed something that contradicts its own commitment.
-    Lied(String),
-    /// The node could not be asked (down, timed out).
-    Failed(String),
 }

@@ -14,9 +14,10 @@ use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response};
 use serde_json::{Value, json};
 use tenet_ir::{Graph, HostTensor, Op};
-use tenet_ledger::{JobRecord, Ledger, NodeRecord};
+use tenet_ledger::{AssignmentState, JobRecord, JobState, Ledger, NodeRecord, NodeState};
 use tenet_node::gate::Gate;
 use tenet_node::http::{Reply, collect_body, error_reply, json_reply};
+use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tokio::net::TcpListener;
@@ -57,9 +58,10 @@ fn dispatch_error(e: DispatchError) -> ApiError {
         DispatchError::BadRequest(_) => ErrorCode::BadInputs,
         DispatchError::NotEnoughNodes { .. } | DispatchError::Nodes(_) => ErrorCode::Busy,
         DispatchError::Undecided(_) => ErrorCode::Conflict,
-        DispatchError::Ledger(_) | DispatchError::Store(_) | DispatchError::Referee(_) => {
-            ErrorCode::Internal
-        }
+        DispatchError::Ledger(_)
+        | DispatchError::Store(_)
+        | DispatchError::Referee(_)
+        | DispatchError::Internal(_) => ErrorCode::Internal,
     };
     ApiError::new(code, e.to_string())
 }
@@ -150,6 +152,11 @@ impl<L: Ledger + 'static> Service<L> {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::to_string);
         let signed = req.headers().contains_key(tenet_proto::auth::KEY_HEADER);
+        let itself = if signed {
+            self.node_speaking_for_itself(req.uri().path()).await
+        } else {
+            None
+        };
         let auth = if let Some(key) = bearer {
             if !self.access.api_keys.contains(&key) {
                 return Err(ApiError::new(ErrorCode::Unauthenticated, "unknown API key"));
@@ -157,11 +164,12 @@ impl<L: Ledger + 'static> Service<L> {
             None
         } else if signed || !self.access.open {
             let h = req.headers();
-            Some(self.access.gate.admit(
+            Some(self.access.gate.admit_also(
                 |n| h.get(n).and_then(|v| v.to_str().ok()),
                 method.as_str(),
                 &path_q,
                 tenet_proto::unix_now(),
+                itself.as_ref(),
             )?)
         } else {
             None
@@ -176,6 +184,19 @@ impl<L: Ledger + 'static> Service<L> {
             ));
         }
         Ok((method, path_q, body, content_type))
+    }
+
+    /// On `/v1/nodes/{id}` and `/v1/nodes/{id}/heartbeat`, a registered node may sign with
+    /// its own key (to send heartbeats and to deregister) without being a trusted client.
+    async fn node_speaking_for_itself(&self, path: &str) -> Option<PublicKey> {
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let id = match parts.as_slice() {
+            ["v1", "nodes", id] | ["v1", "nodes", id, "heartbeat"] => *id,
+            _ => return None,
+        };
+        let key = PublicKey::parse(id)?;
+        let node = self.core.ledger.node(id).await.ok()??;
+        (node.state != NodeState::Deregistered).then_some(key)
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Reply {
@@ -224,22 +245,39 @@ impl<L: Ledger + 'static> Service<L> {
         let ledger = &self.core.ledger;
         match (method.as_str(), parts.as_slice()) {
             ("POST", ["v1", "nodes"]) => {
-                let v: Value = serde_json::from_slice(&body)
-                    .map_err(|e| bad(format!("expected {{\"url\", \"stake\"}}: {e}")))?;
-                let url = v["url"]
-                    .as_str()
-                    .ok_or_else(|| bad("\"url\" is required"))?;
-                let stake = v["stake"]
-                    .as_i64()
-                    .filter(|s| *s > 0)
-                    .ok_or_else(|| bad("\"stake\" must be a positive integer"))?;
+                let (url, stake) = registration(&body)?;
                 let n = self
                     .core
-                    .register_node(url, stake)
+                    .register_node(&url, stake, None)
                     .await
                     .map_err(dispatch_error)?;
                 json_reply(&node_json(&n))
             }
+            ("PUT", ["v1", "nodes", id]) => {
+                let key = PublicKey::parse(id)
+                    .ok_or_else(|| bad(format!("`{id}` is not a node id (64 hex characters)")))?;
+                let (url, stake) = registration(&body)?;
+                let n = self
+                    .core
+                    .register_node(&url, stake, Some(&key))
+                    .await
+                    .map_err(dispatch_error)?;
+                json_reply(&node_json(&n))
+            }
+            ("GET", ["v1", "nodes", id]) => {
+                let n = ledger
+                    .node(id)
+                    .await
+                    .map_err(ledger_error)?
+                    .ok_or_else(|| not_found(format!("no node {id}")))?;
+                json_reply(&node_json(&n))
+            }
+            ("POST", ["v1", "nodes", id, "heartbeat"]) => json_reply(&node_json(
+                &self.core.heartbeat(id).await.map_err(dispatch_error)?,
+            )),
+            ("DELETE", ["v1", "nodes", id]) => json_reply(&node_json(
+                &self.core.deregister(id).await.map_err(dispatch_error)?,
+            )),
             ("GET", ["v1", "nodes"]) => {
                 let nodes = ledger.nodes().await.map_err(ledger_error)?;
                 json_reply(&nodes.iter().map(node_json).collect::<Vec<_>>())
@@ -299,12 +337,23 @@ impl<L: Ledger + 'static> Service<L> {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
                 let graph = self.load_task(&id)?;
                 let req = self.job_request(&id, &graph, &body, content_type.as_deref(), query)?;
+                if query_param(query, "async") == Some("true") {
+                    let job_id = self.core.submit(req).await.map_err(dispatch_error)?;
+                    let mut r = json_reply(&json!({
+                        "job_id": job_id,
+                        "state": "pending",
+                        "status": format!("/v1/jobs/{job_id}"),
+                    }))?;
+                    *r.status_mut() = hyper::StatusCode::ACCEPTED;
+                    return Ok(r);
+                }
                 let out = self.core.run(req).await.map_err(dispatch_error)?;
                 let outputs: Value =
                     serde_json::from_str(&tenet_models::outputs_json(&out.outputs))
                         .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
                 json_reply(&json!({
                     "job_id": out.job_id,
+                    "state": "decided",
                     "outputs": outputs,
                     "receipt": out.receipt,
                     "slashed": out.slashed.iter().map(|(n, a)| json!({"node": n, "amount": a})).collect::<Vec<_>>(),
@@ -312,15 +361,11 @@ impl<L: Ledger + 'static> Service<L> {
                 }))
             }
             ("GET", ["v1", "jobs", id]) => {
-                let j = ledger
-                    .job(id)
-                    .await
-                    .map_err(ledger_error)?
-                    .ok_or_else(|| not_found(format!("no job {id}")))?;
-                let mut v = job_json(&j);
-                let asg = ledger.assignments(id).await.map_err(ledger_error)?;
-                v["assignments"] = json!(asg.iter().map(|a| json!({"node": a.node_id, "state": a.state.as_str(), "output_hash": a.output_hash})).collect::<Vec<_>>());
-                json_reply(&v)
+                if let Some(secs) = query_param(query, "wait").and_then(|s| s.parse::<f64>().ok()) {
+                    let limit = std::time::Duration::from_secs_f64(secs.clamp(0.0, MAX_WAIT_SECS));
+                    self.core.wait(id, limit).await;
+                }
+                json_reply(&self.job_view(id).await?)
             }
             ("GET", ["v1", "jobs"]) => {
                 let limit = query
@@ -338,6 +383,55 @@ impl<L: Ledger + 'static> Service<L> {
         }
     }
 
+    /// A job as clients see it: its record and replicas, and once decided its outputs, its
+    /// receipt and who was slashed for it.
+    async fn job_view(&self, id: &str) -> Result<Value, ApiError> {
+        let ledger = &self.core.ledger;
+        let j = ledger
+            .job(id)
+            .await
+            .map_err(ledger_error)?
+            .ok_or_else(|| not_found(format!("no job {id}")))?;
+        let mut v = job_json(&j);
+        let asg = ledger.assignments(id).await.map_err(ledger_error)?;
+        v["assignments"] = json!(asg.iter().map(|a| json!({"node": a.node_id, "state": a.state.as_str(), "output_hash": a.output_hash})).collect::<Vec<_>>());
+        if j.state != JobState::Decided {
+            return Ok(v);
+        }
+        let receipt: tenet_proto::receipt::Receipt = j
+            .receipt
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok())
+            .ok_or_else(|| internal(format!("decided job {id} has no readable receipt")))?;
+        let mut outputs = Vec::new();
+        for o in &receipt.outputs {
+            let bytes = self
+                .core
+                .store()
+                .get(&o.hash)
+                .map_err(|e| internal(format!("output {} of job {id}: {e}", o.name)))?;
+            let t = tenet_proto::tensor::decode(&bytes)
+                .map_err(|e| internal(format!("output {} of job {id}: {e}", o.name)))?;
+            outputs.push((o.name.clone(), t));
+        }
+        v["outputs"] = serde_json::from_str(&tenet_models::outputs_json(&outputs))
+            .map_err(|e| internal(e.to_string()))?;
+        let mut slashed = Vec::new();
+        for a in asg.iter().filter(|a| a.state == AssignmentState::Disagreed) {
+            let taken: i64 = ledger
+                .stake_events(&a.node_id)
+                .await
+                .map_err(ledger_error)?
+                .iter()
+                .filter(|e| e.job_id.as_deref() == Some(id) && e.delta < 0)
+                .map(|e| -e.delta)
+                .sum();
+            slashed.push(json!({"node": a.node_id, "amount": taken}));
+        }
+        v["slashed"] = json!(slashed);
+        Ok(v)
+    }
+
     /// Inputs from a JSON body (`{"inputs": {name: tensor}, "tier", "seed"}`) or a safetensors
     /// body (tier and seed in the query).
     fn job_request(
@@ -348,11 +442,7 @@ impl<L: Ledger + 'static> Service<L> {
         content_type: Option<&str>,
         query: &str,
     ) -> Result<JobRequest, ApiError> {
-        let param = |k: &str| {
-            query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
-        };
+        let param = |k: &str| query_param(query, k);
         let parse_tier = |t: &str| match t {
             "exact" => Ok(Tier::Exact),
             "tolerant" => Ok(Tier::Tolerant),
@@ -430,6 +520,34 @@ impl<L: Ledger + 'static> Service<L> {
             seed,
         })
     }
+}
+
+/// The longest a `GET /v1/jobs/{id}?wait=` holds the request.
+const MAX_WAIT_SECS: f64 = 60.0;
+
+fn internal(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::Internal, message)
+}
+
+/// `key`'s value in a query string.
+fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+}
+
+/// `{"url", "stake"}` of a node registration.
+fn registration(body: &[u8]) -> Result<(String, i64), ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("expected {{\"url\", \"stake\"}}: {e}")))?;
+    let url = v["url"]
+        .as_str()
+        .ok_or_else(|| bad("\"url\" is required"))?;
+    let stake = v["stake"]
+        .as_i64()
+        .filter(|s| *s > 0)
+        .ok_or_else(|| bad("\"stake\" must be a positive integer"))?;
+    Ok((url.to_string(), stake))
 }
 
 /// Serve until `shutdown` resolves; in-flight calls get ten seconds to finish.

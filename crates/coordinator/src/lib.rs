@@ -11,6 +11,8 @@ pub mod dispatch;
 pub mod economics;
 pub mod http;
 pub mod local;
+mod phases;
+pub mod registry;
 
 pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};
 
@@ -29,6 +31,17 @@ pub struct ServiceConfig {
     pub trusted_keys: Vec<String>,
     pub open: bool,
     pub core: CoordinatorConfig,
+    /// How often the health monitor runs; nodes silent for three intervals are probed.
+    pub health_interval: std::time::Duration,
+}
+
+/// What a coordinator found when it started.
+#[derive(Clone, Debug)]
+pub struct Started {
+    pub addr: std::net::SocketAddr,
+    pub key: tenet_proto::auth::PublicKey,
+    /// Unfinished jobs from the ledger, resumed.
+    pub resumed: Vec<String>,
 }
 
 /// Why a coordinator could not start.
@@ -48,12 +61,10 @@ pub enum StartError {
     NobodyAllowed,
 }
 
-/// Start a coordinator and serve until Ctrl-C or SIGTERM; `ready` hears the address and the
-/// coordinator's public key.
-pub fn run_blocking(
-    config: ServiceConfig,
-    ready: impl FnOnce(std::net::SocketAddr, &tenet_proto::auth::PublicKey),
-) -> Result<(), StartError> {
+/// Start a coordinator, resume the jobs its ledger holds unfinished, watch its nodes' health,
+/// and serve until Ctrl-C or SIGTERM; `ready` hears where it listens, its key and what it
+/// resumed.
+pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Result<(), StartError> {
     if config.api_keys.is_empty() && config.trusted_keys.is_empty() && !config.open {
         return Err(StartError::NobodyAllowed);
     }
@@ -116,9 +127,21 @@ pub fn run_blocking(
             addr: config.listen.to_string(),
             message: e.to_string(),
         })?;
+        let resumed = service.core.resume().await.map_err(|e| {
+            StartError::Ledger(match e {
+                DispatchError::Ledger(l) => l,
+                other => tenet_ledger::LedgerError::Corrupt(other.to_string()),
+            })
+        })?;
+        let monitor = tokio::spawn(service.core.clone().monitor_health(config.health_interval));
         let _ = std::fs::write(config.data_dir.join("addr"), format!("{bound}\n"));
-        ready(bound, &key.public());
+        ready(&Started {
+            addr: bound,
+            key: key.public(),
+            resumed,
+        });
         http::serve(service, listener, tenet_node::shutdown_signal()).await;
+        monitor.abort();
         Ok(())
     })
 }

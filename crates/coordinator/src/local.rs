@@ -85,7 +85,7 @@ impl LocalNetwork {
         .map_err(err)?;
         let core = Arc::new(Coordinator::new(ledger, key.clone(), store, config));
         for (url, _, _) in &nodes {
-            core.register_node(url, stake).await.map_err(err)?;
+            core.register_node(url, stake, None).await.map_err(err)?;
         }
         let api_key = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<16>());
         let service = Arc::new(Service {

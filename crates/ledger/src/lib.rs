@@ -171,6 +171,24 @@ pub struct Verdict {
     pub score: f64,
 }
 
+/// How a decided job settles, all in one transaction: its result and receipt, how each judged
+/// node came out (counters and scores), a slash of every node that disagreed and a credit to
+/// every node that agreed. A coordinator that dies halfway leaves either none of it or all.
+#[derive(Clone, Debug)]
+pub struct Settlement<'a> {
+    pub output_hash: &'a str,
+    pub receipt: &'a str,
+    pub verdicts: &'a [Verdict],
+    /// Fraction of stake (rounded down) taken from each node that disagreed.
+    pub slash_fraction: f64,
+    /// Credited to each node that agreed.
+    pub reward: i64,
+    pub at: i64,
+}
+
+/// Why the ledger records a slash for a disagreeing replica.
+pub const DISAGREED: &str = "its committed result disagreed with the decided result";
+
 /// Everything the coordinator records. Every method is one transaction.
 pub trait Ledger: Send + Sync {
     fn register_node(&self, node: &NodeRecord) -> impl Future<Output = Result<()>> + Send;
@@ -214,16 +232,13 @@ pub trait Ledger: Send + Sync {
         job_id: &str,
         node_id: &str,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// The job is decided: its result, receipt, and how each judged node came out (counters
-    /// and scores updated in the same transaction).
+    /// The job is decided and settled ([`Settlement`]); returns each slashed node with the
+    /// amount taken.
     fn decide_job(
         &self,
         job_id: &str,
-        output_hash: &str,
-        receipt: &str,
-        verdicts: &[Verdict],
-        at: i64,
-    ) -> impl Future<Output = Result<()>> + Send;
+        settlement: &Settlement<'_>,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>>> + Send;
     fn fail_job(
         &self,
         job_id: &str,

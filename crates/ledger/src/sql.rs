@@ -8,8 +8,8 @@ use sqlx::{AnyPool, Row};
 
 use crate::schema::{Dialect, migrations};
 use crate::{
-    Assignment, AssignmentState, JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState,
-    Result, StakeEvent, Verdict,
+    Assignment, AssignmentState, DISAGREED, JobRecord, JobState, Ledger, LedgerError, NodeRecord,
+    NodeState, Result, Settlement, StakeEvent,
 };
 
 /// A ledger in SQLite or PostgreSQL.
@@ -246,6 +246,72 @@ impl SqlLedger {
     }
 }
 
+fn check_fraction(fraction: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&fraction) {
+        Ok(())
+    } else {
+        Err(LedgerError::Conflict(format!(
+            "a slash takes a fraction in [0, 1], not {fraction}"
+        )))
+    }
+}
+
+type Tx<'c> = sqlx::Transaction<'c, sqlx::Any>;
+
+/// Take `fraction` of a node's stake (rounded down) inside `tx`; returns the amount.
+async fn slash_in(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    job_id: &str,
+    fraction: f64,
+    reason: &str,
+    at: i64,
+) -> Result<i64> {
+    // Write first, so the transaction holds the writer lock before it reads the stake.
+    sqlx::query("UPDATE nodes SET stake = stake WHERE id = $1")
+        .bind(node_id)
+        .execute(&mut **tx)
+        .await?;
+    let stake: Option<i64> = sqlx::query_scalar("SELECT stake FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let stake = stake.ok_or_else(|| LedgerError::NotFound(format!("node {node_id}")))?;
+    let amount = (stake as f64 * fraction).floor() as i64;
+    move_stake(tx, node_id, job_id, -amount, reason, at).await?;
+    Ok(amount)
+}
+
+/// Add `delta` to a node's stake inside `tx`, with its stake event.
+async fn move_stake(
+    tx: &mut Tx<'_>,
+    node_id: &str,
+    job_id: &str,
+    delta: i64,
+    reason: &str,
+    at: i64,
+) -> Result<()> {
+    let r = sqlx::query("UPDATE nodes SET stake = stake + $1 WHERE id = $2")
+        .bind(delta)
+        .bind(node_id)
+        .execute(&mut **tx)
+        .await?;
+    if r.rows_affected() == 0 {
+        return Err(LedgerError::NotFound(format!("node {node_id}")));
+    }
+    sqlx::query(
+        "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(node_id)
+    .bind(job_id)
+    .bind(delta)
+    .bind(reason)
+    .bind(at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 impl Ledger for SqlLedger {
     async fn register_node(&self, n: &NodeRecord) -> Result<()> {
         let existing = self.node(&n.id).await?;
@@ -429,7 +495,7 @@ impl Ledger for SqlLedger {
 
     async fn fail_assignment(&self, job_id: &str, node_id: &str) -> Result<()> {
         let r = sqlx::query(
-            "UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3 AND state IN ('assigned', 'committed')",
+            "UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3 AND state IN ('assigned', 'committed', 'revealed')",
         )
         .bind(AssignmentState::Failed.as_str())
         .bind(job_id)
@@ -438,29 +504,23 @@ impl Ledger for SqlLedger {
         .await?;
         if r.rows_affected() == 0 {
             return Err(LedgerError::Conflict(format!(
-                "job {job_id} on node {node_id} cannot fail now (unknown, revealed or judged)"
+                "job {job_id} on node {node_id} cannot fail now (unknown, failed or judged)"
             )));
         }
         Ok(())
     }
 
-    async fn decide_job(
-        &self,
-        job_id: &str,
-        output_hash: &str,
-        receipt: &str,
-        verdicts: &[Verdict],
-        at: i64,
-    ) -> Result<()> {
+    async fn decide_job(&self, job_id: &str, s: &Settlement<'_>) -> Result<Vec<(String, i64)>> {
+        check_fraction(s.slash_fraction)?;
         let mut tx = self.pool.begin().await?;
         let r = sqlx::query(
             "UPDATE jobs SET state = $1, output_hash = $2, receipt = $3, updated_at = $4
              WHERE id = $5 AND state IN ('pending', 'committing', 'revealing')",
         )
         .bind(JobState::Decided.as_str())
-        .bind(output_hash)
-        .bind(receipt)
-        .bind(at)
+        .bind(s.output_hash)
+        .bind(s.receipt)
+        .bind(s.at)
         .bind(job_id)
         .execute(&mut *tx)
         .await?;
@@ -469,7 +529,8 @@ impl Ledger for SqlLedger {
                 "job {job_id} is unknown or already finished"
             )));
         }
-        for v in verdicts {
+        let mut slashed = Vec::new();
+        for v in s.verdicts {
             let state = if v.agreed {
                 AssignmentState::Agreed
             } else {
@@ -489,9 +550,23 @@ impl Ledger for SqlLedger {
             .bind(&v.node_id)
             .execute(&mut *tx)
             .await?;
+            if v.agreed {
+                move_stake(&mut tx, &v.node_id, job_id, s.reward, "credit", s.at).await?;
+            } else {
+                let amount = slash_in(
+                    &mut tx,
+                    &v.node_id,
+                    job_id,
+                    s.slash_fraction,
+                    DISAGREED,
+                    s.at,
+                )
+                .await?;
+                slashed.push((v.node_id.clone(), amount));
+            }
         }
         tx.commit().await?;
-        Ok(())
+        Ok(slashed)
     }
 
     async fn fail_job(&self, job_id: &str, error: &str, at: i64) -> Result<()> {
@@ -521,61 +596,16 @@ impl Ledger for SqlLedger {
         reason: &str,
         at: i64,
     ) -> Result<i64> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(LedgerError::Conflict(format!(
-                "a slash takes a fraction in [0, 1], not {fraction}"
-            )));
-        }
+        check_fraction(fraction)?;
         let mut tx = self.pool.begin().await?;
-        // Write first, so the transaction holds the writer lock before it reads the stake.
-        sqlx::query("UPDATE nodes SET stake = stake WHERE id = $1")
-            .bind(node_id)
-            .execute(&mut *tx)
-            .await?;
-        let stake: Option<i64> = sqlx::query_scalar("SELECT stake FROM nodes WHERE id = $1")
-            .bind(node_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let stake = stake.ok_or_else(|| LedgerError::NotFound(format!("node {node_id}")))?;
-        let amount = (stake as f64 * fraction).floor() as i64;
-        sqlx::query("UPDATE nodes SET stake = stake - $1 WHERE id = $2")
-            .bind(amount)
-            .bind(node_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(node_id)
-        .bind(job_id)
-        .bind(-amount)
-        .bind(reason)
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
+        let amount = slash_in(&mut tx, node_id, job_id, fraction, reason, at).await?;
         tx.commit().await?;
         Ok(amount)
     }
 
     async fn credit(&self, node_id: &str, job_id: &str, amount: i64, at: i64) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let r = sqlx::query("UPDATE nodes SET stake = stake + $1 WHERE id = $2")
-            .bind(amount)
-            .bind(node_id)
-            .execute(&mut *tx)
-            .await?;
-        if r.rows_affected() == 0 {
-            return Err(LedgerError::NotFound(format!("node {node_id}")));
-        }
-        sqlx::query(
-            "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES ($1, $2, $3, 'credit', $4)",
-        )
-        .bind(node_id)
-        .bind(job_id)
-        .bind(amount)
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
+        move_stake(&mut tx, node_id, job_id, amount, "credit", at).await?;
         tx.commit().await?;
         Ok(())
     }

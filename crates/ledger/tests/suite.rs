@@ -3,8 +3,8 @@
 //! starts one on 127.0.0.1).
 
 use tenet_ledger::{
-    AssignmentState, JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState, SqlLedger,
-    Verdict,
+    AssignmentState, JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState, Settlement,
+    SqlLedger, Verdict,
 };
 
 fn node(id: &str, stake: i64) -> NodeRecord {
@@ -124,10 +124,37 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
             score: 0.0,
         },
     ];
-    l.decide_job("j1", "good", "{\"receipt\":1}", &verdicts, 104)
-        .await
-        .unwrap();
-    conflict(l.decide_job("j1", "good", "{}", &verdicts, 105).await);
+    let settle = |receipt, at| Settlement {
+        output_hash: "good",
+        receipt,
+        verdicts: &verdicts,
+        slash_fraction: 0.5,
+        reward: 10,
+        at,
+    };
+    conflict(
+        l.decide_job(
+            "j1",
+            &Settlement {
+                slash_fraction: 1.5,
+                ..settle("{}", 104)
+            },
+        )
+        .await,
+    );
+    assert_eq!(
+        l.job("j1").await.unwrap().unwrap().state,
+        JobState::Revealing,
+        "a refused settlement changes nothing"
+    );
+    assert_eq!(
+        l.decide_job("j1", &settle("{\"receipt\":1}", 104))
+            .await
+            .unwrap(),
+        [("c".to_string(), 350)],
+        "the liar loses half its 700, in the same transaction as the decision"
+    );
+    conflict(l.decide_job("j1", &settle("{}", 105)).await);
     conflict(l.fail_job("j1", "late", 105).await);
     let j = l.job("j1").await.unwrap().unwrap();
     assert_eq!(j.state, JobState::Decided);
@@ -140,21 +167,21 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     let asg = l.assignments("j1").await.unwrap();
     assert_eq!(asg[2].state, AssignmentState::Disagreed);
 
+    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1010);
+    assert_eq!(l.node("b").await.unwrap().unwrap().stake, 1010);
+
     // Slashes and credits.
-    assert_eq!(
-        l.slash("c", "j1", 0.5, "disagreed", 106).await.unwrap(),
-        350
-    );
     assert_eq!(
         l.slash("c", "j1", 0.3, "disagreed", 107).await.unwrap(),
         105
     );
     l.credit("a", "j1", 10, 108).await.unwrap();
     assert_eq!(l.node("c").await.unwrap().unwrap().stake, 245);
-    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1010);
+    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1020);
     let ev = l.stake_events("c").await.unwrap();
     assert_eq!(ev.iter().map(|e| e.delta).collect::<Vec<_>>(), [-350, -105]);
     assert_eq!(ev[0].job_id.as_deref(), Some("j1"));
+    assert_eq!(ev[0].reason, tenet_ledger::DISAGREED);
     conflict(l.slash("c", "j1", 1.5, "bad", 1).await);
     assert!(matches!(
         l.slash("zz", "j1", 0.5, "x", 1).await,
@@ -194,8 +221,8 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     for t in tasks {
         taken += t.await.unwrap();
     }
-    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1010 - taken);
-    assert_eq!(l.stake_events("a").await.unwrap().len(), 21);
+    assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1020 - taken);
+    assert_eq!(l.stake_events("a").await.unwrap().len(), 22);
 
     // Everything is still there after reconnecting (a restart), and j2 is still unfinished.
     let again = reopen().await;

@@ -50,6 +50,9 @@ pub struct NodeConfig {
     /// Lie on purpose (`flip`, `noise=AMPLITUDE`, `collude`): for demos and the coordinator's
     /// tests only.
     pub cheat: Option<String>,
+    /// A coordinator to join (register with, send heartbeats to, leave on shutdown); its key
+    /// is trusted.
+    pub membership: Option<crate::membership::Membership>,
 }
 
 impl Default for NodeConfig {
@@ -74,6 +77,7 @@ impl Default for NodeConfig {
             price_per_gflop: 0.0,
             event_log: None,
             cheat: None,
+            membership: None,
         }
     }
 }

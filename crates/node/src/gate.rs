@@ -51,8 +51,21 @@ impl Gate {
         path_and_query: &str,
         now: u64,
     ) -> Result<AuthHeaders, ApiError> {
+        self.admit_also(get, method, path_and_query, now, None)
+    }
+
+    /// [`Gate::admit`], accepting `also` for this one request as if it were trusted (a
+    /// coordinator lets a registered node speak for itself).
+    pub fn admit_also<'a>(
+        &self,
+        get: impl Fn(&str) -> Option<&'a str>,
+        method: &str,
+        path_and_query: &str,
+        now: u64,
+        also: Option<&PublicKey>,
+    ) -> Result<AuthHeaders, ApiError> {
         let auth = AuthHeaders::from_headers(get)?;
-        if !self.open && !self.trusted.contains(&auth.key) {
+        if !self.open && !self.trusted.contains(&auth.key) && also != Some(&auth.key) {
             return Err(ApiError::new(
                 ErrorCode::UntrustedKey,
                 format!(

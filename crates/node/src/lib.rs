@@ -17,6 +17,7 @@ pub mod gate;
 pub mod http;
 pub mod identity;
 mod lru;
+pub mod membership;
 mod observe;
 mod pool;
 pub mod service;
@@ -44,6 +45,12 @@ pub fn run_blocking(
             source,
         })?;
     runtime.block_on(async move {
+        let mut config = config;
+        let membership = config.membership.clone();
+        if let Some(m) = &membership {
+            let key = membership::Link::coordinator_key(m, &identity::generate()).await?;
+            config.trusted_keys.push(key.to_hex());
+        }
         let node = Node::start(config)?;
         let addr = node.config().listen;
         let listener = tokio::net::TcpListener::bind(addr)
@@ -62,8 +69,55 @@ pub fn run_blocking(
             "start",
             serde_json::json!({"addr": bound.to_string(), "node_id": node.info().node_id, "open": node.gate.is_open()}),
         );
+        // Serve first: the coordinator probes the node while it registers it.
+        let link_slot: Arc<std::sync::OnceLock<Arc<membership::Link>>> = Arc::default();
+        let (abort, mut aborted) = tokio::sync::watch::channel(false);
+        let (slot, events) = (link_slot.clone(), node.clone());
+        // On shutdown, leave the coordinator first, so no new job arrives while in-flight ones
+        // drain.
+        let shutdown = async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = aborted.wait_for(|a| *a) => {}
+            }
+            if let Some(link) = slot.get() {
+                let left = link.leave().await;
+                events.events.emit(
+                    "left",
+                    serde_json::json!({"ok": left.is_ok(), "error": left.err().map(|e| e.to_string())}),
+                );
+            }
+        };
+        let server = tokio::spawn(http::serve(node.clone(), listener, shutdown));
+        if let Some(m) = membership {
+            let link = match membership::Link::join(m.clone(), node.key(), &format!("http://{bound}")).await {
+                Ok(link) => Arc::new(link),
+                Err(e) => {
+                    let _ = abort.send(true);
+                    let _ = server.await;
+                    return Err(e.into());
+                }
+            };
+            let _ = link_slot.set(link.clone());
+            node.events.emit(
+                "joined",
+                serde_json::json!({"coordinator": m.coordinator, "stake": m.stake}),
+            );
+            let events = node.clone();
+            tokio::spawn(async move {
+                link.heartbeats(|e| {
+                    events.events.emit(
+                        "heartbeat_failed",
+                        serde_json::json!({"error": e.to_string()}),
+                    );
+                    eprintln!("tenet node: heartbeat failed: {e}");
+                })
+                .await
+            });
+        }
         ready(bound, &node);
-        http::serve(node, listener, shutdown_signal()).await;
+        let _ = server.await;
+        drop(abort);
         Ok(())
     })
 }

@@ -72,6 +72,8 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Join(#[from] crate::membership::JoinError),
 }
 
 enum JobEntry {
@@ -79,6 +81,7 @@ enum JobEntry {
         cancel: Arc<AtomicBool>,
     },
     Committed {
+        commitment: Box<Commitment>,
         revealed: Arc<Revealed>,
         shown: bool,
     },
@@ -216,6 +219,11 @@ impl Node {
         &self.config
     }
 
+    /// The node's identity.
+    pub fn key(&self) -> &KeyPair {
+        &self.key
+    }
+
     pub fn info(&self) -> &NodeInfo {
         &self.info
     }
@@ -326,6 +334,7 @@ impl Node {
                 t.jobs.insert(
                     job_id.clone(),
                     JobEntry::Committed {
+                        commitment: Box::new(committed.commitment.clone()),
                         revealed: Arc::new(revealed),
                         shown: false,
                     },
@@ -487,19 +496,29 @@ impl Node {
             .jobs
             .get(id)
             .ok_or_else(|| not_found(format!("no job {id} on this node")))?;
-        let (state, error) = match entry {
-            JobEntry::Running { .. } => (JobState::Running, None),
-            JobEntry::Committed { shown: false, .. } => (JobState::Committed, None),
-            JobEntry::Committed { shown: true, .. } => (JobState::Revealed, None),
+        let (state, error, commitment) = match entry {
+            JobEntry::Running { .. } => (JobState::Running, None, None),
+            JobEntry::Committed {
+                shown, commitment, ..
+            } => (
+                if *shown {
+                    JobState::Revealed
+                } else {
+                    JobState::Committed
+                },
+                None,
+                Some((**commitment).clone()),
+            ),
             JobEntry::Failed(e) if e.code == ErrorCode::Cancelled => {
-                (JobState::Cancelled, Some(e.clone()))
+                (JobState::Cancelled, Some(e.clone()), None)
             }
-            JobEntry::Failed(e) => (JobState::Failed, Some(e.clone())),
+            JobEntry::Failed(e) => (JobState::Failed, Some(e.clone()), None),
         };
         Ok(JobStatus {
             job_id: id.to_string(),
             state,
             error,
+            commitment,
         })
     }
 
@@ -533,7 +552,9 @@ impl Node {
                 ErrorCode::Conflict,
                 format!("job {id} failed and has nothing to reveal: {e}"),
             )),
-            JobEntry::Committed { revealed, shown } => {
+            JobEntry::Committed {
+                revealed, shown, ..
+            } => {
                 *shown = true;
                 let r = (**revealed).clone();
                 drop(t);

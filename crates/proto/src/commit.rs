@@ -30,6 +30,14 @@ impl Tier {
             Tier::Tolerant => "tolerant",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Tier> {
+        match s {
+            "exact" => Some(Tier::Exact),
+            "tolerant" => Some(Tier::Tolerant),
+            _ => None,
+        }
+    }
 }
 
 /// One output tensor of a job: its graph output name, blob address and type text.

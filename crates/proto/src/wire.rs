@@ -90,6 +90,10 @@ pub struct JobStatus {
     pub state: JobState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ApiError>,
+    /// The signed commitment, once the job has committed: a coordinator that lost the answer
+    /// to its run request (it restarted) picks the commitment up here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<Commitment>,
 }
 
 /// The answer to a reveal: the outputs, the salt, and small outputs' blobs inline (hex).

@@ -1,0 +1,525 @@
+//! Running one job on several nodes, verified, as a sequence of phases that each start from
+//! what the ledger holds — so a restarted coordinator picks a job up wherever it was.
+//!
+//! 1. **Commit:** every assigned replica runs the job and returns a signed commitment; a node
+//!    that fails or times out is marked unhealthy and replaced by another. No reveal is asked
+//!    until every replica has committed, so no node can copy another's answer. A node that
+//!    already ran the job (the coordinator restarted before recording its commitment) refuses
+//!    the reused job id; its commitment is read from its job status instead.
+//! 2. **Reveal:** each shows its outputs and salt; a reveal that does not open its commitment,
+//!    or outputs that do not hash to what it revealed, make that node a liar.
+//! 3. **Compare** per tier ([`crate::compare`]). Without agreement, more nodes are assigned
+//!    (once) and the job goes back to the commit phase for them; in `exact`, if there is still
+//!    no strict majority, the coordinator's own executor referees.
+//! 4. **Settle:** store the agreed outputs, then record the decision, the slashes of the
+//!    nodes that disagreed and the credits of those that agreed in one ledger transaction, and
+//!    sign a receipt listing the agreeing nodes' commitments.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tenet_exec::Backend;
+use tenet_ledger::{
+    Assignment, AssignmentState, JobState, Ledger, NodeRecord, NodeState, Settlement, Verdict,
+};
+use tenet_node::{ClientError, NodeClient};
+use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash, output_refs};
+use tenet_proto::receipt::{Attestation, Receipt};
+use tenet_proto::wire::{JobState as NodeJobState, RunJob};
+use tenet_proto::{ErrorCode, Hash, tensor};
+
+use crate::compare::{self, Decision, Replica};
+use crate::dispatch::{Coordinator, DispatchError, JobOutcome, now};
+
+/// A replica that committed.
+struct Committed {
+    node: String,
+    client: Arc<NodeClient>,
+    commitment: Commitment,
+}
+
+/// What the reveal phase saw.
+#[derive(Default)]
+struct Revealed {
+    replicas: Vec<Replica>,
+    attestations: Vec<Attestation>,
+    /// Nodes whose reveal contradicted their own commitment.
+    liars: Vec<String>,
+    failures: Vec<String>,
+}
+
+enum RevealError {
+    /// The node showed something that contradicts its own commitment.
+    Lied(String),
+    /// The node could not be asked (down, timed out).
+    Failed(String),
+}
+
+fn short(id: &str) -> &str {
+    &id[..12.min(id.len())]
+}
+
+impl<L: Ledger + 'static> Coordinator<L> {
+    /// Take an admitted or interrupted job from wherever the ledger says it is to its end.
+    pub(crate) async fn drive(self: &Arc<Self>, job_id: &str) -> Result<JobOutcome, DispatchError> {
+        let job =
+            self.ledger.job(job_id).await?.ok_or_else(|| {
+                DispatchError::Internal(format!("job {job_id} is not in the ledger"))
+            })?;
+        let spec = self.spec_of(&job)?;
+        let run = RunJob {
+            job: spec.clone(),
+            timeout_ms: Some(self.config.node_timeout.as_millis() as u64),
+            blobs: self.inline_inputs(&spec)?,
+        };
+        let replicas = job.replicas.max(1) as usize;
+        let mut state = job.state;
+        if state == JobState::Pending {
+            self.ledger
+                .advance_job(job_id, JobState::Pending, JobState::Committing, now())
+                .await?;
+            state = JobState::Committing;
+        }
+        loop {
+            if state == JobState::Committing {
+                self.commit_phase(&run, replicas).await?;
+                self.ledger
+                    .advance_job(job_id, JobState::Committing, JobState::Revealing, now())
+                    .await?;
+            } else if state != JobState::Revealing {
+                return Err(DispatchError::Internal(format!(
+                    "job {job_id} is {}: there is nothing left to do",
+                    state.as_str()
+                )));
+            }
+            let seen = self.reveal_phase(&spec).await?;
+            let mut decision = match spec.tier {
+                Tier::Exact => compare::exact(&seen.replicas),
+                Tier::Tolerant => compare::tolerant(&seen.replicas, self.config.tolerance),
+            };
+            let mut refereed = false;
+            if decision.result.is_none() {
+                if self.add_replicas(job_id, replicas).await? {
+                    self.ledger
+                        .advance_job(job_id, JobState::Revealing, JobState::Committing, now())
+                        .await?;
+                    state = JobState::Committing;
+                    continue;
+                }
+                if spec.tier == Tier::Exact && !seen.replicas.is_empty() {
+                    let local = self.referee(&spec).await?;
+                    refereed = true;
+                    decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
+                }
+            }
+            return self.settle(&spec, seen, decision, refereed).await;
+        }
+    }
+
+    /// Disagreement: assign up to `replicas` more nodes, once per job. False when the job
+    /// already had its extra nodes or none are free.
+    async fn add_replicas(&self, job_id: &str, replicas: usize) -> Result<bool, DispatchError> {
+        let asg = self.ledger.assignments(job_id).await?;
+        let live = asg
+            .iter()
+            .filter(|a| a.state != AssignmentState::Failed)
+            .count();
+        if live > replicas {
+            return Ok(false);
+        }
+        let tried: HashSet<String> = asg.into_iter().map(|a| a.node_id).collect();
+        let extra = self.pick(replicas, &tried).await?;
+        for n in &extra {
+            self.ledger.assign(job_id, &n.id).await?;
+        }
+        Ok(!extra.is_empty())
+    }
+
+    /// Until every live replica has committed: run the job on the assigned ones, replace the
+    /// ones that fail. At least `need` must commit.
+    async fn commit_phase(
+        self: &Arc<Self>,
+        run: &RunJob,
+        need: usize,
+    ) -> Result<(), DispatchError> {
+        let job_id = &run.job.job_id;
+        let mut failures = Vec::new();
+        loop {
+            let asg = self.ledger.assignments(job_id).await?;
+            let waiting: Vec<&Assignment> = asg
+                .iter()
+                .filter(|a| a.state == AssignmentState::Assigned)
+                .collect();
+            if waiting.is_empty() {
+                let committed = asg
+                    .iter()
+                    .filter(|a| {
+                        matches!(
+                            a.state,
+                            AssignmentState::Committed | AssignmentState::Revealed
+                        )
+                    })
+                    .count();
+                if committed < need {
+                    return Err(DispatchError::Nodes(format!(
+                        "only {committed} of {need} replicas committed ({})",
+                        failures.join("; ")
+                    )));
+                }
+                return Ok(());
+            }
+            let mut set = tokio::task::JoinSet::new();
+            for a in waiting {
+                let node = self.node_record(&a.node_id).await?;
+                let me = self.clone();
+                let run = run.clone();
+                set.spawn(async move {
+                    let r = me.commit_on(&node, &run).await;
+                    (node.id, r)
+                });
+            }
+            let mut lost = 0;
+            while let Some(joined) = set.join_next().await {
+                let (node, r) =
+                    joined.map_err(|e| DispatchError::Internal(format!("a commit task: {e}")))?;
+                match r {
+                    Ok(c) => {
+                        let json = serde_json::to_string(&c)
+                            .map_err(|e| DispatchError::Internal(e.to_string()))?;
+                        self.ledger.record_commitment(job_id, &node, &json).await?;
+                    }
+                    Err(e) => {
+                        failures.push(format!("{}: {e}", short(&node)));
+                        self.ledger.fail_assignment(job_id, &node).await?;
+                        // A node that cannot run a job it was given is not healthy.
+                        self.ledger
+                            .set_node_state(&node, NodeState::Unhealthy)
+                            .await?;
+                        lost += 1;
+                    }
+                }
+            }
+            if lost > 0 {
+                let tried: HashSet<String> = asg.iter().map(|a| a.node_id.clone()).collect();
+                for r in self.pick(lost, &tried).await? {
+                    self.ledger.assign(job_id, &r.id).await?;
+                }
+            }
+        }
+    }
+
+    async fn node_record(&self, id: &str) -> Result<NodeRecord, DispatchError> {
+        self.ledger
+            .node(id)
+            .await?
+            .ok_or_else(|| DispatchError::Internal(format!("node {id} is not in the ledger")))
+    }
+
+    /// Make sure `node` has every blob the job needs and does not get inline (skipping what
+    /// it has).
+    async fn ship(&self, client: &NodeClient, run: &RunJob) -> Result<(), ClientError> {
+        let spec = &run.job;
+        let mut hashes = vec![spec.task];
+        hashes.extend(spec.weights);
+        hashes.extend(spec.inputs.values().filter(|h| !run.blobs.contains_key(h)));
+        for h in hashes {
+            if client.has_blob(&h).await?.is_none() {
+                let bytes = self.store.get(&h).map_err(|e| ClientError::Unexpected {
+                    status: 0,
+                    message: e.to_string(),
+                })?;
+                client.put_blob(bytes).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One replica's commit step, checked: signed by that node, for this job.
+    async fn commit_on(&self, node: &NodeRecord, run: &RunJob) -> Result<Commitment, String> {
+        let client = self.client(node).map_err(|e| e.to_string())?;
+        let work = async {
+            self.ship(&client, run).await.map_err(|e| e.to_string())?;
+            match client.run_job(run).await {
+                Ok(c) => Ok(c.commitment),
+                // The node already has this job: a coordinator before a restart sent it.
+                Err(e) if e.code() == Some(ErrorCode::Conflict) => {
+                    committed_earlier(&client, &run.job.job_id).await
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let c = tokio::time::timeout(self.config.node_timeout, work)
+            .await
+            .map_err(|_| "timed out".to_string())??;
+        if !c.verify() || c.node.to_hex() != node.id || c.job != run.job {
+            return Err("its commitment is not signed by it for this job".into());
+        }
+        Ok(c)
+    }
+
+    /// Ask every committed replica to reveal (again, after a restart: a reveal is repeatable)
+    /// and check each against its commitment.
+    async fn reveal_phase(&self, spec: &JobSpec) -> Result<Revealed, DispatchError> {
+        let job_id = &spec.job_id;
+        let mut asked = Vec::new();
+        for a in self.ledger.assignments(job_id).await? {
+            if !matches!(
+                a.state,
+                AssignmentState::Committed | AssignmentState::Revealed
+            ) {
+                continue;
+            }
+            let commitment: Commitment = a
+                .commitment
+                .as_deref()
+                .and_then(|c| serde_json::from_str(c).ok())
+                .ok_or_else(|| {
+                    DispatchError::Internal(format!(
+                        "the ledger holds no readable commitment of node {} for job {job_id}",
+                        a.node_id
+                    ))
+                })?;
+            let client = self.client(&self.node_record(&a.node_id).await?)?;
+            asked.push((
+                a.state,
+                Committed {
+                    node: a.node_id,
+                    client,
+                    commitment,
+                },
+            ));
+        }
+        let answers =
+            futures_util::future::join_all(asked.iter().map(|(_, c)| self.reveal_from(c))).await;
+        let mut seen = Revealed::default();
+        for ((state, c), answer) in asked.iter().zip(answers) {
+            match answer {
+                Ok((replica, salt)) => {
+                    if *state == AssignmentState::Committed {
+                        self.ledger
+                            .record_reveal(
+                                job_id,
+                                &c.node,
+                                &replica.output_hash.to_hex(),
+                                &salt.to_hex(),
+                            )
+                            .await?;
+                    }
+                    seen.attestations.push(Attestation {
+                        commitment: c.commitment.clone(),
+                        output_hash: replica.output_hash,
+                        salt,
+                    });
+                    seen.replicas.push(replica);
+                }
+                Err(RevealError::Lied(why)) => {
+                    seen.failures.push(format!("{}: {why}", short(&c.node)));
+                    seen.liars.push(c.node.clone());
+                }
+                Err(RevealError::Failed(why)) => {
+                    seen.failures.push(format!("{}: {why}", short(&c.node)));
+                    self.ledger.fail_assignment(job_id, &c.node).await?;
+                    self.ledger
+                        .set_node_state(&c.node, NodeState::Unhealthy)
+                        .await?;
+                }
+            }
+        }
+        Ok(seen)
+    }
+
+    /// One replica's reveal, checked against its commitment.
+    async fn reveal_from(&self, c: &Committed) -> Result<(Replica, Hash), RevealError> {
+        let revealed = tokio::time::timeout(
+            self.config.node_timeout,
+            c.client.reveal(&c.commitment.job.job_id),
+        )
+        .await
+        .map_err(|_| RevealError::Failed("reveal timed out".into()))?
+        .map_err(|e| RevealError::Failed(e.to_string()))?;
+        if !revealed.reveal.opens(&c.commitment) {
+            return Err(RevealError::Lied(
+                "its reveal does not open its commitment".into(),
+            ));
+        }
+        let mut outputs = Vec::new();
+        for o in &revealed.reveal.outputs {
+            let bytes = match revealed.blobs.get(&o.hash) {
+                Some(hex) => {
+                    tenet_proto::from_hex(hex).ok_or_else(|| RevealError::Lied("bad hex".into()))?
+                }
+                None => c
+                    .client
+                    .get_blob(&o.hash)
+                    .await
+                    .map_err(|e| RevealError::Failed(e.to_string()))?
+                    .to_vec(),
+            };
+            if Hash::of(&bytes) != o.hash {
+                return Err(RevealError::Lied(format!(
+                    "output {} does not hash to what it revealed",
+                    o.name
+                )));
+            }
+            let t = tensor::decode(&bytes).map_err(|e| RevealError::Lied(e.to_string()))?;
+            outputs.push((o.name.clone(), t));
+        }
+        Ok((
+            Replica {
+                node: c.node.clone(),
+                output_hash: revealed.reveal.output_hash,
+                outputs,
+            },
+            revealed.reveal.salt,
+        ))
+    }
+
+    /// Store the result, then decide, slash and credit in one ledger transaction, and sign
+    /// the receipt.
+    async fn settle(
+        &self,
+        spec: &JobSpec,
+        seen: Revealed,
+        decision: Decision,
+        refereed: bool,
+    ) -> Result<JobOutcome, DispatchError> {
+        let Some(result) = decision.result else {
+            return Err(DispatchError::Undecided(format!(
+                "the {} replicas that revealed do not agree ({})",
+                seen.replicas.len(),
+                seen.failures.join("; ")
+            )));
+        };
+        let mut verdicts: Vec<Verdict> = seen
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Verdict {
+                node_id: r.node.clone(),
+                agreed: decision.agreed[i],
+                score: decision.scores[i],
+            })
+            .collect();
+        verdicts.extend(seen.liars.iter().map(|l| Verdict {
+            node_id: l.clone(),
+            agreed: false,
+            score: 0.0,
+        }));
+        let agreeing: Vec<Attestation> = seen
+            .attestations
+            .iter()
+            .zip(&decision.agreed)
+            .filter(|(_, a)| **a)
+            .map(|(t, _)| t.clone())
+            .collect();
+        let chosen = &seen.replicas[result];
+        let outputs_refs = output_refs(&chosen.outputs);
+        let receipt = Receipt {
+            version: 1,
+            job: spec.clone(),
+            output_hash: output_hash(&outputs_refs),
+            outputs: outputs_refs,
+            replicas: (seen.replicas.len() + seen.liars.len()) as u32,
+            tolerance: if spec.tier == Tier::Tolerant {
+                self.config.tolerance
+            } else {
+                0.0
+            },
+            nodes: agreeing,
+            coordinator: self.key.public(),
+            issued_at: tenet_proto::unix_now(),
+            signature: Sig([0; 64]),
+        }
+        .sign(&self.key);
+        // The outputs first: a decided job's outputs must be readable after any crash.
+        for (_, t) in &chosen.outputs {
+            self.store.put_bytes(&tensor::encode(t))?;
+        }
+        let receipt_json =
+            serde_json::to_string(&receipt).map_err(|e| DispatchError::Internal(e.to_string()))?;
+        let slashed = self
+            .ledger
+            .decide_job(
+                &spec.job_id,
+                &Settlement {
+                    output_hash: &receipt.output_hash.to_hex(),
+                    receipt: &receipt_json,
+                    verdicts: &verdicts,
+                    slash_fraction: self.config.slash_fraction,
+                    reward: self.config.reward,
+                    at: now(),
+                },
+            )
+            .await?;
+        Ok(JobOutcome {
+            job_id: spec.job_id.clone(),
+            outputs: chosen.outputs.clone(),
+            receipt,
+            slashed,
+            refereed,
+        })
+    }
+
+    /// Run the job on the coordinator's own executor: its output hash decides an exact-tier
+    /// disagreement.
+    async fn referee(&self, spec: &JobSpec) -> Result<Hash, DispatchError> {
+        let store = self.store.clone();
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || -> Result<Hash, String> {
+            let graph = tenet_ir::codec::decode(&store.get(&spec.task).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            let weights = match spec.weights {
+                Some(w) => vec![
+                    tenet_models::WeightsFile::from_bytes(
+                        store.get(&w).map_err(|e| e.to_string())?,
+                        &w.short(),
+                    )
+                    .map_err(|e| e.to_string())?,
+                ],
+                None => Vec::new(),
+            };
+            let mut inputs = HashMap::new();
+            for (name, h) in &spec.inputs {
+                let t = tensor::decode(&store.get(h).map_err(|e| e.to_string())?)
+                    .map_err(|e| e.to_string())?;
+                inputs.insert(name.clone(), t);
+            }
+            let outs = tenet_exec::CpuBackend::auto()
+                .prepare(&graph)
+                .map_err(|e| e.to_string())?
+                .run(&inputs, &tenet_models::WeightSet(weights), spec.seed)
+                .map_err(|e| e.to_string())?;
+            Ok(output_hash(&output_refs(&outs)))
+        })
+        .await
+        .map_err(|e| DispatchError::Referee(e.to_string()))?
+        .map_err(DispatchError::Referee)
+    }
+}
+
+/// The commitment a node made for `job_id` before this coordinator restarted, waiting while
+/// the job is still running there.
+async fn committed_earlier(client: &NodeClient, job_id: &str) -> Result<Commitment, String> {
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let status = client.job_status(job_id).await.map_err(|e| e.to_string())?;
+        match status.state {
+            NodeJobState::Running => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            NodeJobState::Committed | NodeJobState::Revealed => {
+                return status
+                    .commitment
+                    .ok_or_else(|| "its job status shows no commitment".to_string());
+            }
+            NodeJobState::Failed | NodeJobState::Cancelled => {
+                return Err(status.error.map_or_else(
+                    || "the job failed on the node".to_string(),
+                    |e| e.to_string(),
+                ));
+            }
+        }
+    }
+}
