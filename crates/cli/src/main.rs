@@ -55,6 +55,30 @@ enum BenchWhat {
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
     },
+    /// Start a coordinator and nodes on 127.0.0.1 and call a small task from many concurrent
+    /// clients over the REST API: jobs/s and latency percentiles, every answer verified, and
+    /// the ledger checked for lost jobs.
+    Load {
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 200)]
+        clients: usize,
+        /// Jobs each client runs, one after another.
+        #[arg(long, default_value_t = 20)]
+        jobs: usize,
+        /// Nodes each job runs on.
+        #[arg(long, default_value_t = 3)]
+        replicas: usize,
+        /// Nodes in the network.
+        #[arg(long, default_value_t = 5)]
+        nodes: usize,
+        /// The coordinator's ledger: a postgres:// URL [default: SQLite in a temporary
+        /// directory].
+        #[arg(long, value_name = "URL")]
+        ledger: Option<String>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -483,6 +507,43 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", report.json());
             } else {
                 print!("{}", report.table());
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                Some(BenchWhat::Load {
+                    clients,
+                    jobs,
+                    replicas,
+                    nodes,
+                    ledger,
+                    json,
+                }),
+            ..
+        } => {
+            if clients == 0 || jobs == 0 || replicas == 0 || nodes < replicas {
+                bail!(
+                    "--clients, --jobs and --replicas must be at least 1, and --nodes at least --replicas"
+                );
+            }
+            let config = tenet_bench::load::LoadConfig {
+                clients,
+                jobs_per_client: jobs,
+                replicas,
+                nodes,
+                ledger,
+            };
+            let report =
+                tenet_bench::load::run(&config, |what| eprintln!("tenet bench load: {what}..."))
+                    .map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            if !report.nothing_lost() {
+                bail!("jobs were lost or failed under load");
             }
             Ok(())
         }

@@ -51,6 +51,7 @@ struct Cluster {
     nodes: Vec<NodeProc>,
     ids: Vec<String>,
     dir: tempfile::TempDir,
+    ledger_url: String,
 }
 
 impl Cluster {
@@ -72,26 +73,51 @@ impl Cluster {
     /// A second coordinator on the same ledger file, blob store and key: this one after a
     /// crash and a restart.
     async fn restarted(&self, config: CoordinatorConfig) -> Arc<Coordinator<SqlLedger>> {
-        let ledger = SqlLedger::connect(&format!(
-            "sqlite://{}",
-            self.dir.path().join("ledger.db").display()
-        ))
-        .await
-        .unwrap();
+        let ledger = SqlLedger::connect(&self.ledger_url).await.unwrap();
         let store = Store::open(&self.dir.path().join("store"), StoreConfig::default()).unwrap();
         Arc::new(Coordinator::new(ledger, self.key.clone(), store, config))
     }
 }
 
 async fn cluster(cheats: &[Option<&str>], config: CoordinatorConfig) -> Cluster {
+    cluster_on(cheats, config, None).await
+}
+
+/// A fresh PostgreSQL database on the server TENET_TEST_POSTGRES_URL names, if it is set.
+async fn postgres_database() -> Option<String> {
+    let Ok(admin) = std::env::var("TENET_TEST_POSTGRES_URL") else {
+        eprintln!(
+            "SKIPPED: set TENET_TEST_POSTGRES_URL to run the coordinator on PostgreSQL; .ci/run does"
+        );
+        return None;
+    };
+    let name = format!(
+        "tenet_coord_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            % 1_000_000_000
+    );
+    SqlLedger::admin_execute(&admin, &format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+    Some(format!("{base}/{name}"))
+}
+
+/// A cluster whose ledger is at `ledger_url` (default: SQLite in its directory).
+async fn cluster_on(
+    cheats: &[Option<&str>],
+    config: CoordinatorConfig,
+    ledger_url: Option<String>,
+) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let key = identity::generate();
-    let ledger = SqlLedger::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("ledger.db").display()
-    ))
-    .await
-    .unwrap();
+    let ledger_url = ledger_url
+        .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("ledger.db").display()));
+    let ledger = SqlLedger::connect(&ledger_url).await.unwrap();
     let store = Store::open(&dir.path().join("store"), StoreConfig::default()).unwrap();
     let coordinator = Arc::new(Coordinator::new(ledger, key.clone(), store, config));
     let mut nodes = Vec::new();
@@ -113,6 +139,7 @@ async fn cluster(cheats: &[Option<&str>], config: CoordinatorConfig) -> Cluster 
         nodes,
         ids,
         dir,
+        ledger_url,
     }
 }
 
@@ -382,7 +409,23 @@ async fn commit_by_hand(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_coordinator_resumes_jobs_from_every_unfinished_state() {
-    let c = cluster(&[None, Some("flip"), None], CoordinatorConfig::default()).await;
+    restart_resumes_every_unfinished_state(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_restarted_coordinator_resumes_jobs_and_settles_each_once() {
+    if let Some(url) = postgres_database().await {
+        restart_resumes_every_unfinished_state(Some(url)).await;
+    }
+}
+
+async fn restart_resumes_every_unfinished_state(ledger_url: Option<String>) {
+    let c = cluster_on(
+        &[None, Some("flip"), None],
+        CoordinatorConfig::default(),
+        ledger_url,
+    )
+    .await;
     let graph = mlp();
     let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
     let l = &c.coordinator.ledger;

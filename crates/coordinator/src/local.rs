@@ -44,6 +44,18 @@ impl LocalNetwork {
         stake: i64,
         config: CoordinatorConfig,
     ) -> Result<LocalNetwork, LocalError> {
+        LocalNetwork::start_on(dir, cheats, stake, config, None).await
+    }
+
+    /// [`LocalNetwork::start`] with the ledger at `ledger_url` (`postgres://…`, or SQLite in
+    /// `dir` when `None`).
+    pub async fn start_on(
+        dir: &Path,
+        cheats: &[Option<&str>],
+        stake: i64,
+        config: CoordinatorConfig,
+        ledger_url: Option<&str>,
+    ) -> Result<LocalNetwork, LocalError> {
         std::fs::create_dir_all(dir).map_err(err)?;
         let (stop, rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -75,7 +87,8 @@ impl LocalNetwork {
             )));
             nodes.push((url, id, cheat.map(str::to_string)));
         }
-        let ledger = SqlLedger::connect(&format!("sqlite://{}", dir.join("ledger.db").display()))
+        let sqlite = format!("sqlite://{}", dir.join("ledger.db").display());
+        let ledger = SqlLedger::connect(ledger_url.unwrap_or(&sqlite))
             .await
             .map_err(err)?;
         let store = tenet_store::Store::open(

@@ -5,9 +5,11 @@
 //!    that fails or times out is marked unhealthy and replaced by another. No reveal is asked
 //!    until every replica has committed, so no node can copy another's answer. A node that
 //!    already ran the job (the coordinator restarted before recording its commitment) refuses
-//!    the reused job id; its commitment is read from its job status instead.
+//!    the reused job id; its commitment is read from its job status instead. The commitments
+//!    are recorded together with the move to the reveal phase, in one transaction.
 //! 2. **Reveal:** each shows its outputs and salt; a reveal that does not open its commitment,
-//!    or outputs that do not hash to what it revealed, make that node a liar.
+//!    or outputs that do not hash to what it revealed, make that node a liar. The reveals are
+//!    recorded with the decision (a reveal asked again after a restart gets the same answer).
 //! 3. **Compare** per tier ([`crate::compare`]). Without agreement, more nodes are assigned
 //!    (once) and the job goes back to the commit phase for them; in `exact`, if there is still
 //!    no strict majority, the coordinator's own executor referees.
@@ -47,6 +49,8 @@ struct Revealed {
     /// Nodes whose reveal contradicted their own commitment.
     liars: Vec<String>,
     failures: Vec<String>,
+    /// Reveals to record with the decision: (node, output hash, salt).
+    unrecorded: Vec<(String, String, String)>,
 }
 
 enum RevealError {
@@ -75,18 +79,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
         };
         let replicas = job.replicas.max(1) as usize;
         let mut state = job.state;
-        if state == JobState::Pending {
-            self.ledger
-                .advance_job(job_id, JobState::Pending, JobState::Committing, now())
-                .await?;
-            state = JobState::Committing;
-        }
         loop {
-            if state == JobState::Committing {
+            if matches!(state, JobState::Pending | JobState::Committing) {
+                // Ends by moving the job to revealing.
                 self.commit_phase(&run, replicas).await?;
-                self.ledger
-                    .advance_job(job_id, JobState::Committing, JobState::Revealing, now())
-                    .await?;
             } else if state != JobState::Revealing {
                 return Err(DispatchError::Internal(format!(
                     "job {job_id} is {}: there is nothing left to do",
@@ -137,7 +133,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
     }
 
     /// Until every live replica has committed: run the job on the assigned ones, replace the
-    /// ones that fail. At least `need` must commit.
+    /// ones that fail. At least `need` must commit. The commitments are recorded together,
+    /// with the move to revealing, in one transaction (one fsync per job, not per replica): a
+    /// coordinator that dies before that asks the nodes again, and they hand over what they
+    /// committed to.
     async fn commit_phase(
         self: &Arc<Self>,
         run: &RunJob,
@@ -145,28 +144,36 @@ impl<L: Ledger + 'static> Coordinator<L> {
     ) -> Result<(), DispatchError> {
         let job_id = &run.job.job_id;
         let mut failures = Vec::new();
+        let mut fresh: Vec<(String, String)> = Vec::new();
         loop {
             let asg = self.ledger.assignments(job_id).await?;
             let waiting: Vec<&Assignment> = asg
                 .iter()
-                .filter(|a| a.state == AssignmentState::Assigned)
+                .filter(|a| {
+                    a.state == AssignmentState::Assigned
+                        && !fresh.iter().any(|(n, _)| *n == a.node_id)
+                })
                 .collect();
             if waiting.is_empty() {
-                let committed = asg
-                    .iter()
-                    .filter(|a| {
-                        matches!(
-                            a.state,
-                            AssignmentState::Committed | AssignmentState::Revealed
-                        )
-                    })
-                    .count();
+                let committed = fresh.len()
+                    + asg
+                        .iter()
+                        .filter(|a| {
+                            matches!(
+                                a.state,
+                                AssignmentState::Committed | AssignmentState::Revealed
+                            )
+                        })
+                        .count();
                 if committed < need {
                     return Err(DispatchError::Nodes(format!(
                         "only {committed} of {need} replicas committed ({})",
                         failures.join("; ")
                     )));
                 }
+                self.ledger
+                    .record_commitments(job_id, &fresh, now())
+                    .await?;
                 return Ok(());
             }
             let mut set = tokio::task::JoinSet::new();
@@ -187,7 +194,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     Ok(c) => {
                         let json = serde_json::to_string(&c)
                             .map_err(|e| DispatchError::Internal(e.to_string()))?;
-                        self.ledger.record_commitment(job_id, &node, &json).await?;
+                        fresh.push((node, json));
                     }
                     Err(e) => {
                         failures.push(format!("{}: {e}", short(&node)));
@@ -297,14 +304,11 @@ impl<L: Ledger + 'static> Coordinator<L> {
             match answer {
                 Ok((replica, salt)) => {
                     if *state == AssignmentState::Committed {
-                        self.ledger
-                            .record_reveal(
-                                job_id,
-                                &c.node,
-                                &replica.output_hash.to_hex(),
-                                &salt.to_hex(),
-                            )
-                            .await?;
+                        seen.unrecorded.push((
+                            c.node.clone(),
+                            replica.output_hash.to_hex(),
+                            salt.to_hex(),
+                        ));
                     }
                     seen.attestations.push(Attestation {
                         commitment: c.commitment.clone(),
@@ -445,6 +449,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 &Settlement {
                     output_hash: &receipt.output_hash.to_hex(),
                     receipt: &receipt_json,
+                    reveals: &seen.unrecorded,
                     verdicts: &verdicts,
                     slash_fraction: self.config.slash_fraction,
                     reward: self.config.reward,

@@ -178,6 +178,8 @@ pub struct Verdict {
 pub struct Settlement<'a> {
     pub output_hash: &'a str,
     pub receipt: &'a str,
+    /// Reveals not yet recorded: (node, output hash, salt).
+    pub reveals: &'a [(String, String, String)],
     pub verdicts: &'a [Verdict],
     /// Fraction of stake (rounded down) taken from each node that disagreed.
     pub slash_fraction: f64,
@@ -219,6 +221,14 @@ pub trait Ledger: Send + Sync {
         job_id: &str,
         node_id: &str,
         commitment: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The commit phase is over: record these (node, commitment) pairs and move the job from
+    /// pending or committing to revealing, in one transaction.
+    fn record_commitments(
+        &self,
+        job_id: &str,
+        commitments: &[(String, String)],
+        at: i64,
     ) -> impl Future<Output = Result<()>> + Send;
     fn record_reveal(
         &self,

@@ -387,14 +387,9 @@ impl Ledger for SqlLedger {
     }
 
     async fn create_job(&self, j: &JobRecord, nodes: &[String]) -> Result<()> {
+        // Write first: a SQLite transaction that reads before it writes cannot wait for the
+        // writer lock (it fails at once as busy when another writer got in between).
         let mut tx = self.pool.begin().await?;
-        let exists: Option<String> = sqlx::query_scalar("SELECT id FROM jobs WHERE id = $1")
-            .bind(&j.id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if exists.is_some() {
-            return Err(LedgerError::Conflict(format!("job {} exists", j.id)));
-        }
         sqlx::query(sql!(
             "INSERT INTO jobs ({JOB_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
         ))
@@ -412,7 +407,13 @@ impl Ledger for SqlLedger {
         .bind(j.receipt.clone())
         .bind(j.error.clone())
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(d) if d.is_unique_violation() => {
+                LedgerError::Conflict(format!("job {} exists", j.id))
+            }
+            e => e.into(),
+        })?;
         for n in nodes {
             sqlx::query("INSERT INTO assignments (job_id, node_id, state) VALUES ($1, $2, $3)")
                 .bind(&j.id)
@@ -475,6 +476,47 @@ impl Ledger for SqlLedger {
         .await
     }
 
+    async fn record_commitments(
+        &self,
+        job_id: &str,
+        commitments: &[(String, String)],
+        at: i64,
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let r = sqlx::query(
+            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state IN ('pending', 'committing')",
+        )
+        .bind(JobState::Revealing.as_str())
+        .bind(at)
+        .bind(job_id)
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() != 1 {
+            return Err(LedgerError::Conflict(format!(
+                "job {job_id} is unknown or not committing"
+            )));
+        }
+        for (node_id, commitment) in commitments {
+            let r = sqlx::query(
+                "UPDATE assignments SET state = $1, commitment = $2 WHERE job_id = $3 AND node_id = $4 AND state = $5",
+            )
+            .bind(AssignmentState::Committed.as_str())
+            .bind(commitment)
+            .bind(job_id)
+            .bind(node_id)
+            .bind(AssignmentState::Assigned.as_str())
+            .execute(&mut *tx)
+            .await?;
+            if r.rows_affected() != 1 {
+                return Err(LedgerError::Conflict(format!(
+                    "job {job_id} has no assigned replica on node {node_id}"
+                )));
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn record_reveal(
         &self,
         job_id: &str,
@@ -528,6 +570,19 @@ impl Ledger for SqlLedger {
             return Err(LedgerError::Conflict(format!(
                 "job {job_id} is unknown or already finished"
             )));
+        }
+        for (node_id, output_hash, salt) in s.reveals {
+            sqlx::query(
+                "UPDATE assignments SET state = $1, output_hash = $2, salt = $3 WHERE job_id = $4 AND node_id = $5 AND state = $6",
+            )
+            .bind(AssignmentState::Revealed.as_str())
+            .bind(output_hash)
+            .bind(salt)
+            .bind(job_id)
+            .bind(node_id)
+            .bind(AssignmentState::Committed.as_str())
+            .execute(&mut *tx)
+            .await?;
         }
         let mut slashed = Vec::new();
         for v in s.verdicts {

@@ -89,23 +89,42 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         Err(LedgerError::NotFound(_))
     ));
     conflict(l.record_reveal("j1", "a", "h", "s").await); // no reveal before the commitment
-    for n in ["a", "b", "c"] {
-        l.record_commitment("j1", n, &format!("{{\"node\":\"{n}\"}}"))
-            .await
-            .unwrap();
-    }
-    conflict(l.record_commitment("j1", "a", "again").await);
-    l.advance_job("j1", JobState::Committing, JobState::Revealing, 103)
+    l.record_commitment("j1", "a", "{\"node\":\"a\"}")
         .await
         .unwrap();
+    conflict(l.record_commitment("j1", "a", "again").await);
+    let rest = [("b", "{\"node\":\"b\"}"), ("c", "{\"node\":\"c\"}")]
+        .map(|(n, c)| (n.to_string(), c.to_string()));
+    conflict(
+        l.record_commitments("j1", &[rest[0].clone(), ("a".into(), "again".into())], 103)
+            .await,
+    );
+    assert_eq!(
+        l.assignments("j1").await.unwrap()[1].state,
+        AssignmentState::Assigned,
+        "a refused batch records nothing"
+    );
+    l.record_commitments("j1", &rest, 103).await.unwrap();
+    assert_eq!(
+        l.job("j1").await.unwrap().unwrap().state,
+        JobState::Revealing,
+        "the last commitments move the job on"
+    );
+    conflict(l.record_commitments("j1", &[], 103).await);
     l.record_reveal("j1", "a", "good", "s1").await.unwrap();
     l.record_reveal("j1", "b", "good", "s2").await.unwrap();
-    l.record_reveal("j1", "c", "evil", "s3").await.unwrap();
     let asg = l.assignments("j1").await.unwrap();
     assert_eq!(asg.len(), 3);
-    assert!(asg.iter().all(|a| a.state == AssignmentState::Revealed));
-    assert_eq!(asg[2].output_hash.as_deref(), Some("evil"));
+    assert_eq!(
+        asg.iter().map(|a| a.state).collect::<Vec<_>>(),
+        [
+            AssignmentState::Revealed,
+            AssignmentState::Revealed,
+            AssignmentState::Committed
+        ]
+    );
     assert_eq!(asg[0].commitment.as_deref(), Some("{\"node\":\"a\"}"));
+    assert_eq!(asg[2].commitment.as_deref(), Some("{\"node\":\"c\"}"));
     assert_eq!(l.unfinished_jobs().await.unwrap().len(), 1);
     let verdicts = [
         Verdict {
@@ -124,9 +143,11 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
             score: 0.0,
         },
     ];
+    let reveals = [("c".to_string(), "evil".to_string(), "s3".to_string())];
     let settle = |receipt, at| Settlement {
         output_hash: "good",
         receipt,
+        reveals: &reveals,
         verdicts: &verdicts,
         slash_fraction: 0.5,
         reward: 10,
@@ -166,6 +187,11 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     assert!(l.unfinished_jobs().await.unwrap().is_empty());
     let asg = l.assignments("j1").await.unwrap();
     assert_eq!(asg[2].state, AssignmentState::Disagreed);
+    assert_eq!(
+        (asg[2].output_hash.as_deref(), asg[2].salt.as_deref()),
+        (Some("evil"), Some("s3")),
+        "the settlement recorded the last reveal"
+    );
 
     assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1010);
     assert_eq!(l.node("b").await.unwrap().unwrap().stake, 1010);

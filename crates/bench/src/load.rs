@@ -1,0 +1,401 @@
+//! The load benchmark: a local network on 127.0.0.1 (a coordinator with its SQLite ledger
+//! and several nodes, real HTTP between them), many concurrent clients each calling a small
+//! task over the REST API one job after another. Every answer is checked (status, receipt
+//! signature and openings, result against a local run) and, at the end, the ledger must hold
+//! every job decided and none unfinished: jobs/s and latency percentiles count only if nothing
+//! was lost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tenet_coordinator::CoordinatorConfig;
+use tenet_coordinator::local::LocalNetwork;
+use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
+use tenet_ledger::{JobState, Ledger};
+use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
+use tenet_proto::receipt::Receipt;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    pub clients: usize,
+    pub jobs_per_client: usize,
+    pub replicas: usize,
+    pub nodes: usize,
+    /// `postgres://…` for a PostgreSQL ledger; SQLite when `None`.
+    pub ledger: Option<String>,
+}
+
+impl Default for LoadConfig {
+    fn default() -> LoadConfig {
+        LoadConfig {
+            clients: 200,
+            jobs_per_client: 20,
+            replicas: 3,
+            nodes: 5,
+            ledger: None,
+        }
+    }
+}
+
+/// What it measured.
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    pub config: LoadConfig,
+    /// Jobs answered 200 with a verified receipt and the right result.
+    pub completed: usize,
+    /// Jobs that got an error or a wrong answer.
+    pub failed: usize,
+    /// Of the jobs answered, those the ledger holds decided; and the jobs it holds unfinished.
+    pub ledger_decided: usize,
+    pub ledger_unfinished: usize,
+    pub seconds: f64,
+    pub jobs_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// The first few errors, if any.
+    pub errors: Vec<String>,
+}
+
+/// A small task: one 16→32 layer with tanh, the shape of a tiny model call.
+fn task() -> Graph {
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[1, 16]);
+    let w = g.input("w", DType::F32, &[16, 32]);
+    g.finish(&[("y", &x.matmul(&w).tanh())])
+        .expect("a valid graph")
+}
+
+fn filled(shape: &[u64], seed: u32) -> HostTensor {
+    let n: u64 = shape.iter().product();
+    let v: Vec<f32> = (0..n as u32)
+        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) >> 8) as f32 / 16777216.0 - 0.5)
+        .collect();
+    HostTensor::from_f32(shape, &v).expect("shape matches")
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One client's request for job `seed`, and the bytes its `y` must have.
+struct Call {
+    body: Bytes,
+    expected: Vec<u8>,
+}
+
+fn calls(graph: &Graph, n: usize) -> Result<Vec<Call>, String> {
+    let prepared = CpuBackend::new(1, SimdLevel::Portable)
+        .prepare(graph)
+        .map_err(|e| e.to_string())?;
+    let w = filled(&[16, 32], 7);
+    (0..n)
+        .map(|i| {
+            let x = filled(&[1, 16], 1000 + i as u32);
+            let inputs =
+                HashMap::from([("x".to_string(), x.clone()), ("w".to_string(), w.clone())]);
+            let y = prepared
+                .run(&inputs, &tenet_ir::NoWeights, 0)
+                .map_err(|e| e.to_string())?
+                .remove(0)
+                .1;
+            let given = vec![("x".to_string(), x), ("w".to_string(), w.clone())];
+            let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))
+                .map_err(|e| e.to_string())?;
+            Ok(Call {
+                body: Bytes::from(json!({"inputs": inputs}).to_string()),
+                expected: y.bytes().to_vec(),
+            })
+        })
+        .collect()
+}
+
+/// Check one answer: 200, a receipt by this coordinator that verifies, the right result; the
+/// job's id.
+fn check(
+    status: u16,
+    body: &[u8],
+    coordinator: &tenet_proto::auth::PublicKey,
+    expected: &[u8],
+) -> Result<String, String> {
+    if status != 200 {
+        return Err(format!(
+            "status {status}: {}",
+            String::from_utf8_lossy(body)
+        ));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let receipt: Receipt =
+        serde_json::from_value(v["receipt"].clone()).map_err(|e| format!("receipt: {e}"))?;
+    receipt
+        .verify_from(coordinator)
+        .map_err(|e| format!("receipt does not verify: {e}"))?;
+    let ty = tenet_ir::TensorType::new(DType::F32, vec![1u64, 32]);
+    let y = tenet_models::tensor_from_json(&v["outputs"]["y"], &ty)?;
+    if y.bytes() != expected {
+        return Err("the result differs from a local run".into());
+    }
+    v["job_id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| "the answer has no job id".into())
+}
+
+/// Start the network, run the clients, check the ledger, stop. `progress` hears each phase.
+pub fn run(config: &LoadConfig, mut progress: impl FnMut(&str)) -> Result<LoadReport, String> {
+    let dir = std::env::temp_dir().join(format!("tenet-bench-load-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let result = rt.block_on(async {
+        progress(&format!(
+            "starting a coordinator and {} nodes on 127.0.0.1",
+            config.nodes
+        ));
+        let net = LocalNetwork::start_on(
+            &dir,
+            &vec![None; config.nodes],
+            1000,
+            CoordinatorConfig {
+                replicas: config.replicas,
+                node_timeout: Duration::from_secs(120),
+                ..CoordinatorConfig::default()
+            },
+            config.ledger.as_deref(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let report = drive(&net, config, &mut progress).await;
+        net.shutdown().await;
+        report
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn drive(
+    net: &LocalNetwork,
+    config: &LoadConfig,
+    progress: &mut impl FnMut(&str),
+) -> Result<LoadReport, String> {
+    let graph = task();
+    let auth = (
+        "authorization".to_string(),
+        format!("Bearer {}", net.api_key),
+    );
+    let deployer =
+        NodeClient::new(&net.coordinator_url, identity::generate()).map_err(|e| e.to_string())?;
+    let r = deployer
+        .send(RawRequest {
+            method: Method::POST,
+            path: "/v1/tasks".into(),
+            headers: vec![auth.clone()],
+            body: Bytes::from(graph.to_bytes()),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let deployed: Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+    let path = deployed["endpoint"]
+        .as_str()
+        .ok_or_else(|| format!("deploying failed: {deployed}"))?
+        .to_string();
+    let calls = Arc::new(calls(&graph, config.jobs_per_client)?);
+    let coordinator = net.coordinator_key.public();
+    progress(&format!(
+        "{} clients × {} jobs, {} replicas each",
+        config.clients, config.jobs_per_client, config.replicas
+    ));
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..config.clients {
+        let (url, path, auth, calls) = (
+            net.coordinator_url.clone(),
+            path.clone(),
+            auth.clone(),
+            calls.clone(),
+        );
+        clients.spawn(async move {
+            let http = NodeClient::new(&url, identity::generate()).map_err(|e| e.to_string());
+            let mut latencies = Vec::new();
+            let mut errors = Vec::new();
+            let mut ids = Vec::new();
+            let Ok(http) = http else {
+                return (latencies, ids, vec![http.err().unwrap_or_default()]);
+            };
+            for call in calls.iter() {
+                let t = Instant::now();
+                let answer = http
+                    .send(RawRequest {
+                        method: Method::POST,
+                        path: path.clone(),
+                        headers: vec![
+                            auth.clone(),
+                            ("content-type".into(), "application/json".into()),
+                        ],
+                        body: call.body.clone(),
+                    })
+                    .await;
+                let took = t.elapsed().as_secs_f64() * 1e3;
+                match answer
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| check(r.status, &r.body, &coordinator, &call.expected))
+                {
+                    Ok(id) => {
+                        latencies.push(took);
+                        ids.push(id);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+            (latencies, ids, errors)
+        });
+    }
+    let mut latencies = Vec::new();
+    let mut errors = Vec::new();
+    let mut job_ids = Vec::new();
+    let mut failed = 0;
+    while let Some(done) = clients.join_next().await {
+        let (l, ids, e) = done.map_err(|e| e.to_string())?;
+        latencies.extend(l);
+        job_ids.extend(ids);
+        failed += e.len();
+        errors.extend(e.into_iter().take(3));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    progress("checking the ledger");
+    // Distinct ids only: two answers naming one job would be a lost job.
+    job_ids.sort();
+    job_ids.dedup();
+    let mut ledger_decided = 0;
+    for id in &job_ids {
+        let job = net.core.ledger.job(id).await.map_err(|e| e.to_string())?;
+        ledger_decided += usize::from(job.is_some_and(|j| j.state == JobState::Decided));
+    }
+    let ledger_unfinished = net
+        .core
+        .ledger
+        .unfinished_jobs()
+        .await
+        .map_err(|e| e.to_string())?
+        .len();
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    errors.truncate(5);
+    Ok(LoadReport {
+        config: config.clone(),
+        completed: latencies.len(),
+        failed,
+        ledger_decided,
+        ledger_unfinished,
+        seconds,
+        jobs_per_s: latencies.len() as f64 / seconds,
+        p50_ms: quantile(&latencies, 0.5),
+        p99_ms: quantile(&latencies, 0.99),
+        max_ms: latencies.last().copied().unwrap_or(f64::NAN),
+        errors,
+    })
+}
+
+impl LoadReport {
+    /// Every job answered correctly and decided in the ledger, none unfinished.
+    pub fn nothing_lost(&self) -> bool {
+        let total = self.config.clients * self.config.jobs_per_client;
+        self.completed == total && self.ledger_decided == total && self.ledger_unfinished == 0
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "clients": self.config.clients,
+            "jobs_per_client": self.config.jobs_per_client,
+            "replicas": self.config.replicas,
+            "nodes": self.config.nodes,
+            "ledger": if self.config.ledger.is_some() { "postgres" } else { "sqlite" },
+            "completed": self.completed,
+            "failed": self.failed,
+            "ledger_decided": self.ledger_decided,
+            "ledger_unfinished": self.ledger_unfinished,
+            "nothing_lost": self.nothing_lost(),
+            "seconds": self.seconds,
+            "jobs_per_s": self.jobs_per_s,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "max_ms": self.max_ms,
+            "errors": self.errors,
+        })
+    }
+
+    pub fn table(&self) -> String {
+        let c = &self.config;
+        let total = c.clients * c.jobs_per_client;
+        let mut out = format!(
+            "tenet load on 127.0.0.1: {} clients × {} jobs, r = {}, {} nodes, {} ledger\n\n",
+            c.clients,
+            c.jobs_per_client,
+            c.replicas,
+            c.nodes,
+            if c.ledger.is_some() {
+                "PostgreSQL"
+            } else {
+                "SQLite"
+            }
+        );
+        out += &format!(
+            "completed and verified   {} of {total}{}\n",
+            self.completed,
+            if self.failed > 0 {
+                format!(" ({} failed)", self.failed)
+            } else {
+                String::new()
+            }
+        );
+        out += &format!(
+            "ledger                   {} decided, {} unfinished -> {}\n",
+            self.ledger_decided,
+            self.ledger_unfinished,
+            if self.nothing_lost() {
+                "nothing lost"
+            } else {
+                "JOBS LOST OR FAILED"
+            }
+        );
+        out += &format!(
+            "throughput               {:.1} jobs/s ({:.1} s)\n",
+            self.jobs_per_s, self.seconds
+        );
+        out += &format!(
+            "latency per call         p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms\n",
+            self.p50_ms, self.p99_ms, self.max_ms
+        );
+        for e in &self.errors {
+            out += &format!("  error: {e}\n");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bounded_load_completes_every_job_and_loses_none() {
+        let config = LoadConfig {
+            clients: 8,
+            jobs_per_client: 5,
+            ..LoadConfig::default()
+        };
+        let report = run(&config, |_| {}).unwrap();
+        assert!(report.nothing_lost(), "{}", report.table());
+        assert_eq!(report.completed, 40);
+        assert_eq!(report.ledger_decided, 40);
+        assert!(report.p50_ms <= report.p99_ms && report.p99_ms <= report.max_ms);
+    }
+}
