@@ -14,6 +14,8 @@ use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
 use tenet_proto::receipt::Receipt;
 use tenet_proto::{ApiError, Hash};
 
+use crate::progress::Transfer;
+
 #[derive(clap::Args)]
 pub struct CoordinatorArgs {
     /// Where the coordinator keeps its key, blobs and (by default) its SQLite ledger
@@ -168,19 +170,25 @@ impl Client {
     ) -> Result<Value> {
         if let Some((name, bytes)) = weights {
             let hash = Hash::of(bytes);
-            eprint!(
-                "uploading weights {name} ({:.1} MB)... ",
-                bytes.len() as f64 / 1e6
-            );
-            let t = Instant::now();
-            self.call(
-                Method::PUT,
-                &format!("/v1/blobs/{hash}"),
-                bytes.clone(),
-                "application/octet-stream",
-            )
-            .await?;
-            eprintln!("done in {:.2} s", t.elapsed().as_secs_f64());
+            let path = format!("/v1/blobs/{hash}");
+            // The coordinator may have these weights already (content addressing).
+            let known = self
+                .call(Method::HEAD, &path, Vec::new(), "application/octet-stream")
+                .await
+                .is_ok();
+            if known {
+                eprintln!("weights {name}: already on the coordinator ({hash})");
+            } else {
+                let bar = Transfer::new(format!("uploading weights {name}"), bytes.len() as u64);
+                bar.watch(self.call_counting(
+                    Method::PUT,
+                    &path,
+                    bytes.clone(),
+                    "application/octet-stream",
+                    Some(bar.counter()),
+                ))
+                .await?;
+            }
         }
         self.call(
             Method::POST,
@@ -210,6 +218,19 @@ impl Client {
         body: Vec<u8>,
         content_type: &str,
     ) -> Result<Value> {
+        self.call_counting(method, path, body, content_type, None)
+            .await
+    }
+
+    /// [`Client::call`], adding the body bytes sent so far to `sent`.
+    pub(crate) async fn call_counting(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+        sent: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Result<Value> {
         let mut req = if self.signed {
             self.http.signed(method, path, body)
         } else {
@@ -226,7 +247,7 @@ impl Client {
         }
         req.headers
             .push(("content-type".into(), content_type.into()));
-        let r = self.http.send(req).await?;
+        let r = self.http.send_counting(req, sent).await?;
         if !(200..300).contains(&r.status) {
             match ApiError::from_json(&r.body) {
                 Some(e) => bail!("the coordinator refused ({}): {}", r.status, e),
@@ -236,6 +257,10 @@ impl Client {
                     String::from_utf8_lossy(&r.body)
                 ),
             }
+        }
+        if r.body.is_empty() {
+            // HEAD, and other answers that are only a status.
+            return Ok(Value::Null);
         }
         serde_json::from_slice(&r.body).context("the coordinator's answer is not JSON")
     }
@@ -385,14 +410,22 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
         let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))?;
         let body = serde_json::to_vec(&json!({"inputs": inputs, "tier": a.tier, "seed": a.seed}))?;
         let t = Instant::now();
-        let submitted = client
-            .call(
+        let path = format!("/v1/tasks/{}/run?async=true", a.task);
+        let submitted = if body.len() > 4 << 20 {
+            let bar = Transfer::new("sending the inputs", body.len() as u64);
+            bar.watch(client.call_counting(
                 Method::POST,
-                &format!("/v1/tasks/{}/run?async=true", a.task),
+                &path,
                 body,
                 "application/json",
-            )
-            .await?;
+                Some(bar.counter()),
+            ))
+            .await?
+        } else {
+            client
+                .call(Method::POST, &path, body, "application/json")
+                .await?
+        };
         let job_id = submitted["job_id"]
             .as_str()
             .context("the coordinator did not say the job's id")?

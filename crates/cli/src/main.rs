@@ -5,6 +5,7 @@ mod coord_cmd;
 mod demo;
 mod models_cmd;
 mod node_cmd;
+mod progress;
 mod receipt_cmd;
 mod report;
 mod run;

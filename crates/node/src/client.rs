@@ -3,8 +3,11 @@
 //! a time; open several for concurrency. Used by the CLI, the tests, the benchmark, and nodes
 //! pulling tensors from peers.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
@@ -16,6 +19,7 @@ use tenet_proto::wire::{
 use tenet_proto::{ApiError, Hash};
 use tokio::sync::Mutex;
 
+use crate::body::Tracked;
 use crate::identity::random_bytes;
 
 /// Why a call failed.
@@ -68,7 +72,7 @@ impl RawResponse {
 pub struct NodeClient {
     addr: String,
     key: KeyPair,
-    conn: Mutex<Option<SendRequest<Full<Bytes>>>>,
+    conn: Mutex<Option<SendRequest<Tracked>>>,
 }
 
 /// `http://host:port` or `host:port` → `host:port`.
@@ -104,7 +108,7 @@ impl NodeClient {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, ClientError> {
+    async fn connect(&self) -> Result<SendRequest<Tracked>, ClientError> {
         let stream = tokio::net::TcpStream::connect(&self.addr)
             .await
             .map_err(|e| self.transport(e))?;
@@ -150,6 +154,15 @@ impl NodeClient {
 
     /// Send a request as it is.
     pub async fn send(&self, raw: RawRequest) -> Result<RawResponse, ClientError> {
+        self.send_counting(raw, None).await
+    }
+
+    /// Send a request as it is, adding to `taken` the body bytes as the connection takes them.
+    pub async fn send_counting(
+        &self,
+        raw: RawRequest,
+        taken: Option<Arc<AtomicU64>>,
+    ) -> Result<RawResponse, ClientError> {
         let mut guard = self.conn.lock().await;
         let mut sender = match guard.take() {
             Some(s) if !s.is_closed() => s,
@@ -163,9 +176,11 @@ impl NodeClient {
         for (k, v) in &raw.headers {
             req = req.header(k, v);
         }
-        let req = req
-            .body(Full::new(raw.body))
-            .map_err(|e| self.transport(e))?;
+        let body = match taken {
+            Some(t) => Tracked::counted(raw.body, t),
+            None => Tracked::whole(raw.body),
+        };
+        let req = req.body(body).map_err(|e| self.transport(e))?;
         let resp = sender
             .send_request(req)
             .await

@@ -8,6 +8,7 @@
 //! that knows routes and statuses; [`client`] is the other side of the same wire. The wire
 //! format itself lives in `tenet-proto`, the blob store in `tenet-store`.
 
+mod body;
 pub mod cheat;
 pub mod client;
 pub mod config;
