@@ -13,10 +13,12 @@ use serde_json::{Value, json};
 use tenet_coordinator::CoordinatorConfig;
 use tenet_coordinator::local::LocalNetwork;
 use tenet_exec::{Backend, CpuBackend, SimdLevel};
-use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
+use tenet_ir::{DType, Graph, GraphBuilder};
 use tenet_ledger::{JobState, Ledger};
 use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
 use tenet_proto::receipt::Receipt;
+
+use crate::node::filled;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -68,14 +70,6 @@ fn task() -> Graph {
     let w = g.input("w", DType::F32, &[16, 32]);
     g.finish(&[("y", &x.matmul(&w).tanh())])
         .expect("a valid graph")
-}
-
-fn filled(shape: &[u64], seed: u32) -> HostTensor {
-    let n: u64 = shape.iter().product();
-    let v: Vec<f32> = (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) >> 8) as f32 / 16777216.0 - 0.5)
-        .collect();
-    HostTensor::from_f32(shape, &v).expect("shape matches")
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {

@@ -52,7 +52,8 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-fn filled(shape: &[u64], seed: u32) -> HostTensor {
+/// A tensor of pseudo-random values in [-0.5, 0.5), the same for the same seed.
+pub(crate) fn filled(shape: &[u64], seed: u32) -> HostTensor {
     let n: u64 = shape.iter().product();
     let v: Vec<f32> = (0..n as u32)
         .map(|i| ((i.wrapping_mul(2654435761) ^ seed) >> 8) as f32 / 16777216.0 - 0.5)

@@ -62,6 +62,23 @@ pub struct RawResponse {
 }
 
 impl RawResponse {
+    /// A 2xx answer's body, or the error it carries.
+    pub fn into_result(self) -> Result<Bytes, ClientError> {
+        if (200..300).contains(&self.status) {
+            return Ok(self.body);
+        }
+        Err(match self.error() {
+            Some(error) => ClientError::Api {
+                status: self.status,
+                error,
+            },
+            None => ClientError::Unexpected {
+                status: self.status,
+                message: String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into(),
+            },
+        })
+    }
+
     /// The node's error, if this is one.
     pub fn error(&self) -> Option<ApiError> {
         ApiError::from_json(&self.body)
@@ -203,20 +220,9 @@ impl NodeClient {
         path: &str,
         body: impl Into<Bytes>,
     ) -> Result<Bytes, ClientError> {
-        let r = self.send(self.signed(method, path, body)).await?;
-        if (200..300).contains(&r.status) {
-            return Ok(r.body);
-        }
-        Err(match r.error() {
-            Some(error) => ClientError::Api {
-                status: r.status,
-                error,
-            },
-            None => ClientError::Unexpected {
-                status: r.status,
-                message: String::from_utf8_lossy(&r.body[..r.body.len().min(200)]).into(),
-            },
-        })
+        self.send(self.signed(method, path, body))
+            .await?
+            .into_result()
     }
 
     async fn call_json<T: serde::de::DeserializeOwned>(

@@ -127,20 +127,7 @@ impl Link {
             req.headers
                 .push(("authorization".into(), format!("Bearer {k}")));
         }
-        let r = self.client.send(req).await?;
-        if (200..300).contains(&r.status) {
-            return Ok(());
-        }
-        Err(match r.error() {
-            Some(error) => ClientError::Api {
-                status: r.status,
-                error,
-            },
-            None => ClientError::Unexpected {
-                status: r.status,
-                message: String::from_utf8_lossy(&r.body[..r.body.len().min(200)]).into(),
-            },
-        })
+        self.client.send(req).await?.into_result().map(|_| ())
     }
 
     /// Say "alive" every `heartbeat_secs`, forever; `report` hears each failure.
