@@ -91,7 +91,8 @@ pub fn run_blocking(
         };
         let server = tokio::spawn(http::serve(node.clone(), listener, shutdown));
         if let Some(m) = membership {
-            let link = match membership::Link::join(m.clone(), node.key(), &format!("http://{bound}")).await {
+            let here = format!("http://{bound}");
+            let link = match membership::Link::join(m.clone(), node.key(), &here).await {
                 Ok(link) => Arc::new(link),
                 Err(e) => {
                     let _ = abort.send(true);
