@@ -443,10 +443,8 @@ impl<L: Ledger + 'static> Service<L> {
         query: &str,
     ) -> Result<JobRequest, ApiError> {
         let param = |k: &str| query_param(query, k);
-        let parse_tier = |t: &str| match t {
-            "exact" => Ok(Tier::Exact),
-            "tolerant" => Ok(Tier::Tolerant),
-            other => Err(bad(format!("tier `{other}` is not exact or tolerant"))),
+        let parse_tier = |t: &str| {
+            Tier::parse(t).ok_or_else(|| bad(format!("tier `{t}` is not exact or tolerant")))
         };
         let mut inputs = BTreeMap::new();
         let (tier, seed) = if content_type == Some("application/octet-stream") {

@@ -51,6 +51,8 @@ pub enum StartError {
     DataDir { path: String, message: String },
     #[error(transparent)]
     Ledger(#[from] tenet_ledger::LedgerError),
+    #[error("resuming the unfinished jobs: {0}")]
+    Resume(#[from] DispatchError),
     #[error("cannot listen on {addr}: {message}")]
     Listen { addr: String, message: String },
     #[error("client key `{0}` is not a 64-hex-character public key")]
@@ -127,12 +129,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             addr: config.listen.to_string(),
             message: e.to_string(),
         })?;
-        let resumed = service.core.resume().await.map_err(|e| {
-            StartError::Ledger(match e {
-                DispatchError::Ledger(l) => l,
-                other => tenet_ledger::LedgerError::Corrupt(other.to_string()),
-            })
-        })?;
+        let resumed = service.core.resume().await?;
         let monitor = tokio::spawn(service.core.clone().monitor_health(config.health_interval));
         let _ = std::fs::write(config.data_dir.join("addr"), format!("{bound}\n"));
         ready(&Started {

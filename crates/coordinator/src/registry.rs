@@ -70,34 +70,34 @@ impl<L: Ledger + 'static> Coordinator<L> {
 
     /// A registered node is alive: note the time, and bring it back if it was unhealthy.
     pub async fn heartbeat(&self, id: &str) -> Result<NodeRecord, DispatchError> {
-        let node = self.registered(id).await?;
-        self.ledger.heartbeat(id, now()).await?;
-        if node.state == NodeState::Unhealthy || node.state == NodeState::Registered {
+        let mut node = self.registered(id).await?;
+        node.last_heartbeat = now();
+        self.ledger.heartbeat(id, node.last_heartbeat).await?;
+        if node.state != NodeState::Active {
             self.ledger.set_node_state(id, NodeState::Active).await?;
+            node.state = NodeState::Active;
         }
-        self.registered(id).await
+        Ok(node)
     }
 
     /// The node leaves: it gets no new jobs (jobs it already committed to still ask it to
     /// reveal). It may register again later.
     pub async fn deregister(&self, id: &str) -> Result<NodeRecord, DispatchError> {
-        self.registered(id).await?;
+        let mut node = self.registered(id).await?;
         self.ledger
             .set_node_state(id, NodeState::Deregistered)
             .await?;
-        self.registered_or_gone(id).await
-    }
-
-    async fn registered_or_gone(&self, id: &str) -> Result<NodeRecord, DispatchError> {
-        self.ledger
-            .node(id)
-            .await?
-            .ok_or_else(|| LedgerError::NotFound(format!("node {id}")).into())
+        node.state = NodeState::Deregistered;
+        Ok(node)
     }
 
     /// A node that is registered and has not left.
     async fn registered(&self, id: &str) -> Result<NodeRecord, DispatchError> {
-        let node = self.registered_or_gone(id).await?;
+        let node = self
+            .ledger
+            .node(id)
+            .await?
+            .ok_or_else(|| LedgerError::NotFound(format!("node {id}")))?;
         if node.state == NodeState::Deregistered {
             return Err(LedgerError::NotFound(format!(
                 "node {id} has deregistered; register it again"

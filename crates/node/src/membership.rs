@@ -117,16 +117,18 @@ impl Link {
         body: String,
         with_api_key: bool,
     ) -> Result<(), ClientError> {
-        let mut req = self.client.signed(method, path, Bytes::from(body));
+        let mut req = match &self.membership.api_key {
+            // A bearer key takes the place of the signature.
+            Some(k) if with_api_key => RawRequest {
+                method,
+                path: path.to_string(),
+                headers: vec![("authorization".into(), format!("Bearer {k}"))],
+                body: Bytes::from(body),
+            },
+            _ => self.client.signed(method, path, Bytes::from(body)),
+        };
         req.headers
             .push(("content-type".into(), "application/json".into()));
-        if with_api_key && let Some(k) = &self.membership.api_key {
-            // A bearer key takes the place of the signature.
-            req.headers
-                .retain(|(name, _)| !tenet_proto::auth::HEADER_NAMES.contains(&name.as_str()));
-            req.headers
-                .push(("authorization".into(), format!("Bearer {k}")));
-        }
         self.client.send(req).await?.into_result().map(|_| ())
     }
 
