@@ -8,6 +8,7 @@
 
 use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
 use tenet_kernels::SimdLevel;
+use tenet_kernels::vmath::Arith;
 use tenet_reference::math::NAN;
 use tenet_reference::{binary_f32, unary_f32};
 
@@ -183,13 +184,19 @@ fn compute(
         Kind::Binary(op) => {
             let a = operand(&m.srcs[0], done, start, len, out_dims, s0);
             let b = operand(&m.srcs[1], done, start, len, out_dims, s1);
-            let it = dst.iter_mut().zip(a.iter().zip(b));
-            match op {
-                BinaryOp::Add => it.for_each(|(d, (&p, &q))| *d = canon(p + q)),
-                BinaryOp::Sub => it.for_each(|(d, (&p, &q))| *d = canon(p - q)),
-                BinaryOp::Mul => it.for_each(|(d, (&p, &q))| *d = canon(p * q)),
-                BinaryOp::Div => it.for_each(|(d, (&p, &q))| *d = canon(p / q)),
-                op => it.for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q))),
+            let arith = match op {
+                BinaryOp::Add => Some(Arith::Add),
+                BinaryOp::Sub => Some(Arith::Sub),
+                BinaryOp::Mul => Some(Arith::Mul),
+                BinaryOp::Div => Some(Arith::Div),
+                _ => None,
+            };
+            match arith {
+                Some(arith) => tenet_kernels::vmath::arith_slice(level, arith, a, b, dst),
+                None => dst
+                    .iter_mut()
+                    .zip(a.iter().zip(b))
+                    .for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q))),
             }
         }
     }

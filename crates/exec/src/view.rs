@@ -40,7 +40,8 @@ impl Pool {
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// A buffer of exactly `len` bytes: reused (stale contents) or freshly zeroed.
+    /// A buffer of exactly `len` bytes: reused from this run or an earlier one (stale contents), or
+    /// freshly zeroed.
     pub(crate) fn take(&self, len: usize) -> Vec<u8> {
         let mut pool = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = pool.iter().position(|b| b.len() == len) {
@@ -55,7 +56,8 @@ impl Pool {
                 None => break,
             }
         }
-        tenet_kernels::memory::zeroed_bytes(len)
+        drop(pool);
+        tenet_ir::recycle::take(len).unwrap_or_else(|| tenet_kernels::memory::zeroed_bytes(len))
     }
 }
 

@@ -18,6 +18,7 @@ mod graph;
 mod id;
 mod infer;
 mod op;
+pub mod recycle;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;

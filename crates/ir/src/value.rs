@@ -35,6 +35,14 @@ impl std::fmt::Debug for HostTensor {
     }
 }
 
+/// A large buffer goes to the process-wide cache ([`crate::recycle`]) for the next result of
+/// its size.
+impl Drop for HostTensor {
+    fn drop(&mut self) {
+        crate::recycle::give(std::mem::take(&mut self.data));
+    }
+}
+
 impl HostTensor {
     /// Wrap bytes, checking their length (and bool bytes) against the type.
     pub fn new(ty: TensorType, data: Vec<u8>) -> Result<HostTensor, ValueError> {
@@ -107,17 +115,17 @@ impl HostTensor {
         &self.data
     }
 
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.data
+    pub fn into_bytes(mut self) -> Vec<u8> {
+        std::mem::take(&mut self.data)
     }
 
     /// The same bytes under another type with the same dtype and element count (a reshape
     /// without a copy); the tensor comes back unchanged as the error otherwise.
-    pub fn reshaped(self, ty: TensorType) -> Result<HostTensor, HostTensor> {
+    pub fn reshaped(mut self, ty: TensorType) -> Result<HostTensor, HostTensor> {
         if ty.dtype == self.ty.dtype && ty.numel() == self.ty.numel() {
             Ok(HostTensor {
                 ty,
-                data: self.data,
+                data: std::mem::take(&mut self.data),
             })
         } else {
             Err(self)

@@ -34,6 +34,49 @@ pub fn gelu_erf_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// The four arithmetic operations, each correctly rounded (IEEE), so every level gives the bits
+/// of the reference's scalar operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// `out[i] = a[i] op b[i]`, computed NaNs made canonical (`math::NAN`), as the reference does.
+pub fn arith_slice(level: SimdLevel, op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
+    assert!(
+        a.len() == out.len() && b.len() == out.len(),
+        "operands and output differ in length"
+    );
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::arith_avx512(op, a, b, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::arith_avx2(op, a, b, out) },
+        _ => arith_lanes(op, a, b, out),
+    }
+}
+
+/// The loop every level compiles: plain Rust the compiler vectorises for the enabled features.
+#[inline(always)]
+fn arith_lanes(op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
+    #[inline(always)]
+    fn canon(v: f32) -> f32 {
+        if v.is_nan() { math::NAN } else { v }
+    }
+    let it = out.iter_mut().zip(a.iter().zip(b));
+    match op {
+        Arith::Add => it.for_each(|(o, (&p, &q))| *o = canon(p + q)),
+        Arith::Sub => it.for_each(|(o, (&p, &q))| *o = canon(p - q)),
+        Arith::Mul => it.for_each(|(o, (&p, &q))| *o = canon(p * q)),
+        Arith::Div => it.for_each(|(o, (&p, &q))| *o = canon(p / q)),
+    }
+}
+
 /// The reference's gelu_erf, made canonical.
 fn scalar_gelu(v: f32) -> f32 {
     let y = tenet_reference::unary_f32(tenet_ir::UnaryOp::GeluErf, v);
@@ -43,6 +86,18 @@ fn scalar_gelu(v: f32) -> f32 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
+
+    /// `arith_lanes` compiled with AVX-512 enabled.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn arith_avx512(op: super::Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
+        super::arith_lanes(op, a, b, out)
+    }
+
+    /// `arith_lanes` compiled with AVX2 enabled.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn arith_avx2(op: super::Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
+        super::arith_lanes(op, a, b, out)
+    }
 
     use tenet_reference::math::{EXP_CLAMP, EXP_TAYLOR, LN2_HI, LN2_LO, LOG2E, NAN, ROUND_SHIFT};
 
