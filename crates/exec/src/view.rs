@@ -76,35 +76,19 @@ pub(crate) fn make_f32(pool: &Pool, ty: &TensorType, fill: impl FnOnce(&mut [f32
     HostTensor::new(ty.clone(), bytes).expect("sized to the type")
 }
 
-/// Split `0..n` into `parts` contiguous ranges whose starts are multiples of `align`.
-pub(crate) fn ranges(n: usize, parts: usize, align: usize) -> Vec<std::ops::Range<usize>> {
-    let per = n.div_ceil(parts.max(1)).div_ceil(align.max(1)) * align.max(1);
-    (0..n)
-        .step_by(per.max(1))
-        .map(|s| s..(s + per).min(n))
-        .collect()
-}
-
 /// Run `f(range, out_slice)` over disjoint pieces of `out` on up to `threads` threads, each
-/// range a multiple of `align` elements (except the last).
+/// range a multiple of `align` elements (except the last). Small outputs stay on this thread.
 pub(crate) fn par_chunks<T: Send>(
     out: &mut [T],
     threads: usize,
     align: usize,
     f: impl Fn(std::ops::Range<usize>, &mut [T]) + Sync,
 ) {
-    let parts = ranges(out.len(), threads, align);
-    if parts.len() <= 1 {
-        f(0..out.len(), out);
-        return;
-    }
-    std::thread::scope(|s| {
-        let mut rest = out;
-        for r in parts {
-            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
-            rest = tail;
-            let f = &f;
-            s.spawn(move || f(r, chunk));
-        }
-    });
+    use tenet_kernels::parallel;
+    let threads = if out.len() < parallel::MIN_PARALLEL_ELEMS {
+        1
+    } else {
+        threads
+    };
+    parallel::for_each_piece(out, &parallel::ranges(out.len(), threads, align), f);
 }

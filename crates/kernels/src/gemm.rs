@@ -116,23 +116,23 @@ pub fn sgemm(
         (cfg.run)(&cfg, m, n, k, a, b, c, c_rs);
         return Ok(());
     }
-    std::thread::scope(|scope| {
-        let mut rest: &mut [f32] = c;
-        let mut row = 0;
-        while row < m {
-            let rows = rows_per.min(m - row);
-            let take = if row + rows == m {
-                rest.len()
+    // Pieces of C by rows; the last piece runs to the end of `c`.
+    let pieces: Vec<std::ops::Range<usize>> = (0..m)
+        .step_by(rows_per)
+        .map(|row| {
+            let end = if row + rows_per >= m {
+                c.len()
             } else {
-                rows * c_rs
+                (row + rows_per) * c_rs
             };
-            let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(take);
-            rest = tail;
-            let a_rows = a.offset_rows(row);
-            let cfg = &cfg;
-            scope.spawn(move || (cfg.run)(cfg, rows, n, k, a_rows, b, chunk, c_rs));
-            row += rows;
-        }
+            row * c_rs..end
+        })
+        .collect();
+    let cfg = &cfg;
+    crate::parallel::for_each_piece(c, &pieces, |range, chunk| {
+        let row = range.start / c_rs;
+        let rows = rows_per.min(m - row);
+        (cfg.run)(cfg, rows, n, k, a.offset_rows(row), b, chunk, c_rs)
     });
     Ok(())
 }
@@ -159,6 +159,13 @@ fn small_m(
     let per = n.div_ceil(threads);
     let block = |j0: usize, j1: usize| -> Vec<f32> {
         let mut out = vec![0.0f32; m * (j1 - j0)];
+        #[cfg(target_arch = "x86_64")]
+        if level == SimdLevel::Avx512 && x86::gather_fits(b.cs) {
+            // SAFETY: `sgemm` checked that the CPU supports AVX-512 and the extents of A and B
+            // (for rows < m, columns < n, steps < k); `gather_fits` the offsets' range.
+            unsafe { x86::small_m_avx512(m, j0, k, a, b, &mut out) };
+            return out;
+        }
         for i in 0..m {
             let row = &mut out[i * (j1 - j0)..(i + 1) * (j1 - j0)];
             match level {
@@ -173,23 +180,14 @@ fn small_m(
         }
         out
     };
-    let blocks: Vec<(usize, Vec<f32>)> = if threads == 1 {
-        vec![(0, block(0, n))]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..n)
-                .step_by(per)
-                .map(|j0| {
-                    let block = &block;
-                    s.spawn(move || (j0, block(j0, (j0 + per).min(n))))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a GEMM worker panicked"))
-                .collect()
-        })
-    };
+    // One slot per column block, each filled by its own part.
+    let mut blocks: Vec<(usize, Vec<f32>)> =
+        (0..n).step_by(per).map(|j0| (j0, Vec::new())).collect();
+    let parts: Vec<std::ops::Range<usize>> = (0..blocks.len()).map(|i| i..i + 1).collect();
+    crate::parallel::for_each_piece(&mut blocks, &parts, |_, slot| {
+        let j0 = slot[0].0;
+        slot[0].1 = block(j0, (j0 + per).min(n));
+    });
     for (j0, out) in blocks {
         let w = out.len() / m;
         for i in 0..m {
@@ -556,6 +554,207 @@ mod x86 {
                 acc
             };
             j += 1;
+        }
+    }
+
+    /// How far ahead (in values) `small_m_rows` prefetches each row: 128 measured faster than
+    /// 256 and 512 (SmolLM2 decode, 2 threads).
+    const ROW_PREFETCH: usize = 128;
+
+    /// Vectors of 16 columns one pass of `small_m_avx512` computes at once.
+    const SMALL_V: usize = 4;
+
+    /// Whether 16 columns `cs` apart can be gathered with 32-bit offsets.
+    pub(super) fn gather_fits(cs: usize) -> bool {
+        cs.checked_mul(15).is_some_and(|x| x <= i32::MAX as usize)
+    }
+
+    /// `small_m` for AVX-512: `out` (m rows of `w` columns, row-major) = rows `0..m` of A times
+    /// columns `j0..j0 + w` of B. Each lane carries one column's unbroken fma chain along k,
+    /// the chain `dot_rows` computes; 64 columns advance together so that their chains hide the
+    /// fma latency. B's values for a step are one load when its columns are adjacent, a gather
+    /// otherwise (a transposed weight, read along its rows).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `m <= 4`; A holds rows `0..m` × `k` columns and B `k` rows ×
+    /// columns `0..j0 + w` at their strides (as `sgemm` checks); `gather_fits(b.cs)`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn small_m_avx512(
+        m: usize,
+        j0: usize,
+        k: usize,
+        a: super::Strided<'_>,
+        b: super::Strided<'_>,
+        out: &mut [f32],
+    ) {
+        if b.rs == 1 && b.cs != 1 {
+            return match m {
+                1 => small_m_rows::<1>(j0, k, a, b, out),
+                2 => small_m_rows::<2>(j0, k, a, b, out),
+                3 => small_m_rows::<3>(j0, k, a, b, out),
+                _ => small_m_rows::<4>(j0, k, a, b, out),
+            };
+        }
+        match m {
+            1 => small_m_block::<1>(j0, k, a, b, out),
+            2 => small_m_block::<2>(j0, k, a, b, out),
+            3 => small_m_block::<3>(j0, k, a, b, out),
+            _ => small_m_block::<4>(j0, k, a, b, out),
+        }
+    }
+
+    /// Transpose a 16×16 block in registers: afterwards `r[q]` lane `l` is what `r[l]` lane
+    /// `q` was.
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: &mut [__m512; 16]) {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4g + q], 128-bit lane L: column 4L + q of rows 4g..4g+4.
+        let mut u = [_mm512_setzero_ps(); 16];
+        let pd = _mm512_castps_pd;
+        for g in 0..4 {
+            let (t0, t1, t2, t3) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t0), pd(t2)));
+            u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t0), pd(t2)));
+            u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t1), pd(t3)));
+            u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t1), pd(t3)));
+        }
+        for q in 0..4 {
+            let x0 = _mm512_shuffle_f32x4::<0x44>(u[q], u[4 + q]);
+            let x1 = _mm512_shuffle_f32x4::<0xEE>(u[q], u[4 + q]);
+            let y0 = _mm512_shuffle_f32x4::<0x44>(u[8 + q], u[12 + q]);
+            let y1 = _mm512_shuffle_f32x4::<0xEE>(u[8 + q], u[12 + q]);
+            r[q] = _mm512_shuffle_f32x4::<0x88>(x0, y0);
+            r[4 + q] = _mm512_shuffle_f32x4::<0xDD>(x0, y0);
+            r[8 + q] = _mm512_shuffle_f32x4::<0x88>(x1, y1);
+            r[12 + q] = _mm512_shuffle_f32x4::<0xDD>(x1, y1);
+        }
+    }
+
+    /// `small_m_block` for a B whose columns are contiguous (a transposed weight, `[n, k]`
+    /// row-major): 16 columns at a time, each read along its row 16 steps at once and turned
+    /// into 16 step vectors by a register transpose, so memory is read a whole line at a time.
+    /// Each lane still carries one column's unbroken fma chain along k.
+    #[target_feature(enable = "avx512f")]
+    fn small_m_rows<const M: usize>(
+        j0: usize,
+        k: usize,
+        a: super::Strided<'_>,
+        b: super::Strided<'_>,
+        out: &mut [f32],
+    ) {
+        let w = out.len() / M;
+        let arows: Vec<f32> = (0..k)
+            .flat_map(|p| (0..M).map(move |i| a.data[i * a.rs + p * a.cs]))
+            .collect();
+        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
+        let mut jb = 0;
+        while jb < w {
+            let cols = (w - jb).min(16);
+            let mut acc = [_mm512_setzero_ps(); M];
+            let mut p = 0;
+            while p < k {
+                let steps = (k - p).min(16);
+                let mask = ((1u32 << steps) - 1) as __mmask16;
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (l, x) in r.iter_mut().enumerate().take(cols) {
+                    let row = &b.data[(j0 + jb + l) * b.cs + p..][..steps];
+                    // Sixteen rows are read side by side, too many streams for the hardware
+                    // prefetchers to follow: fetch each row a few lines ahead (never faults).
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        row.as_ptr().wrapping_add(ROW_PREFETCH) as *const i8
+                    );
+                    // SAFETY: the mask covers exactly the `steps` values of `row`.
+                    *x = unsafe { _mm512_maskz_loadu_ps(mask, row.as_ptr()) };
+                }
+                transpose16(&mut r);
+                for (q, &col) in r.iter().enumerate().take(steps) {
+                    for (i, x) in acc.iter_mut().enumerate() {
+                        *x = _mm512_fmadd_ps(_mm512_set1_ps(arows[(p + q) * M + i]), col, *x);
+                    }
+                }
+                p += steps;
+            }
+            let keep = ((1u32 << cols) - 1) as __mmask16;
+            for (i, &x) in acc.iter().enumerate() {
+                let x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan);
+                let dst = &mut out[i * w + jb..i * w + jb + cols];
+                // SAFETY: the mask covers exactly the `cols` values of `dst`.
+                unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), keep, x) };
+            }
+            jb += cols;
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn small_m_block<const M: usize>(
+        j0: usize,
+        k: usize,
+        a: super::Strided<'_>,
+        b: super::Strided<'_>,
+        out: &mut [f32],
+    ) {
+        let w = out.len() / M;
+        // A's rows, step-major: arows[p * M + i].
+        let arows: Vec<f32> = (0..k)
+            .flat_map(|p| (0..M).map(move |i| a.data[i * a.rs + p * a.cs]))
+            .collect();
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let offsets = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(b.cs as i32));
+        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
+        let base = b.data.as_ptr();
+        let mut jb = 0;
+        while jb < w {
+            let cols = (w - jb).min(16 * SMALL_V);
+            // Lanes of columns past `cols` are masked off: never read, never written.
+            let masks: [__mmask16; SMALL_V] = std::array::from_fn(|v| {
+                let valid = cols.saturating_sub(16 * v).min(16);
+                ((1u32 << valid) - 1) as __mmask16
+            });
+            let mut acc = [[_mm512_setzero_ps(); SMALL_V]; M];
+            for p in 0..k {
+                let mut col = [_mm512_setzero_ps(); SMALL_V];
+                for (v, x) in col.iter_mut().enumerate() {
+                    // Element (p, j) for the vector's first column j; a pointer formed with
+                    // wrapping arithmetic, read only through the mask.
+                    let at = base.wrapping_add(p * b.rs + (j0 + jb + 16 * v) * b.cs);
+                    // SAFETY: unmasked lanes are columns < j0 + w ≤ n at step p < k, inside B
+                    // (the caller's guarantee); masked lanes are not accessed.
+                    *x = unsafe {
+                        if b.cs == 1 {
+                            _mm512_maskz_loadu_ps(masks[v], at)
+                        } else {
+                            _mm512_mask_i32gather_ps::<4>(
+                                _mm512_setzero_ps(),
+                                masks[v],
+                                offsets,
+                                at,
+                            )
+                        }
+                    };
+                }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm512_set1_ps(arows[p * M + i]);
+                    for (x, &c) in row.iter_mut().zip(&col) {
+                        *x = _mm512_fmadd_ps(ai, c, *x);
+                    }
+                }
+            }
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan);
+                    let dst = &mut out[i * w + jb..i * w + jb + cols];
+                    // SAFETY: lanes of vector v cover dst[16v ..], masked to the `cols` valid
+                    // columns, all inside `dst`.
+                    unsafe {
+                        _mm512_mask_storeu_ps(dst.as_mut_ptr().wrapping_add(16 * v), masks[v], x)
+                    };
+                }
+            }
+            jb += cols;
         }
     }
 

@@ -93,6 +93,12 @@ fn edges_and_blocks() {
         (25, 70, 300),
         (12, 32, 256),
         (37, 65, 513),
+        // A few rows (decoding): column blocks and 16-step blocks with tails, several parts.
+        (1, 600, 37),
+        (2, 513, 16),
+        (3, 17, 15),
+        (4, 129, 64),
+        (1, 1, 577),
     ] {
         check(m, n, k, (m * 1000 + n * 10 + k) as u64);
     }
