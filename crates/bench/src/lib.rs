@@ -21,8 +21,13 @@ pub struct Row {
     pub numpy_ms: Option<f64>,
     pub flops: Option<f64>,
     pub peak_gflops: f64,
-    /// Items per run (sentences, for model workloads), to report a rate.
+    /// Items per run (sentences or tokens, for model workloads), to report a rate.
     pub items: Option<u64>,
+    /// What the items are ("sentences", "tokens").
+    pub unit: &'static str,
+    /// Bytes a run must read from memory, for workloads bound by it (a decoding step reads
+    /// every weight), and the read bandwidth measured in the same run.
+    pub bytes: Option<(f64, f64)>,
     /// Why the numpy column is empty, when the reason is particular to this row.
     pub note: Option<String>,
 }
@@ -32,10 +37,17 @@ impl Row {
         self.flops.map(|f| f / (self.tenet_ms * 1e6))
     }
 
+    /// GB/s read, for memory-bound rows.
+    pub fn bytes_rate(&self) -> Option<f64> {
+        self.bytes.map(|(b, _)| b / (self.tenet_ms * 1e6))
+    }
+
     pub fn json(&self, numpy_note: &Option<String>) -> Value {
         let numpy_note = self.note.as_ref().or(numpy_note.as_ref());
         json!({
-            "sentences_per_s": self.items.map(|n| round(n as f64 / (self.tenet_ms / 1e3))),
+            format!("{}_per_s", self.unit): self.items.map(|n| round(n as f64 / (self.tenet_ms / 1e3))),
+            "gbytes_per_s": self.bytes_rate().map(round),
+            "ratio_to_bandwidth": self.bytes.and_then(|(_, bw)| self.bytes_rate().map(|r| round(r / bw))),
             "name": self.name,
             "tenet_ms": round(self.tenet_ms),
             "numpy_ms": self.numpy_ms.map(round),
@@ -210,12 +222,18 @@ pub fn run(
             flops: w.flops,
             peak_gflops: peak,
             items: None,
+            unit: "items",
+            bytes: None,
             note: None,
         });
     }
     let mut notes = Vec::new();
     match model_rows(backend, peak, quick, &mut progress) {
         Ok(r) => rows.extend(r),
+        Err(why) => notes.push(why),
+    }
+    match decode_row(backend, peak, quick, &mut progress) {
+        Ok(r) => rows.push(r),
         Err(why) => notes.push(why),
     }
     Report {
@@ -253,6 +271,22 @@ impl Report {
         for r in &self.rows {
             let opt =
                 |v: Option<f64>, p: usize| v.map_or("—".to_string(), |v| format!("{v:.p$}"));
+            if let (Some(rate), Some((_, bw))) = (r.bytes_rate(), r.bytes) {
+                // A memory-bound row: read rate against the bandwidth measured in this run.
+                s.push_str(&format!(
+                    "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8}   {:.1} GB/s read = {:.2} of the {:.1} GB/s measured\n",
+                    format!("{} ({:.1} {}/s)", r.name, r.items.unwrap_or(1) as f64 / (r.tenet_ms / 1e3), r.unit),
+                    r.tenet_ms,
+                    "—",
+                    "—",
+                    "—",
+                    "—",
+                    rate,
+                    rate / bw,
+                    bw,
+                ));
+                continue;
+            }
             s.push_str(&format!(
                 "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8}\n",
                 match r.items {
@@ -314,8 +348,62 @@ fn model_rows(
             flops: Some(graph.cost().flops as f64),
             peak_gflops: peak,
             items: Some(batch as u64),
+            unit: "sentences",
+            bytes: None,
             note: Some("no numpy peer for model workloads".into()),
         });
     }
     Ok(rows)
+}
+
+/// SmolLM2 decoding with the KV cache, if the model has been fetched: the median time of one
+/// decode step after a short prompt, the bytes of weights each step reads (all of them, as f32:
+/// the weight format chosen, see ARCHITECTURE.md), and the machine's read bandwidth measured
+/// now, for the fraction of the memory limit reached.
+fn decode_row(
+    backend: &CpuBackend,
+    peak: f64,
+    quick: bool,
+    progress: &mut impl FnMut(&str),
+) -> Result<Row, String> {
+    use tenet_models::fetch::{SMOLLM2, cached};
+    use tenet_models::smollm2::{Cache, GGUF_FILE, SmolLm2, argmax};
+    let skipped = |e: String| format!("SmolLM2 decode skipped: {e}");
+    let dir = cached(&SMOLLM2).map_err(|e| skipped(e.to_string()))?;
+    progress("loading SmolLM2");
+    let gguf = tenet_models::fetch::find_file(&dir, GGUF_FILE)
+        .ok_or_else(|| skipped(format!("no {GGUF_FILE} under {}", dir.display())))?;
+    let model = SmolLm2::load(&gguf).map_err(|e| skipped(e.to_string()))?;
+    let weight_bytes: f64 = model
+        .weights
+        .tensors
+        .values()
+        .map(|t| t.bytes().len() as f64)
+        .sum();
+    progress("measuring the read bandwidth");
+    let bandwidth = tenet_kernels::read_bandwidth_gbs(backend.threads(), 512 << 20, 5);
+    progress("running smollm2 decode on tenet");
+    let prompt = model.encode("The capital of France is").map_err(skipped)?;
+    let (mut logits, mut cache) = model
+        .step(&prompt, Cache::default(), backend)
+        .map_err(skipped)?;
+    let steps = if quick { 4 } else { 24 };
+    let mut times = Vec::new();
+    for _ in 0..steps {
+        let next = argmax(&logits);
+        let t = Instant::now();
+        (logits, cache) = model.step(&[next], cache, backend).map_err(skipped)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Row {
+        name: "smollm2 decode, f32 weights".into(),
+        tenet_ms: median(times),
+        numpy_ms: None,
+        flops: None,
+        peak_gflops: peak,
+        items: Some(1),
+        unit: "tokens",
+        bytes: Some((weight_bytes, bandwidth)),
+        note: Some("no numpy peer for model workloads".into()),
+    })
 }

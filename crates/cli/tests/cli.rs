@@ -453,12 +453,28 @@ fn bench_json_has_the_documented_keys() {
     let o = stdout(&tenet(&["bench", "--quick", "--json"]));
     let rows: Vec<serde_json::Value> = serde_json::from_str(&o).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
-    // Five kernel workloads, then MiniLM rows when the model is in the cache.
-    assert!(names.len() == 5 || names.len() == 7, "{names:?}");
-    if names.len() == 7 {
-        assert!(
-            names[5].starts_with("minilm") && rows[6]["sentences_per_s"].as_f64().unwrap() > 0.0
-        );
+    // Five kernel workloads, then two MiniLM rows and a SmolLM2 decode row for the models in
+    // the cache.
+    let minilm = rows
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().starts_with("minilm"));
+    let decode: Vec<_> = rows
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().starts_with("smollm2 decode"))
+        .collect();
+    assert_eq!(
+        names.len(),
+        5 + minilm.clone().count() + decode.len(),
+        "{names:?}"
+    );
+    assert!([0, 2].contains(&minilm.clone().count()), "{names:?}");
+    for r in minilm {
+        assert!(r["sentences_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    for r in decode {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        let share = r["ratio_to_bandwidth"].as_f64().unwrap();
+        assert!(share > 0.0 && share < 1.5, "{r}");
     }
     assert!(
         names[0].starts_with("matmul") && names[3].starts_with("softmax"),

@@ -14,5 +14,5 @@ mod simd;
 pub mod softmax;
 pub mod vmath;
 
-pub use peak::fma_peak_gflops;
+pub use peak::{fma_peak_gflops, read_bandwidth_gbs};
 pub use simd::{SimdError, SimdLevel};

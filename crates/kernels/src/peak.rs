@@ -25,6 +25,38 @@ pub fn fma_peak_gflops(level: SimdLevel, threads: usize, millis: u64) -> f64 {
     (threads.max(1) * iters * CHAINS * lanes * 2) as f64 / secs / 1e9
 }
 
+/// GB/s of `threads` threads each summing its share of a buffer of `bytes` bytes, the best of
+/// `reps` passes: the rate at which the machine streams data it only reads (model weights, in
+/// a decoding step). The buffer is touched once before timing, so page faults are not counted.
+pub fn read_bandwidth_gbs(threads: usize, bytes: usize, reps: usize) -> f64 {
+    let threads = threads.max(1);
+    let data = vec![1.0f32; bytes / 4];
+    let per = data.len().div_ceil(threads).max(1);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for part in data.chunks(per) {
+                s.spawn(move || std::hint::black_box(sum_lanes(part)));
+            }
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    (data.len() * 4) as f64 / best / 1e9
+}
+
+/// A sum in 64 independent lanes, which the compiler vectorises: memory, not adds, sets the pace.
+fn sum_lanes(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 64];
+    let mut chunks = x.chunks_exact(64);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
 /// Independent accumulators per thread: enough to cover FMA latency on two pipes.
 const CHAINS: usize = 16;
 
@@ -82,5 +114,15 @@ mod x86 {
         // SAFETY: `out` holds 8 floats.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
         out.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sums_every_lane_and_the_tail() {
+        let x: Vec<f32> = (0..200).map(|i| i as f32).collect();
+        assert_eq!(super::sum_lanes(&x), (0..200).sum::<i32>() as f32);
+        assert!(super::read_bandwidth_gbs(2, 1 << 20, 2) > 0.0);
     }
 }
