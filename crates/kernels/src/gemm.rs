@@ -571,9 +571,10 @@ mod x86 {
 
     /// `small_m` for AVX-512: `out` (m rows of `w` columns, row-major) = rows `0..m` of A times
     /// columns `j0..j0 + w` of B. Each lane carries one column's unbroken fma chain along k,
-    /// the chain `dot_rows` computes; 64 columns advance together so that their chains hide the
-    /// fma latency. B's values for a step are one load when its columns are adjacent, a gather
-    /// otherwise (a transposed weight, read along its rows).
+    /// the chain `dot_rows` computes. A transposed B (a weight `[n, k]`, `rs == 1`) goes to
+    /// `small_m_rows`; otherwise 64 columns advance together so that their chains hide the fma
+    /// latency, and B's values for a step are one load when its columns are adjacent, a gather
+    /// when they are not.
     ///
     /// # Safety
     /// The CPU supports AVX-512F; `m <= 4`; A holds rows `0..m` × `k` columns and B `k` rows ×
@@ -601,6 +602,13 @@ mod x86 {
             3 => small_m_block::<3>(j0, k, a, b, out),
             _ => small_m_block::<4>(j0, k, a, b, out),
         }
+    }
+
+    /// Rows `0..m` of A, step-major: `[p * m + i]` is A(i, p).
+    fn a_by_step(m: usize, k: usize, a: super::Strided<'_>) -> Vec<f32> {
+        (0..k)
+            .flat_map(|p| (0..m).map(move |i| a.data[i * a.rs + p * a.cs]))
+            .collect()
     }
 
     /// Transpose a 16×16 block in registers: afterwards `r[q]` lane `l` is what `r[l]` lane
@@ -647,9 +655,7 @@ mod x86 {
         out: &mut [f32],
     ) {
         let w = out.len() / M;
-        let arows: Vec<f32> = (0..k)
-            .flat_map(|p| (0..M).map(move |i| a.data[i * a.rs + p * a.cs]))
-            .collect();
+        let arows = a_by_step(M, k, a);
         let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         let mut jb = 0;
         while jb < w {
@@ -698,10 +704,7 @@ mod x86 {
         out: &mut [f32],
     ) {
         let w = out.len() / M;
-        // A's rows, step-major: arows[p * M + i].
-        let arows: Vec<f32> = (0..k)
-            .flat_map(|p| (0..M).map(move |i| a.data[i * a.rs + p * a.cs]))
-            .collect();
+        let arows = a_by_step(M, k, a);
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let offsets = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(b.cs as i32));
         let nan = _mm512_set1_ps(super::CANONICAL_NAN);
