@@ -604,6 +604,12 @@ mod x86 {
         }
     }
 
+    /// `x` with its NaN lanes replaced by `nan` (the canonical NaN).
+    #[target_feature(enable = "avx512f")]
+    fn canonical16(x: __m512, nan: __m512) -> __m512 {
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan)
+    }
+
     /// Rows `0..m` of A, step-major: `[p * m + i]` is A(i, p).
     fn a_by_step(m: usize, k: usize, a: super::Strided<'_>) -> Vec<f32> {
         (0..k)
@@ -686,7 +692,7 @@ mod x86 {
             }
             let keep = ((1u32 << cols) - 1) as __mmask16;
             for (i, &x) in acc.iter().enumerate() {
-                let x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan);
+                let x = canonical16(x, nan);
                 let dst = &mut out[i * w + jb..i * w + jb + cols];
                 // SAFETY: the mask covers exactly the `cols` values of `dst`.
                 unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), keep, x) };
@@ -748,7 +754,7 @@ mod x86 {
             }
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
-                    let x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan);
+                    let x = canonical16(x, nan);
                     let dst = &mut out[i * w + jb..i * w + jb + cols];
                     // SAFETY: lanes of vector v cover dst[16v ..], masked to the `cols` valid
                     // columns, all inside `dst`.
@@ -832,11 +838,7 @@ mod x86 {
         let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         for (i, row) in acc.iter().enumerate() {
             for (v, &x) in row.iter().enumerate() {
-                let x = if last {
-                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan)
-                } else {
-                    x
-                };
+                let x = if last { canonical16(x, nan) } else { x };
                 // SAFETY: row i, vector v of the tile is inside `c`.
                 unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), x) };
             }
