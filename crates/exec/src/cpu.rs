@@ -107,6 +107,20 @@ impl Prepared for CpuPrepared {
         seed: u64,
         stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
+        // The steps run on a pool worker, so the parts each step hands out are waited for by
+        // working instead of by sleeping (tenet_kernels::parallel::on_workers).
+        tenet_kernels::parallel::on_workers(|| self.run_steps(inputs, weights, seed, stop))
+    }
+}
+
+impl CpuPrepared {
+    fn run_steps(
+        &self,
+        inputs: &HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
         check_inputs(&self.graph, inputs)?;
         let g = &self.graph;
         let bytes = |v: &Option<Val<'_>>| v.as_ref().map_or(0, |v| v.get().bytes().len() as u64);
@@ -118,10 +132,12 @@ impl Prepared for CpuPrepared {
         let mut peak = live;
         let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
         let pool = Pool::default();
+        let mut stats = RunStats::default();
         for (s, step) in self.plan.steps.iter().enumerate() {
             if stop() {
                 return Err(ExecError::Stopped);
             }
+            let started = std::time::Instant::now();
             pool.set_budget(g.cost().peak_bytes.saturating_sub(live));
             // A reshape of a value that dies here re-types its buffer instead of copying it
             // (the moved bytes stop counting under the old node and count under the new one).
@@ -132,6 +148,7 @@ impl Prepared for CpuPrepared {
                 }
                 None => self.step(step, &values, inputs, weights, seed, &pool)?,
             };
+            stats.add_time(self.step_kind(step), started.elapsed().as_nanos() as u64);
             let is_input = matches!(g.node(id).op, Op::Input { .. });
             values[id.index()] = Some(value);
             if !is_input {
@@ -169,11 +186,22 @@ impl Prepared for CpuPrepared {
             };
             outs.push((o.name.clone(), t));
         }
-        Ok((outs, RunStats { peak_bytes: peak }))
+        stats.peak_bytes = peak;
+        Ok((outs, stats))
     }
 }
 
 impl CpuPrepared {
+    fn step_kind(&self, step: &Step) -> &'static str {
+        match step {
+            Step::Source(_) => "source",
+            Step::Gemm { .. } => "gemm",
+            Step::Fused(_) => "fused",
+            Step::Rows(_) => "rows",
+            Step::Generic(id) => self.graph.node(*id).op.name(),
+        }
+    }
+
     /// If `step` reshapes an owned value whose last use it is, take that value re-typed.
     fn reshape_in_place(
         &self,
@@ -249,16 +277,7 @@ impl CpuPrepared {
                 let operands: Vec<&HostTensor> =
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies; everything else is the reference's code.
-                let moved = operands.first().and_then(|&x| {
-                    crate::movement::eval(
-                        pool,
-                        *id,
-                        &node.op,
-                        &node.ty,
-                        x,
-                        operands.get(1).copied(),
-                    )
-                });
+                let moved = crate::movement::eval(pool, *id, &node.op, &node.ty, &operands);
                 let value = match moved {
                     Some(r) => r?,
                     None => eval_op(*id, &node.op, &node.ty, &operands, seed)?,

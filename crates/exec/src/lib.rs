@@ -61,12 +61,40 @@ pub trait Backend: Send + Sync {
 }
 
 /// What one run measured about itself.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
     /// The most tensor bytes live at once, counted as the cost certificate counts them
     /// (operands and result of the running step; inputs until their last use). Kernel scratch
     /// (GEMM packing, a few MiB per thread) is not tensor memory and is not included.
     pub peak_bytes: u64,
+    /// Wall time per kind of step, in the order each kind first ran (`tenet run --profile`).
+    pub time_by_kind: Vec<StepTime>,
+}
+
+/// The steps of one kind in a run: how many and how long they took together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepTime {
+    /// `gemm`, `fused`, `rows` (softmax and norms), `source` (inputs, weights, constants), or
+    /// the op's name for ops run one by one (`concat`, `permute`, …).
+    pub kind: &'static str,
+    pub steps: u32,
+    pub nanos: u64,
+}
+
+impl RunStats {
+    pub(crate) fn add_time(&mut self, kind: &'static str, nanos: u64) {
+        match self.time_by_kind.iter_mut().find(|t| t.kind == kind) {
+            Some(t) => {
+                t.steps += 1;
+                t.nanos += nanos;
+            }
+            None => self.time_by_kind.push(StepTime {
+                kind,
+                steps: 1,
+                nanos,
+            }),
+        }
+    }
 }
 
 /// A graph planned by a backend.

@@ -1,6 +1,6 @@
-//! Movement ops as strided copies: permute, expand, slice and gather move element bytes, so a
-//! copy with the right index arithmetic gives exactly the reference's bits. The index walks an
-//! odometer over the output and copies contiguous runs in one go.
+//! Movement ops as strided copies: permute, expand, slice, gather, concat, pad and where move
+//! element bytes, so a copy with the right index arithmetic gives exactly the reference's bits.
+//! The index walks an odometer over the output and copies contiguous runs in one go.
 
 use tenet_ir::{HostTensor, NodeId, Op, TensorType};
 use tenet_reference::RunError;
@@ -68,6 +68,85 @@ fn strided_copy(
     }
 }
 
+/// Element steps that read `inp` broadcast (numpy rules) to `out`: 0 along axes `inp` lacks or
+/// has as 1.
+fn broadcast_steps(out: &[u64], inp: &[u64]) -> Vec<usize> {
+    let st = strides(inp);
+    let off = out.len() - inp.len();
+    (0..out.len())
+        .map(|d| {
+            if d < off || inp[d - off] == 1 {
+                0
+            } else {
+                st[d - off]
+            }
+        })
+        .collect()
+}
+
+/// Calls `row(offsets)` once per row of `shape` (all axes but the last), in row-major order,
+/// with each operand's element offset at the row's start (`steps[k]` are operand `k`'s steps).
+fn for_each_row<const K: usize>(
+    shape: &[u64],
+    steps: [&[usize]; K],
+    mut row: impl FnMut([usize; K]),
+) {
+    if shape.contains(&0) {
+        return;
+    }
+    let outer = shape.len().saturating_sub(1);
+    let mut idx = vec![0usize; outer];
+    let mut at = [0usize; K];
+    loop {
+        row(at);
+        let mut d = outer;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..K {
+                at[k] += steps[k][d];
+            }
+            if idx[d] < shape[d] as usize {
+                break;
+            }
+            for k in 0..K {
+                at[k] -= steps[k][d] * idx[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// `where(cond, a, b)` with broadcasting: each element's bytes copied from `a` or `b`.
+fn select(ty: &TensorType, c: &HostTensor, a: &HostTensor, b: &HostTensor, out: &mut [u8]) {
+    let size = ty.dtype.size() as usize;
+    let (sc, sa, sb) = (
+        broadcast_steps(&ty.shape, c.shape()),
+        broadcast_steps(&ty.shape, a.shape()),
+        broadcast_steps(&ty.shape, b.shape()),
+    );
+    let last = ty.rank().saturating_sub(1);
+    let inner = ty.shape.last().copied().unwrap_or(1) as usize;
+    let inner_step = |s: &[usize]| s.get(last).copied().unwrap_or(0);
+    let (ic, ia, ib) = (inner_step(&sc), inner_step(&sa), inner_step(&sb));
+    let (cb, ab, bb) = (c.bytes(), a.bytes(), b.bytes());
+    let mut at = 0;
+    for_each_row(&ty.shape, [&sc, &sa, &sb], |[oc, oa, ob]| {
+        for j in 0..inner {
+            let (src, i) = if cb[oc + j * ic] != 0 {
+                (ab, oa + j * ia)
+            } else {
+                (bb, ob + j * ib)
+            };
+            out[at..at + size].copy_from_slice(&src[i * size..(i + 1) * size]);
+            at += size;
+        }
+    });
+}
+
 /// A tensor of type `ty` whose bytes `fill` writes into a pooled buffer.
 fn copied(pool: &Pool, ty: &TensorType, fill: impl FnOnce(&mut [u8])) -> HostTensor {
     let mut buf = pool.take(ty.bytes().unwrap_or(0) as usize);
@@ -85,9 +164,9 @@ pub(crate) fn eval(
     id: NodeId,
     op: &Op,
     ty: &TensorType,
-    x: &HostTensor,
-    indices: Option<&HostTensor>,
+    operands: &[&HostTensor],
 ) -> Option<Result<HostTensor, RunError>> {
+    let x = *operands.first()?;
     let size = x.dtype().size() as usize;
     let src_strides = strides(x.shape());
     Some(Ok(match op {
@@ -133,7 +212,7 @@ pub(crate) fn eval(
             let dim = x.shape()[a];
             let pre: usize = x.shape()[..a].iter().product::<u64>() as usize;
             let post: usize = x.shape()[a + 1..].iter().product::<u64>() as usize;
-            let idx = indices?.to_i64_vec();
+            let idx = operands.get(1)?.to_i64_vec();
             if ty.numel() == Some(0) {
                 // No element reads an index, so none can be out of range (as in the reference).
                 return Some(Ok(tensor(ty, Vec::new())));
@@ -158,6 +237,49 @@ pub(crate) fn eval(
                 }
             }
             tensor(ty, out)
+        }
+        Op::Concat { axis, .. } => {
+            let a = *axis as usize;
+            let outer = ty.shape[..a].iter().product::<u64>() as usize;
+            copied(pool, ty, |out| {
+                let mut at = 0;
+                for o in 0..outer {
+                    for part in operands {
+                        // Operand rows along and after the axis are contiguous in both.
+                        let block = part.shape()[a..].iter().product::<u64>() as usize * size;
+                        out[at..at + block]
+                            .copy_from_slice(&part.bytes()[o * block..(o + 1) * block]);
+                        at += block;
+                    }
+                }
+            })
+        }
+        Op::Pad { pads, value, .. } => {
+            let fill = &value.to_le_bytes()[..size];
+            let out_strides = strides(&ty.shape);
+            let base: usize = pads
+                .iter()
+                .zip(&out_strides)
+                .map(|(&(lo, _), s)| lo as usize * s)
+                .sum();
+            let inner = x.shape().last().copied().unwrap_or(1) as usize * size;
+            copied(pool, ty, |out| {
+                for chunk in out.chunks_exact_mut(size) {
+                    chunk.copy_from_slice(fill);
+                }
+                let mut from = 0;
+                for_each_row(x.shape(), [&out_strides], |[to]| {
+                    let to = (base + to) * size;
+                    out[to..to + inner].copy_from_slice(&x.bytes()[from..from + inner]);
+                    from += inner;
+                });
+            })
+        }
+        Op::Where { .. } => {
+            let [c, a, b] = operands else {
+                return None;
+            };
+            copied(pool, ty, |out| select(ty, c, a, b, out))
         }
         _ => return None,
     }))

@@ -180,8 +180,9 @@ impl HostTensor {
     }
 }
 
-/// Where an executor finds the tensors a graph's `weight` nodes name.
-pub trait WeightSource {
+/// Where an executor finds the tensors a graph's `weight` nodes name. Shared by the threads
+/// that run one graph's parts, so it is `Sync`.
+pub trait WeightSource: Sync {
     /// Tensor `tensor` of the weights file `file`, if this source has it.
     fn weight(&self, file: &crate::WeightsId, tensor: &str) -> Option<&HostTensor>;
 }

@@ -683,9 +683,20 @@ mod x86 {
                     *x = unsafe { _mm512_maskz_loadu_ps(mask, row.as_ptr()) };
                 }
                 transpose16(&mut r);
-                for (q, &col) in r.iter().enumerate().take(steps) {
-                    for (i, x) in acc.iter_mut().enumerate() {
-                        *x = _mm512_fmadd_ps(_mm512_set1_ps(arows[(p + q) * M + i]), col, *x);
+                let xs = &arows[p * M..(p + steps) * M];
+                if steps == 16 {
+                    // A whole block: a loop of fixed length, which keeps `acc` in registers
+                    // (a variable one kept it on the stack, a store and reload per fma).
+                    for (q, &col) in r.iter().enumerate() {
+                        for (i, x) in acc.iter_mut().enumerate() {
+                            *x = _mm512_fmadd_ps(_mm512_set1_ps(xs[q * M + i]), col, *x);
+                        }
+                    }
+                } else {
+                    for (q, &col) in r.iter().enumerate().take(steps) {
+                        for (i, x) in acc.iter_mut().enumerate() {
+                            *x = _mm512_fmadd_ps(_mm512_set1_ps(xs[q * M + i]), col, *x);
+                        }
                     }
                 }
                 p += steps;
