@@ -180,9 +180,8 @@ impl HostTensor {
     }
 }
 
-/// Where an executor finds the tensors a graph's `weight` nodes name. Shared by the threads
-/// that run one graph's parts, so it is `Sync`.
-pub trait WeightSource: Sync {
+/// Where an executor finds the tensors a graph's `weight` nodes name.
+pub trait WeightSource {
     /// Tensor `tensor` of the weights file `file`, if this source has it.
     fn weight(&self, file: &crate::WeightsId, tensor: &str) -> Option<&HostTensor>;
 }

@@ -1,25 +1,224 @@
 //! Running the parts of one kernel on the process's worker threads.
 //!
 //! Every parallel kernel splits its work into a fixed number of parts decided by the caller's
-//! thread count, never by the pool or by timing, so which worker runs a part cannot change a bit.
-//! The workers are rayon's global pool (one per core), started once: spawning OS threads per
-//! operation cost about 80 µs a time here, which dominated small steps such as one decoded token
-//! (hundreds of operations).
+//! thread count, never by the pool or by timing, so which thread runs a part cannot change a bit.
+//!
+//! The pool is the calling thread plus one helper per other core, started on first use. A job
+//! is published in one shared slot; the caller and the helpers claim its parts one at a time
+//! from an atomic counter, and the caller returns once every part is done. Helpers spin while
+//! they wait for work, and only park after a while without any: a graph runs hundreds of small
+//! operations a few microseconds apart (one decoded token is ~1,500), and waking a parked
+//! thread costs about 70 µs on these VMs, more than many whole parts. Inside [`on_workers`] (an
+//! executor running a graph) helpers keep spinning for longer, as OpenMP runtimes and OpenBLAS
+//! do. Spawning threads per operation (the first version) cost ~80 µs each; rayon's pool, the
+//! second, parked its workers between operations.
 
-/// Run `f` on one of the pool's workers (directly if this thread is one). The parts that
-/// [`for_each_piece`] hands out from a worker are then waited for by working: a part no other
-/// worker has picked up yet is run by the waiting worker itself. A thread outside the pool can
-/// only sleep until they are done, and waking a parked worker costs about 70 µs on these VMs —
-/// more than many whole parts. An executor runs a graph's steps inside one such call.
-pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        return f();
-    }
-    rayon::scope(|_| f())
-}
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Work below this many elements runs on the calling thread: handing it out costs more.
 pub const MIN_PARALLEL_ELEMS: usize = 1 << 15;
+
+/// How long a helper with nothing to do spins before parking, outside and inside a session.
+const SPIN: Duration = Duration::from_micros(100);
+const SPIN_IN_SESSION: Duration = Duration::from_millis(5);
+
+/// A claim counter's part index while a job is being published: above any job's part count.
+const CLOSED: u64 = 0xffff_ffff;
+
+/// One published job: the body runs part `i` for each claimed `i`.
+struct Job<'a> {
+    body: &'a (dyn Fn(usize) + Sync),
+    done: AtomicUsize,
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl Job<'_> {
+    fn run(&self, part: usize) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| (self.body)(part))) {
+            self.panic
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(p);
+        }
+        self.done.fetch_add(1, SeqCst);
+    }
+}
+
+struct Pool {
+    /// The current job's sequence number (high 32 bits) and its next unclaimed part (low 32).
+    claim: AtomicU64,
+    /// Parts of the current job.
+    parts: AtomicUsize,
+    /// The current job, valid while it has unfinished parts (its owner waits for them).
+    job: AtomicPtr<Job<'static>>,
+    /// Held by the thread whose job is in the slot; others run their parts themselves.
+    owner: Mutex<()>,
+    /// Sessions open now ([`on_workers`]).
+    sessions: AtomicUsize,
+    /// Helpers parked or about to park, and the wake-up count they wait on.
+    parked: AtomicUsize,
+    wake: Mutex<u64>,
+    woken: Condvar,
+    helpers: usize,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<&'static Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            claim: AtomicU64::new(0),
+            parts: AtomicUsize::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            owner: Mutex::new(()),
+            sessions: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
+            wake: Mutex::new(0),
+            woken: Condvar::new(),
+            helpers: cores - 1,
+        }));
+        for i in 0..pool.helpers {
+            // A helper that cannot start only means fewer hands: parts are claimed, not assigned.
+            let _ = std::thread::Builder::new()
+                .name(format!("tenet-worker-{i}"))
+                .spawn(move || pool.help());
+        }
+        pool
+    })
+}
+
+impl Pool {
+    /// Claim one part of the current job and run it; false if there was none to claim.
+    fn run_one(&self) -> bool {
+        let c = self.claim.load(SeqCst);
+        let job = self.job.load(SeqCst);
+        let parts = self.parts.load(SeqCst);
+        if (c & 0xffff_ffff) as usize >= parts || job.is_null() {
+            return false;
+        }
+        // The exchange succeeds only if no part was claimed and no new job published since
+        // `c` was read (publishing first closes the counter under a new sequence number);
+        // `job` and `parts` were read after `c`, so they belong to that job.
+        if self
+            .claim
+            .compare_exchange(c, c + 1, SeqCst, SeqCst)
+            .is_err()
+        {
+            return true;
+        }
+        // SAFETY: the job's owner publishes it before its claim counter and does not return
+        // (so the job stays alive) until every claimed part has finished; this part was claimed
+        // above and finishes inside `run`, the last use of `job`.
+        unsafe { &*job }.run((c & 0xffff_ffff) as usize);
+        true
+    }
+
+    fn work_available(&self) -> bool {
+        (self.claim.load(SeqCst) & 0xffff_ffff) < self.parts.load(SeqCst) as u64
+    }
+
+    fn help(&self) {
+        let mut idle_since = Instant::now();
+        loop {
+            if self.run_one() {
+                idle_since = Instant::now();
+                continue;
+            }
+            let limit = if self.sessions.load(SeqCst) > 0 {
+                SPIN_IN_SESSION
+            } else {
+                SPIN
+            };
+            if idle_since.elapsed() < limit {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut seen = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+            self.parked.fetch_add(1, SeqCst);
+            // Checked after announcing the park: a job published after this check finds
+            // `parked` non-zero and takes the lock to wake us, which waits for our `wait`.
+            if !self.work_available() && self.sessions.load(SeqCst) == 0 {
+                let epoch = *seen;
+                while *seen == epoch {
+                    seen = self.woken.wait(seen).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            self.parked.fetch_sub(1, SeqCst);
+            drop(seen);
+            idle_since = Instant::now();
+        }
+    }
+
+    fn wake_parked(&self) {
+        if self.parked.load(SeqCst) > 0 {
+            *self.wake.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            self.woken.notify_all();
+        }
+    }
+}
+
+/// Run `f` as one session: the pool's helpers stay awake (spinning) between the parallel
+/// operations `f` runs, instead of parking after each. An executor runs a graph's steps inside
+/// one such call.
+pub fn on_workers<R>(f: impl FnOnce() -> R) -> R {
+    let pool = pool();
+    pool.sessions.fetch_add(1, SeqCst);
+    pool.wake_parked();
+    struct Close(&'static Pool);
+    impl Drop for Close {
+        fn drop(&mut self) {
+            self.0.sessions.fetch_sub(1, SeqCst);
+        }
+    }
+    let _close = Close(pool);
+    f()
+}
+
+/// Run `body(i)` for every `i < parts` on the calling thread and the pool's helpers; returns
+/// when all are done. A panic in a part is raised here once every part has finished.
+fn run_parts(parts: usize, body: &(dyn Fn(usize) + Sync)) {
+    let pool = pool();
+    let guard = if parts > 1 && parts < CLOSED as usize && pool.helpers > 0 {
+        pool.owner.try_lock().ok()
+    } else {
+        None
+    };
+    // Without the slot (in use by another job, or by the job one of whose parts calls in
+    // here) or anyone to share with, every part runs here.
+    let Some(guard) = guard else {
+        (0..parts).for_each(body);
+        return;
+    };
+    let job = Job {
+        body,
+        done: AtomicUsize::new(0),
+        panic: Mutex::new(None),
+    };
+    // First the new sequence number with no part claimable, so that an exchange based on the
+    // previous job's counter cannot succeed against this job's `job` and `parts`; then the job;
+    // then its parts open.
+    let seq = (pool.claim.load(SeqCst) >> 32).wrapping_add(1) & 0xffff_ffff;
+    pool.claim.store(seq << 32 | CLOSED, SeqCst);
+    pool.job
+        .store(&job as *const Job<'_> as *mut Job<'static>, SeqCst);
+    pool.parts.store(parts, SeqCst);
+    pool.claim.store(seq << 32, SeqCst);
+    pool.wake_parked();
+    while pool.run_one() {}
+    while job.done.load(SeqCst) < parts {
+        std::hint::spin_loop();
+    }
+    pool.parts.store(0, SeqCst);
+    pool.job.store(std::ptr::null_mut(), SeqCst);
+    drop(guard);
+    if let Some(p) = job.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        resume_unwind(p);
+    }
+}
 
 /// Run `f(range, piece)` over the pieces of `out` cut at the ends of `ranges` (contiguous,
 /// covering `out` from the start), in parallel, returning when every piece is done.
@@ -28,32 +227,20 @@ pub fn for_each_piece<T: Send>(
     ranges: &[std::ops::Range<usize>],
     f: impl Fn(std::ops::Range<usize>, &mut [T]) + Sync,
 ) {
-    if ranges.len() <= 1 {
-        if let Some(r) = ranges.first() {
-            f(r.clone(), &mut out[r.clone()]);
-        }
-        return;
+    let mut rest = out;
+    let mut at = 0;
+    let mut pieces = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        assert_eq!(r.start, at, "ranges must be contiguous from the start");
+        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+        rest = tail;
+        at = r.end;
+        // Each piece is taken exactly once, by whichever thread claims its index.
+        pieces.push(Mutex::new(Some((r.clone(), piece))));
     }
-    let f = &f;
-    // The calling thread runs the first piece itself while the pool takes the others: it would
-    // otherwise only sleep until they are done, and waking it costs as much as a small piece.
-    rayon::in_place_scope(|s| {
-        let mut rest = out;
-        let mut at = 0;
-        let mut first = None;
-        for r in ranges {
-            assert_eq!(r.start, at, "ranges must be contiguous from the start");
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
-            rest = tail;
-            at = r.end;
-            let r = r.clone();
-            if first.is_none() {
-                first = Some((r, piece));
-            } else {
-                s.spawn(move |_| f(r, piece));
-            }
-        }
-        if let Some((r, piece)) = first {
+    run_parts(pieces.len(), &|i| {
+        let taken = pieces[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((r, piece)) = taken {
             f(r, piece);
         }
     });
@@ -87,5 +274,76 @@ mod tests {
             });
             assert_eq!(out, (1..=n as u32).collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn jobs_from_many_threads_and_nested_jobs_all_finish() {
+        // Several threads publish jobs at once (one owns the slot, the others run their parts
+        // themselves), and parts start jobs of their own (run where they are).
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                s.spawn(move || {
+                    for round in 0..300u64 {
+                        let mut out = vec![0u64; 64];
+                        // Part counts vary from job to job (a stale claim on a job with fewer
+                        // parts must not claim a part of the next one).
+                        let parts = 2 + (round + t) as usize % 7;
+                        on_workers(|| {
+                            for_each_piece(&mut out, &ranges(64, parts, 1), |range, piece| {
+                                let mut inner = vec![0u64; piece.len()];
+                                for_each_piece(&mut inner, &ranges(piece.len(), 2, 1), |r, p| {
+                                    for (i, x) in r.zip(p.iter_mut()) {
+                                        *x = i as u64;
+                                    }
+                                });
+                                for ((i, x), y) in range.zip(piece.iter_mut()).zip(inner) {
+                                    *x = i as u64 * 1000 + t + round + y;
+                                }
+                            })
+                        });
+                        let per = 64u64.div_ceil(parts as u64);
+                        let want: Vec<u64> =
+                            (0..64u64).map(|i| i * 1000 + t + round + i % per).collect();
+                        assert_eq!(out, want);
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn every_part_of_back_to_back_jobs_runs_exactly_once() {
+        // Tiny jobs of varying sizes published as fast as possible keep the helpers claiming
+        // while the slot changes hands.
+        use std::sync::atomic::AtomicU32;
+        for round in 0..20_000usize {
+            let parts = 2 + round % 9;
+            let runs: Vec<AtomicU32> = (0..parts).map(|_| AtomicU32::new(0)).collect();
+            run_parts(parts, &|i| {
+                runs[i].fetch_add(1, SeqCst);
+            });
+            let counts: Vec<u32> = runs.iter().map(|r| r.load(SeqCst)).collect();
+            assert_eq!(counts, vec![1; parts], "job {round}");
+        }
+    }
+
+    #[test]
+    fn a_panicking_part_panics_the_caller_after_every_part_is_done() {
+        let mut out = vec![0u32; 16];
+        let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            for_each_piece(&mut out, &ranges(16, 4, 1), |range, piece| {
+                if range.start == 4 {
+                    panic!("part one fails");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                piece.fill(7);
+            })
+        }));
+        assert!(caught.is_err());
+        let filled: Vec<u32> = out.iter().copied().filter(|&x| x == 7).collect();
+        assert_eq!(filled.len(), 12, "the other parts ran to the end");
+        // The pool still works afterwards.
+        for_each_piece(&mut out, &ranges(16, 4, 1), |_, piece| piece.fill(1));
+        assert_eq!(out, vec![1; 16]);
     }
 }
