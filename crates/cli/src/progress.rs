@@ -1,5 +1,5 @@
-//! Progress of long transfers on standard error: a bar redrawn in place when standard error is
-//! a terminal, one summary line when it is not (logs and pipes stay readable).
+//! Progress of long transfers and loads on standard error: a bar redrawn in place when standard
+//! error is a terminal, one summary line when it is not (logs and pipes stay readable).
 
 use std::future::Future;
 use std::io::{IsTerminal, Write};
@@ -12,11 +12,29 @@ pub struct Transfer {
     label: String,
     total: u64,
     taken: Arc<AtomicU64>,
+    /// Counts per byte of `total`: a load that reads a file and then indexes it counts each
+    /// byte twice.
+    passes: u64,
     started: Instant,
     terminal: bool,
 }
 
 const WIDTH: usize = 30;
+
+/// Files at least this large are loaded under a progress bar.
+pub const LOAD_BAR_BYTES: u64 = 64 << 20;
+
+/// Run `load` of a file of `size` bytes under a bar labelled `label` when the file is large,
+/// directly otherwise. `load` adds to its counter the bytes it reads and then the bytes it
+/// indexes (or dequantises): each byte counts twice.
+pub fn loading<T: Send>(label: &str, size: u64, load: impl FnOnce(&AtomicU64) -> T + Send) -> T {
+    if size < LOAD_BAR_BYTES {
+        return load(&AtomicU64::new(0));
+    }
+    let mut bar = Transfer::new(label, size);
+    bar.passes = 2;
+    bar.watch_blocking(load)
+}
 
 impl Transfer {
     pub fn new(label: impl Into<String>, total: u64) -> Transfer {
@@ -24,6 +42,7 @@ impl Transfer {
             label: label.into(),
             total,
             taken: Arc::default(),
+            passes: 1,
             started: Instant::now(),
             terminal: std::io::stderr().is_terminal(),
         }
@@ -49,6 +68,30 @@ impl Transfer {
         }
     }
 
+    /// Run `work` on a scoped thread, redrawing the bar every 100 ms until it ends; `work`
+    /// adds the bytes it has processed to the counter it is given.
+    pub fn watch_blocking<T: Send>(&self, work: impl FnOnce(&AtomicU64) -> T + Send) -> T {
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let out = std::thread::scope(|s| {
+            let job = s.spawn(move || {
+                let out = work(&self.taken);
+                drop(done);
+                out
+            });
+            // Woken when the work ends (its sender dropped, also by a panic), else every 100 ms.
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                finished.recv_timeout(Duration::from_millis(100))
+            {
+                self.draw();
+            }
+            job.join()
+        });
+        self.taken
+            .store(self.total * self.passes, Ordering::Relaxed);
+        self.finish();
+        out.unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
+
     fn megabytes(bytes: u64) -> f64 {
         bytes as f64 / 1e6
     }
@@ -57,7 +100,7 @@ impl Transfer {
         if !self.terminal {
             return;
         }
-        let done = self.taken.load(Ordering::Relaxed).min(self.total);
+        let done = (self.taken.load(Ordering::Relaxed) / self.passes).min(self.total);
         let fraction = if self.total == 0 {
             1.0
         } else {

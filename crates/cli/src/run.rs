@@ -104,7 +104,9 @@ pub struct RunArgs {
     /// A graph input, NAME=PATH (.npy, .json, or .safetensors holding NAME or one tensor).
     #[arg(long = "input", short = 'i', value_name = "NAME=PATH")]
     pub inputs: Vec<String>,
-    /// Safetensors files holding the graph's weights (repeatable).
+    /// Weights files the graph refers to by hash (repeatable): safetensors, or GGUF (F32, F16,
+    /// Q8_0 and Q4_1 tensors, dequantised to f32 as they load; `tenet export smollm2-*` graphs
+    /// refer to SmolLM2's GGUF).
     #[arg(long, value_name = "FILE")]
     pub weights: Vec<PathBuf>,
     /// Where to write outputs: PATH (.npy for the only output; .json or .safetensors for all
@@ -130,7 +132,12 @@ pub fn run(o: &RunArgs) -> Result<()> {
     let weights = WeightSet(
         o.weights
             .iter()
-            .map(|p| WeightsFile::open(p))
+            .map(|p| {
+                let size = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+                let label = format!("loading {}", p.display());
+                // Read, then index (GGUF: dequantise) — each pass counts the file's bytes.
+                crate::progress::loading(&label, size, |n| WeightsFile::open_counting(p, n))
+            })
             .collect::<Result<_, _>>()?,
     );
     // Running needs every weight: check before reading any input.

@@ -517,6 +517,85 @@ fn model_cached(pkg: &tenet_models::fetch::ModelPackage) -> bool {
 }
 
 #[test]
+fn exported_smollm2_prefill_runs_on_the_gguf_weights() {
+    if !model_cached(&tenet_models::fetch::SMOLLM2) {
+        return;
+    }
+    let fixture = repo().join("tests/fixtures/smollm2_greedy.json");
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let case = &fixture["The capital of France is"];
+    let ids: Vec<i64> = case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    let graph = tmp("prefill.tnt");
+    let out = stdout(&tenet(&[
+        "export",
+        "smollm2-prefill",
+        "-o",
+        graph.to_str().unwrap(),
+        "--seq",
+        &ids.len().to_string(),
+    ]));
+    let gguf = out
+        .lines()
+        .find_map(|l| l.split("--weights ").nth(1))
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(gguf.ends_with(".gguf"), "{out}");
+    let ids_file = tmp("prefill_ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&ids).unwrap()).unwrap();
+    let logits_file = tmp("prefill_logits.json");
+    let o = tenet(&[
+        "run",
+        graph.to_str().unwrap(),
+        "--weights",
+        &gguf,
+        "-i",
+        &format!("ids={}", ids_file.display()),
+        "-o",
+        &format!("logits={}", logits_file.display()),
+    ]);
+    stdout(&o);
+    // Standard error is not a terminal here: one summary line instead of a bar.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("loading") && err.contains(" MB in "), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&logits_file).unwrap()).unwrap();
+    let logits: Vec<f64> = v["logits"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let top5: Vec<u64> = order[..5].iter().map(|&i| i as u64).collect();
+    let want: Vec<u64> = case["top5"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(top5, want);
+    for (got, want) in logits
+        .iter()
+        .zip(case["last_logits_first5"].as_array().unwrap())
+    {
+        assert!(
+            (got - want.as_f64().unwrap()).abs() < 1e-3,
+            "{got} vs {want}"
+        );
+    }
+}
+
+#[test]
 fn embed_and_export_agree() {
     if !model_cached(&tenet_models::fetch::MINILM) {
         return;

@@ -12,7 +12,7 @@ use std::path::Path;
 use half::f16;
 use tenet_ir::{DType, HostTensor, TensorType};
 
-const MAGIC: &[u8; 4] = b"GGUF";
+pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
 const MAX_STRING: u64 = 1 << 20;
 const MAX_ARRAY_DEPTH: usize = 2;
 

@@ -1,7 +1,10 @@
-//! Reading and writing safetensors files, and binding a graph's weight references to them.
+//! Reading weights files (safetensors; GGUF, dequantised to f32 at load) and writing
+//! safetensors files, and binding a graph's weight references to them.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use tenet_ir::{DType, Graph, HostTensor, Op, TensorType, WeightSource, WeightsId};
@@ -21,6 +24,8 @@ pub enum WeightsError {
     TooLarge { path: String, size: u64 },
     #[error("{path} is not a valid safetensors file: {reason}")]
     Malformed { path: String, reason: String },
+    #[error("{path} is not a usable GGUF file: {reason}")]
+    Gguf { path: String, reason: String },
 }
 
 /// One tensor's entry in a weights file. `dtype` is `None` for safetensors dtypes tenet does not
@@ -28,6 +33,7 @@ pub enum WeightsError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
     pub dtype: Option<DType>,
+    /// The file's own name for the tensor's encoding (`F32`, `BF16`, `Q4_1`, …).
     pub safetensors_dtype: String,
     pub shape: Vec<u64>,
     /// Byte range of the tensor's data within the file.
@@ -72,6 +78,12 @@ impl WeightsFile {
     /// Read and index a file. The header is validated by the `safetensors` crate, which checks
     /// offsets against the file size and refuses oversized headers.
     pub fn open(path: &Path) -> Result<WeightsFile, WeightsError> {
+        WeightsFile::open_counting(path, &AtomicU64::new(0))
+    }
+
+    /// As [`WeightsFile::open`], adding to `progress` the bytes read and then the bytes of the
+    /// tensors indexed (about twice the file's size in all), for a progress bar.
+    pub fn open_counting(path: &Path, progress: &AtomicU64) -> Result<WeightsFile, WeightsError> {
         let shown = path.display().to_string();
         let io = |source| WeightsError::Io {
             path: shown.clone(),
@@ -81,12 +93,24 @@ impl WeightsFile {
         if size > MAX_WEIGHTS_FILE_BYTES {
             return Err(WeightsError::TooLarge { path: shown, size });
         }
-        let bytes = std::fs::read(path).map_err(io)?;
-        WeightsFile::from_bytes(bytes, &shown)
+        let bytes = read_counting(path, size, progress).map_err(io)?;
+        WeightsFile::index(bytes, &shown, progress)
     }
 
-    /// Index bytes already in memory; `name` is used in messages.
+    /// Index bytes already in memory (a GGUF file is recognised by its magic); `name` is used
+    /// in messages.
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<WeightsFile, WeightsError> {
+        WeightsFile::index(bytes, name, &AtomicU64::new(0))
+    }
+
+    fn index(
+        bytes: Vec<u8>,
+        name: &str,
+        progress: &AtomicU64,
+    ) -> Result<WeightsFile, WeightsError> {
+        if bytes.starts_with(crate::gguf::MAGIC) {
+            return WeightsFile::from_gguf(bytes, name, progress);
+        }
         let st = SafeTensors::deserialize(&bytes).map_err(|e| WeightsError::Malformed {
             path: name.to_string(),
             reason: e.to_string(),
@@ -112,6 +136,7 @@ impl WeightsFile {
             .filter_map(|(name, info): (&String, &TensorInfo)| {
                 let ty = TensorType::new(info.dtype?, info.shape.clone());
                 let t = HostTensor::new(ty, bytes.get(info.range.clone())?.to_vec()).ok()?;
+                progress.fetch_add(info.range.len() as u64, Ordering::Relaxed);
                 Some((name.clone(), t))
             })
             .collect();
@@ -124,9 +149,66 @@ impl WeightsFile {
 }
 
 impl WeightsFile {
+    /// A GGUF file's tensors, named as in the file, each dequantised once to f32 (F32, F16,
+    /// Q8_0 and Q4_1; tensors of other ggml types are listed but cannot be referenced). Graphs
+    /// declare them f32 with the row-major shape. The id is still the hash of the file's bytes.
+    fn from_gguf(
+        bytes: Vec<u8>,
+        name: &str,
+        progress: &AtomicU64,
+    ) -> Result<WeightsFile, WeightsError> {
+        use crate::gguf::{GgmlType, GgufFile};
+        let id = WeightsId::of_bytes(&bytes);
+        let gguf_err = |e: crate::gguf::GgufError| WeightsError::Gguf {
+            path: name.to_string(),
+            reason: e.to_string(),
+        };
+        let g = GgufFile::parse(bytes).map_err(gguf_err)?;
+        let mut tensors = BTreeMap::new();
+        let mut data = BTreeMap::new();
+        for t in &g.tensors {
+            let values = match t.kind {
+                GgmlType::Other(_) => None,
+                _ => Some(g.dequantize(t).map_err(gguf_err)?),
+            };
+            let info = TensorInfo {
+                dtype: values.as_ref().map(|_| DType::F32),
+                safetensors_dtype: match t.kind {
+                    GgmlType::Other(k) => format!("ggml type {k}"),
+                    kind => format!("{kind:?}"),
+                },
+                shape: t.shape.clone(),
+                range: t.range.clone(),
+            };
+            tensors.insert(t.name.clone(), info);
+            progress.fetch_add(t.range.len() as u64, Ordering::Relaxed);
+            if let Some(v) = values {
+                data.insert(t.name.clone(), v);
+            }
+        }
+        Ok(WeightsFile { id, tensors, data })
+    }
+
     /// Tensor `name` as a host tensor, if the file has it in a dtype tenet supports.
     pub fn tensor(&self, name: &str) -> Option<&HostTensor> {
         self.data.get(name)
+    }
+}
+
+/// The file at `path` (`size` bytes expected), read in 8 MiB slices, each added to `progress`.
+pub(crate) fn read_counting(
+    path: &Path,
+    size: u64,
+    progress: &AtomicU64,
+) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    loop {
+        let n = (&mut file).take(8 << 20).read_to_end(&mut bytes)?;
+        if n == 0 {
+            return Ok(bytes);
+        }
+        progress.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 

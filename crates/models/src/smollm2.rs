@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tenet_exec::Backend;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor, WeightSource, WeightsId};
@@ -60,10 +61,18 @@ pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 impl SmolLm2 {
     /// Load from the GGUF file at `path`.
     pub fn load(path: &Path) -> Result<SmolLm2, GgufError> {
-        let bytes = std::fs::read(path).map_err(|e| GgufError::Io {
+        SmolLm2::load_counting(path, &AtomicU64::new(0))
+    }
+
+    /// As [`SmolLm2::load`], adding to `progress` the bytes read and then the bytes of the
+    /// tensors dequantised (about twice the file's size in all), for a progress bar.
+    pub fn load_counting(path: &Path, progress: &AtomicU64) -> Result<SmolLm2, GgufError> {
+        let io = |e: std::io::Error| GgufError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
-        })?;
+        };
+        let size = std::fs::metadata(path).map_err(io)?.len();
+        let bytes = crate::safetensors_io::read_counting(path, size, progress).map_err(io)?;
         let id = WeightsId::of_bytes(&bytes);
         let g = GgufFile::parse(bytes)?;
         let u = |k: &str| g.get(k).and_then(Value::as_u64).ok_or_else(|| meta_err(k));
@@ -81,7 +90,11 @@ impl SmolLm2 {
         let tensors = g
             .tensors
             .iter()
-            .map(|t| Ok((t.name.clone(), g.dequantize(t)?)))
+            .map(|t| {
+                let values = g.dequantize(t)?;
+                progress.fetch_add(t.range.len() as u64, Ordering::Relaxed);
+                Ok((t.name.clone(), values))
+            })
             .collect::<Result<_, GgufError>>()?;
         let tokenizer = build_tokenizer(&g)?;
         Ok(SmolLm2 {

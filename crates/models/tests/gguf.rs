@@ -74,6 +74,26 @@ fn synthetic_file_parses_and_dequantises() {
 }
 
 #[test]
+fn a_gguf_file_serves_as_weights_dequantised_to_f32() {
+    use tenet_ir::{DType, WeightSource, WeightsId};
+    let bytes = synthetic();
+    let file = tenet_models::WeightsFile::from_bytes(bytes.clone(), "synthetic.gguf").unwrap();
+    assert_eq!(file.id, WeightsId::of_bytes(&bytes));
+    let w = file.tensor("w").unwrap();
+    assert_eq!((w.dtype(), w.shape()), (DType::F32, &[2u64, 3][..]));
+    assert_eq!(w.to_f32_vec(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(file.tensors["q"].safetensors_dtype, "Q8_0");
+    let set = tenet_models::WeightSet(vec![file]);
+    let q = set.weight(&WeightsId::of_bytes(&bytes), "q").unwrap();
+    assert_eq!((q.to_f32_vec()[0], q.to_f32_vec()[31]), (-8.0, 7.5));
+    // A broken GGUF is an error that says what it is, not a safetensors complaint.
+    let e = tenet_models::WeightsFile::from_bytes(bytes[..40].to_vec(), "cut.gguf")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cut.gguf is not a usable GGUF file"), "{e}");
+}
+
+#[test]
 fn hostile_bytes_are_errors_not_panics() {
     let good = synthetic();
     for cut in 0..good.len() {
