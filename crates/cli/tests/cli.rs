@@ -516,6 +516,17 @@ fn model_cached(pkg: &tenet_models::fetch::ModelPackage) -> bool {
     }
 }
 
+/// The weights path in the `run it with: tenet run … --weights PATH …` line `tenet export`
+/// prints.
+fn weights_named_in(export_output: &str) -> String {
+    export_output
+        .lines()
+        .find_map(|l| l.split("--weights ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("no --weights in {export_output}"))
+        .to_string()
+}
+
 #[test]
 fn exported_smollm2_prefill_runs_on_the_gguf_weights() {
     if !model_cached(&tenet_models::fetch::SMOLLM2) {
@@ -540,14 +551,7 @@ fn exported_smollm2_prefill_runs_on_the_gguf_weights() {
         "--seq",
         &ids.len().to_string(),
     ]));
-    let gguf = out
-        .lines()
-        .find_map(|l| l.split("--weights ").nth(1))
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_string();
+    let gguf = weights_named_in(&out);
     assert!(gguf.ends_with(".gguf"), "{out}");
     let ids_file = tmp("prefill_ids.json");
     std::fs::write(&ids_file, serde_json::to_string(&ids).unwrap()).unwrap();
@@ -621,14 +625,7 @@ fn embed_and_export_agree() {
         "--seq",
         "4",
     ]));
-    let weights = out
-        .lines()
-        .find_map(|l| l.split("--weights ").nth(1))
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_string();
+    let weights = weights_named_in(&out);
     let (ids, tt, mask) = (tmp("ids.json"), tmp("tt.json"), tmp("mask.json"));
     std::fs::write(&ids, "[[101, 7592, 2088, 102]]").unwrap();
     std::fs::write(&tt, "[[0, 0, 0, 0]]").unwrap();

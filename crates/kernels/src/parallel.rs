@@ -141,7 +141,7 @@ impl Pool {
             self.parked.fetch_add(1, SeqCst);
             // Checked after announcing the park: a job published after this check finds
             // `parked` non-zero and takes the lock to wake us, which waits for our `wait`.
-            if !self.work_available() && self.sessions.load(SeqCst) == 0 {
+            if !self.work_available() {
                 let epoch = *seen;
                 while *seen == epoch {
                     seen = self.woken.wait(seen).unwrap_or_else(|e| e.into_inner());
