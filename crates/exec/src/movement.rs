@@ -178,16 +178,7 @@ pub(crate) fn eval(
             })
         }
         Op::Expand { .. } => {
-            let off = ty.rank() - x.shape().len();
-            let step: Vec<usize> = (0..ty.rank())
-                .map(|d| {
-                    if d < off || x.shape()[d - off] == 1 {
-                        0
-                    } else {
-                        src_strides[d - off]
-                    }
-                })
-                .collect();
+            let step = broadcast_steps(&ty.shape, x.shape());
             copied(pool, ty, |out| {
                 strided_copy(x.bytes(), size, 0, &ty.shape, &step, out)
             })

@@ -684,20 +684,20 @@ mod x86 {
                 }
                 transpose16(&mut r);
                 let xs = &arows[p * M..(p + steps) * M];
-                if steps == 16 {
-                    // A whole block: a loop of fixed length, which keeps `acc` in registers
-                    // (a variable one kept it on the stack, a store and reload per fma).
-                    for (q, &col) in r.iter().enumerate() {
-                        for (i, x) in acc.iter_mut().enumerate() {
-                            *x = _mm512_fmadd_ps(_mm512_set1_ps(xs[q * M + i]), col, *x);
-                        }
-                    }
-                } else {
+                let mut chains = |steps: usize| {
                     for (q, &col) in r.iter().enumerate().take(steps) {
                         for (i, x) in acc.iter_mut().enumerate() {
                             *x = _mm512_fmadd_ps(_mm512_set1_ps(xs[q * M + i]), col, *x);
                         }
                     }
+                };
+                // A whole block with a constant count, so the loop has a fixed length and `acc`
+                // stays in registers (a variable count kept it on the stack: a store and a
+                // reload inside every fma chain).
+                if steps == 16 {
+                    chains(16)
+                } else {
+                    chains(steps)
                 }
                 p += steps;
             }

@@ -29,6 +29,11 @@ const SPIN_IN_SESSION: Duration = Duration::from_millis(5);
 /// A claim counter's part index while a job is being published: above any job's part count.
 const CLOSED: u64 = 0xffff_ffff;
 
+/// The next unclaimed part in a claim counter (its low 32 bits).
+fn part_index(claim: u64) -> u64 {
+    claim & 0xffff_ffff
+}
+
 /// One published job: the body runs part `i` for each claimed `i`.
 struct Job<'a> {
     body: &'a (dyn Fn(usize) + Sync),
@@ -97,7 +102,7 @@ impl Pool {
         let c = self.claim.load(SeqCst);
         let job = self.job.load(SeqCst);
         let parts = self.parts.load(SeqCst);
-        if (c & 0xffff_ffff) as usize >= parts || job.is_null() {
+        if part_index(c) >= parts as u64 || job.is_null() {
             return false;
         }
         // The exchange succeeds only if no part was claimed and no new job published since
@@ -113,12 +118,12 @@ impl Pool {
         // SAFETY: the job's owner publishes it before its claim counter and does not return
         // (so the job stays alive) until every claimed part has finished; this part was claimed
         // above and finishes inside `run`, the last use of `job`.
-        unsafe { &*job }.run((c & 0xffff_ffff) as usize);
+        unsafe { &*job }.run(part_index(c) as usize);
         true
     }
 
     fn work_available(&self) -> bool {
-        (self.claim.load(SeqCst) & 0xffff_ffff) < self.parts.load(SeqCst) as u64
+        part_index(self.claim.load(SeqCst)) < self.parts.load(SeqCst) as u64
     }
 
     fn help(&self) {
