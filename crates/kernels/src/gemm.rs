@@ -5,6 +5,9 @@
 //! cache, panels of A packed, register-blocked micro-kernels), and each k-block of a C tile
 //! starts from the partial result the previous k-block stored, so blocking, SIMD width and the
 //! split of rows over threads never change a bit.
+//!
+//! Each chunk of B's columns is packed once, by all threads together, and shared; each thread
+//! then owns whole micro-panels of C's rows. Packing buffers are kept per thread between calls.
 
 use crate::SimdLevel;
 
@@ -109,31 +112,7 @@ pub fn sgemm(
         return Ok(());
     }
     let cfg = Config::for_level(level);
-    // Split rows into contiguous chunks, whole micro-panels each, one per thread.
-    let threads = threads.clamp(1, m.div_ceil(cfg.mr));
-    let rows_per = m.div_ceil(threads).div_ceil(cfg.mr) * cfg.mr;
-    if threads == 1 {
-        (cfg.run)(&cfg, m, n, k, a, b, c, c_rs);
-        return Ok(());
-    }
-    // Pieces of C by rows; the last piece runs to the end of `c`.
-    let pieces: Vec<std::ops::Range<usize>> = (0..m)
-        .step_by(rows_per)
-        .map(|row| {
-            let end = if row + rows_per >= m {
-                c.len()
-            } else {
-                (row + rows_per) * c_rs
-            };
-            row * c_rs..end
-        })
-        .collect();
-    let cfg = &cfg;
-    crate::parallel::for_each_piece(c, &pieces, |range, chunk| {
-        let row = range.start / c_rs;
-        let rows = rows_per.min(m - row);
-        (cfg.run)(cfg, rows, n, k, a.offset_rows(row), b, chunk, c_rs)
-    });
+    (cfg.run)(&cfg, threads, m, n, k, a, b, c, c_rs);
     Ok(())
 }
 
@@ -227,48 +206,40 @@ type Kernel = unsafe fn(
 const CANONICAL_NAN: f32 = f32::from_bits(0x7fc0_0000);
 
 struct Config {
-    mr: usize,
     kc: usize,
     mc: usize,
-    nc: usize,
     kernel: Kernel,
-    /// `serial::<MR, NR>` for this kernel's tile.
-    run: Serial,
+    /// `blocked::<MR, NR>` for this kernel's tile.
+    run: Blocked,
 }
 
-type Serial = fn(&Config, usize, usize, usize, Strided<'_>, Strided<'_>, &mut [f32], usize);
+type Blocked = fn(&Config, usize, usize, usize, usize, Strided<'_>, Strided<'_>, &mut [f32], usize);
 
 impl Config {
     fn for_level(level: SimdLevel) -> Config {
         match level {
             #[cfg(target_arch = "x86_64")]
             // 12×32 tiles: 24 zmm accumulators. KC·NR·4 = 32 KiB of B stays in L1 across a
-            // column of tiles; MC·KC·4 = 240 KiB of A stays in L2. NC 512, 1024 and 2048 measured
-            // 270, 270 and 281 GFLOP/s (2048², 2 threads, Zen 5): within noise; 2048 kept.
+            // column of tiles; MC·KC·4 = 96 KiB of A and MC rows of C stay in L2. KC 128/256/384
+            // × MC 48/96/240 all measured 126–141 GFLOP/s (2048², 1 thread, Xeon): within noise.
             SimdLevel::Avx512 => Config {
-                mr: 12,
                 kc: 256,
-                mc: 240,
-                nc: 2048,
+                mc: 96,
                 kernel: x86::kernel_avx512::<12, 2>,
-                run: serial::<12, 32>,
+                run: blocked::<12, 32>,
             },
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => Config {
-                mr: 6,
                 kc: 256,
                 mc: 120,
-                nc: 2048,
                 kernel: x86::kernel_avx2,
-                run: serial::<6, 16>,
+                run: blocked::<6, 16>,
             },
             _ => Config {
-                mr: PMR,
                 kc: 256,
                 mc: 64,
-                nc: 256,
                 kernel: kernel_portable,
-                run: serial::<PMR, PNR>,
+                run: blocked::<PMR, PNR>,
             },
         }
     }
@@ -368,9 +339,44 @@ fn pack_b<const NR: usize>(
     }
 }
 
+/// Most bytes of packed B one pass over C holds: a chunk of B's columns, packed once and
+/// shared by every thread (L3 holds it; each thread reads one micro-panel at a time).
+const PACKED_B_BYTES: usize = 8 << 20;
+
+/// Widest chunk of columns: `mc` rows of C by this many columns (768 KiB at `mc` 96) stay in
+/// L2 while every k-block of the chunk passes over them, so C comes from memory once.
+const NC_MAX: usize = 2048;
+
+thread_local! {
+    /// Packing buffers kept between calls: a fresh allocation costs a page fault per 4 KiB
+    /// touched, which is most of the packing time of a small product.
+    static SCRATCH_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static SCRATCH_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Run `f` on this thread's `len`-element scratch buffer (contents unspecified). A nested call
+/// finds the buffer taken and allocates its own.
+fn with_scratch<R>(
+    key: &'static std::thread::LocalKey<std::cell::Cell<Vec<f32>>>,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    let mut buf = key.take();
+    if buf.len() < len {
+        buf = vec![0.0; len];
+    }
+    let out = f(&mut buf[..len]);
+    key.set(buf);
+    out
+}
+
+/// The packed product for one kernel's `MR × NR` tile. Columns go in chunks: each chunk of B is
+/// packed once (its panels split across threads), then each thread runs `rows_of_chunk` on its
+/// own contiguous rows of C, whole micro-panels each.
 #[allow(clippy::too_many_arguments)]
-fn serial<const MR: usize, const NR: usize>(
+fn blocked<const MR: usize, const NR: usize>(
     cfg: &Config,
+    threads: usize,
     m: usize,
     n: usize,
     k: usize,
@@ -379,24 +385,80 @@ fn serial<const MR: usize, const NR: usize>(
     c: &mut [f32],
     c_rs: usize,
 ) {
+    let nc_max = (PACKED_B_BYTES / 4 / k).clamp(NR, NC_MAX) / NR * NR;
+    let threads = threads.clamp(1, m.div_ceil(MR));
+    let rows_per = m.div_ceil(threads).div_ceil(MR) * MR;
+    // Pieces of C by rows; the last piece runs to the end of `c`.
+    let row_pieces: Vec<std::ops::Range<usize>> = (0..m)
+        .step_by(rows_per)
+        .map(|row| {
+            let end = if row + rows_per >= m {
+                c.len()
+            } else {
+                (row + rows_per) * c_rs
+            };
+            row * c_rs..end
+        })
+        .collect();
+    let packed_len = n.min(nc_max).div_ceil(NR) * NR * k;
+    with_scratch(&SCRATCH_B, packed_len, |packed| {
+        for jc in (0..n).step_by(nc_max) {
+            let nc = nc_max.min(n - jc);
+            let panels = nc.div_ceil(NR);
+            let bp = &mut packed[..panels * NR * k];
+            // Panel q holds all k steps: `bp[q·NR·k + p·NR + j]` is B(p, jc + q·NR + j).
+            let by_panels: Vec<std::ops::Range<usize>> =
+                crate::parallel::ranges(panels, threads, 1)
+                    .into_iter()
+                    .map(|r| r.start * NR * k..r.end * NR * k)
+                    .collect();
+            crate::parallel::for_each_piece(bp, &by_panels, |range, dst| {
+                let q0 = range.start / (NR * k);
+                let cols = (nc - q0 * NR).min(dst.len() / k);
+                pack_b::<NR>(dst, b, 0, k, jc + q0 * NR, cols);
+            });
+            let bp = &*bp;
+            if row_pieces.len() == 1 {
+                rows_of_chunk::<MR, NR>(cfg, m, jc, nc, k, a, bp, c, c_rs);
+                continue;
+            }
+            crate::parallel::for_each_piece(c, &row_pieces, |range, part| {
+                let row = range.start / c_rs;
+                let rows = rows_per.min(m - row);
+                rows_of_chunk::<MR, NR>(cfg, rows, jc, nc, k, a.offset_rows(row), bp, part, c_rs)
+            });
+        }
+    });
+}
+
+/// Rows `0..m` of C, columns `jc..jc + nc`, from A and the chunk's packed B `bp`. Blocks of
+/// `mc` rows go one after another, and every k-block passes over a block before the next, so
+/// the block's C stays in L2 between the k-blocks that continue its chains.
+#[allow(clippy::too_many_arguments)]
+fn rows_of_chunk<const MR: usize, const NR: usize>(
+    cfg: &Config,
+    m: usize,
+    jc: usize,
+    nc: usize,
+    k: usize,
+    a: Strided<'_>,
+    bp: &[f32],
+    c: &mut [f32],
+    c_rs: usize,
+) {
     let (mr, nr) = (MR, NR);
-    // Packing buffers sized to this problem (small products must not pay for big blocks).
     let kc_max = cfg.kc.min(k);
-    let mut ap = vec![0.0f32; cfg.mc.min(m).div_ceil(mr) * mr * kc_max];
-    let mut bp = vec![0.0f32; cfg.nc.min(n).div_ceil(nr) * nr * kc_max];
     let mut tile = vec![0.0f32; mr * nr];
-    for jc in (0..n).step_by(cfg.nc) {
-        let nc = cfg.nc.min(n - jc);
-        for pc in (0..k).step_by(cfg.kc) {
-            let kc = cfg.kc.min(k - pc);
-            let (load, last) = (pc > 0, pc + kc == k);
-            pack_b::<NR>(&mut bp, b, pc, kc, jc, nc);
-            for ic in (0..m).step_by(cfg.mc) {
-                let mc = cfg.mc.min(m - ic);
-                pack_a::<MR>(&mut ap, a, ic, mc, pc, kc);
+    with_scratch(&SCRATCH_A, cfg.mc.min(m).div_ceil(mr) * mr * kc_max, |ap| {
+        for ic in (0..m).step_by(cfg.mc) {
+            let mc = cfg.mc.min(m - ic);
+            for pc in (0..k).step_by(cfg.kc) {
+                let kc = cfg.kc.min(k - pc);
+                let (load, last) = (pc > 0, pc + kc == k);
+                pack_a::<MR>(ap, a, ic, mc, pc, kc);
                 for jr in (0..nc).step_by(nr) {
                     let cols = nr.min(nc - jr);
-                    let bpanel = &bp[(jr / nr) * nr * kc..][..nr * kc];
+                    let bpanel = &bp[(jr / nr) * nr * k + pc * nr..][..nr * kc];
                     for ir in (0..mc).step_by(mr) {
                         let rows = mr.min(mc - ir);
                         let apanel = &ap[(ir / mr) * mr * kc..][..mr * kc];
@@ -456,7 +518,7 @@ fn serial<const MR: usize, const NR: usize>(
                 }
             }
         }
-    }
+    });
 }
 
 const PMR: usize = 4;

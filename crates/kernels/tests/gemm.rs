@@ -112,6 +112,10 @@ fn edges_and_blocks() {
         (25, 70, 300),
         (12, 32, 256),
         (37, 65, 513),
+        // More rows than one block of C the driver keeps in L2 (96 at AVX-512).
+        (100, 40, 20),
+        // k long enough that B is packed in several chunks of columns.
+        (5, 520, 4200),
         // A few rows (decoding): column blocks and 16-step blocks with tails, several parts.
         (1, 600, 37),
         (2, 513, 16),
