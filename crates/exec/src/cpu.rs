@@ -159,7 +159,9 @@ impl CpuPrepared {
                 if !matches!(g.node(*r).op, Op::Input { .. }) {
                     live -= bytes(&values[r.index()]);
                 }
-                if let Some(Val::Owned(t)) = values[r.index()].take() {
+                if let Some(Val::Owned(t)) = values[r.index()].take()
+                    && !t.is_shared()
+                {
                     pool.give(t.into_bytes());
                 }
             }

@@ -34,7 +34,7 @@ pub use infer::{MAX_NAME_LEN, RuleError, broadcast, check_name, infer};
 pub use op::{
     BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, ReduceOp, SliceRange, UnaryOp, Window2d,
 };
-pub use value::{HostTensor, NoWeights, ValueError, WeightSource};
+pub use value::{HostTensor, NoWeights, SharedBytes, ValueError, WeightSource};
 
 /// Decode a graph from bytes in either form: the binary encoding (starts with `TENETGRF`) or
 /// the text form. Errors say which form was assumed.

@@ -2,6 +2,11 @@
 //!
 //! This is the value that crosses every boundary (files, executors, the wire): plain data, so
 //! that any backend can read it and its bytes can be hashed. `bool` elements are the bytes 0/1.
+//!
+//! The bytes are either owned or a range of a buffer shared with other tensors (a mapped
+//! weights file, a received blob): a shared tensor clones as a handle, never as a copy.
+
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
@@ -20,48 +25,154 @@ pub enum ValueError {
     Bool(u8),
     #[error("tensor type {0} has too many elements")]
     Overflow(TensorType),
+    #[error("bytes {start}..{end} lie outside a shared buffer of {len} bytes")]
+    Range {
+        start: usize,
+        end: usize,
+        len: usize,
+    },
+}
+
+/// A buffer that tensors can share: its bytes never change while any handle lives.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Where a tensor's bytes live.
+enum Storage {
+    Owned(Vec<u8>),
+    Shared {
+        owner: SharedBytes,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// A tensor held in host memory.
-#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct HostTensor {
     ty: TensorType,
-    data: Vec<u8>,
+    data: Storage,
 }
 
 impl std::fmt::Debug for HostTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostTensor({}, {} bytes)", self.ty, self.data.len())
+        let shared = if self.is_shared() { ", shared" } else { "" };
+        write!(
+            f,
+            "HostTensor({}, {} bytes{shared})",
+            self.ty,
+            self.bytes().len()
+        )
     }
 }
 
-/// A large buffer goes to the process-wide cache ([`crate::recycle`]) for the next result of
-/// its size.
+/// An owned tensor copies its bytes; a shared one clones its handle.
+impl Clone for HostTensor {
+    fn clone(&self) -> HostTensor {
+        let data = match &self.data {
+            Storage::Owned(v) => Storage::Owned(v.clone()),
+            Storage::Shared { owner, start, len } => Storage::Shared {
+                owner: owner.clone(),
+                start: *start,
+                len: *len,
+            },
+        };
+        HostTensor {
+            ty: self.ty.clone(),
+            data,
+        }
+    }
+}
+
+/// Equal type and bytes, wherever the bytes live.
+impl PartialEq for HostTensor {
+    fn eq(&self, other: &HostTensor) -> bool {
+        self.ty == other.ty && self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for HostTensor {}
+
+impl std::hash::Hash for HostTensor {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.ty.hash(state);
+        self.bytes().hash(state);
+    }
+}
+
+/// A large owned buffer goes to the process-wide cache ([`crate::recycle`]) for the next
+/// result of its size.
 impl Drop for HostTensor {
     fn drop(&mut self) {
-        crate::recycle::give(std::mem::take(&mut self.data));
+        if let Storage::Owned(v) = &mut self.data {
+            crate::recycle::give(std::mem::take(v));
+        }
     }
 }
 
 impl HostTensor {
     /// Wrap bytes, checking their length (and bool bytes) against the type.
     pub fn new(ty: TensorType, data: Vec<u8>) -> Result<HostTensor, ValueError> {
-        let expected = ty.bytes().ok_or_else(|| ValueError::Overflow(ty.clone()))?;
-        if data.len() as u64 != expected {
-            return Err(ValueError::Size {
-                ty,
-                expected,
-                actual: data.len() as u64,
-            });
+        check_bytes(&ty, &data)?;
+        Ok(HostTensor {
+            ty,
+            data: Storage::Owned(data),
+        })
+    }
+
+    /// A tensor over bytes `range` of a shared buffer, checked as [`HostTensor::new`] checks:
+    /// no copy is made, and clones share the buffer too.
+    pub fn shared(
+        ty: TensorType,
+        owner: SharedBytes,
+        range: std::ops::Range<usize>,
+    ) -> Result<HostTensor, ValueError> {
+        let len = (*owner).as_ref().len();
+        let bytes = (*owner)
+            .as_ref()
+            .get(range.clone())
+            .ok_or(ValueError::Range {
+                start: range.start,
+                end: range.end,
+                len,
+            })?;
+        check_bytes(&ty, bytes)?;
+        Ok(HostTensor {
+            ty,
+            data: Storage::Shared {
+                owner,
+                start: range.start,
+                len: range.len(),
+            },
+        })
+    }
+
+    /// The same tensor with its bytes moved (not copied) into a shared buffer, so that clones
+    /// of it are handles: for a tensor kept in a cache and lent to many runs.
+    pub fn into_shared(mut self) -> HostTensor {
+        let data = match &mut self.data {
+            Storage::Owned(v) => {
+                let v = std::mem::take(v);
+                let len = v.len();
+                Storage::Shared {
+                    owner: Arc::new(v),
+                    start: 0,
+                    len,
+                }
+            }
+            Storage::Shared { owner, start, len } => Storage::Shared {
+                owner: owner.clone(),
+                start: *start,
+                len: *len,
+            },
+        };
+        HostTensor {
+            ty: self.ty.clone(),
+            data,
         }
-        if let Some(&b) = data
-            .iter()
-            .find(|&&b| b > 1)
-            .filter(|_| ty.dtype == DType::Bool)
-        {
-            return Err(ValueError::Bool(b));
-        }
-        Ok(HostTensor { ty, data })
+    }
+
+    /// Whether the bytes belong to a shared buffer (see [`HostTensor::shared`]).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.data, Storage::Shared { .. })
     }
 
     /// All-zero tensor (false for bool).
@@ -69,7 +180,7 @@ impl HostTensor {
         let n = ty.bytes().ok_or_else(|| ValueError::Overflow(ty.clone()))?;
         Ok(HostTensor {
             ty,
-            data: vec![0; n as usize],
+            data: Storage::Owned(vec![0; n as usize]),
         })
     }
 
@@ -108,15 +219,22 @@ impl HostTensor {
 
     /// Number of elements (the bytes exist, so this cannot overflow).
     pub fn numel(&self) -> usize {
-        self.data.len() / self.ty.dtype.size() as usize
+        self.bytes().len() / self.ty.dtype.size() as usize
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.data
+        match &self.data {
+            Storage::Owned(v) => v,
+            Storage::Shared { owner, start, len } => &(**owner).as_ref()[*start..*start + *len],
+        }
     }
 
+    /// The bytes, owned (a shared tensor's are copied).
     pub fn into_bytes(mut self) -> Vec<u8> {
-        std::mem::take(&mut self.data)
+        match &mut self.data {
+            Storage::Owned(v) => std::mem::take(v),
+            Storage::Shared { .. } => self.bytes().to_vec(),
+        }
     }
 
     /// The same bytes under another type with the same dtype and element count (a reshape
@@ -125,7 +243,7 @@ impl HostTensor {
         if ty.dtype == self.ty.dtype && ty.numel() == self.ty.numel() {
             Ok(HostTensor {
                 ty,
-                data: std::mem::take(&mut self.data),
+                data: std::mem::replace(&mut self.data, Storage::Owned(Vec::new())),
             })
         } else {
             Err(self)
@@ -137,13 +255,13 @@ impl HostTensor {
         let mut h = blake3::Hasher::new();
         h.update(self.ty.to_string().as_bytes());
         h.update(&[0]);
-        h.update(&self.data);
+        h.update(self.bytes());
         *h.finalize().as_bytes()
     }
 
     /// Element `i` as f32 (floats exactly; integers and bools converted).
     pub fn get_f32(&self, i: usize) -> f32 {
-        let b = &self.data;
+        let b = self.bytes();
         match self.ty.dtype {
             DType::F32 => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
             DType::F16 => f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32(),
@@ -154,7 +272,7 @@ impl HostTensor {
 
     /// Element `i` as i64 (integers and bools exactly; floats truncated, saturating).
     pub fn get_i64(&self, i: usize) -> i64 {
-        let b = &self.data;
+        let b = self.bytes();
         match self.ty.dtype {
             DType::I32 => {
                 i32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]) as i64
@@ -178,6 +296,26 @@ impl HostTensor {
     pub fn to_i64_vec(&self) -> Vec<i64> {
         (0..self.numel()).map(|i| self.get_i64(i)).collect()
     }
+}
+
+/// `bytes` against `ty`: the exact length, and only 0/1 in a bool tensor.
+fn check_bytes(ty: &TensorType, bytes: &[u8]) -> Result<(), ValueError> {
+    let expected = ty.bytes().ok_or_else(|| ValueError::Overflow(ty.clone()))?;
+    if bytes.len() as u64 != expected {
+        return Err(ValueError::Size {
+            ty: ty.clone(),
+            expected,
+            actual: bytes.len() as u64,
+        });
+    }
+    if let Some(&b) = bytes
+        .iter()
+        .find(|&&b| b > 1)
+        .filter(|_| ty.dtype == DType::Bool)
+    {
+        return Err(ValueError::Bool(b));
+    }
+    Ok(())
 }
 
 /// Where an executor finds the tensors a graph's `weight` nodes name.
@@ -226,5 +364,52 @@ mod tests {
         assert_ne!(a.hash(), b.hash());
         assert_ne!(a.hash(), c.hash());
         assert_eq!(a.hash(), a.clone().hash());
+    }
+
+    #[test]
+    fn shared_tensors_borrow_their_buffer_and_behave_like_owned_ones() {
+        let owned = HostTensor::from_f32(&[2], &[1.5, -2.0]).unwrap();
+        let mut buf = vec![9u8; 3];
+        buf.extend_from_slice(owned.bytes());
+        let buf: SharedBytes = Arc::new(buf);
+        let ty = TensorType::new(DType::F32, [2]);
+        let shared = HostTensor::shared(ty.clone(), buf.clone(), 3..11).unwrap();
+        assert!(shared.is_shared() && !owned.is_shared());
+        assert_eq!(shared, owned);
+        assert_eq!(shared.hash(), owned.hash());
+        assert_eq!(shared.to_f32_vec(), vec![1.5, -2.0]);
+        // A clone is another handle on the same bytes, not a copy.
+        let copy = shared.clone();
+        assert_eq!(copy.bytes().as_ptr(), shared.bytes().as_ptr());
+        assert_eq!(Arc::strong_count(&buf), 3);
+        let reshaped = copy.reshaped(TensorType::new(DType::F32, [1, 2])).unwrap();
+        assert!(reshaped.is_shared());
+        assert_eq!(reshaped.into_bytes(), owned.bytes());
+        // An owned tensor turns shared without copying its bytes.
+        let at = owned.bytes().as_ptr();
+        let moved = owned.clone().into_shared();
+        assert!(moved.is_shared() && moved == owned);
+        let again = owned.into_shared();
+        assert_eq!(again.bytes().as_ptr(), at);
+        assert_eq!(again.clone().bytes().as_ptr(), at);
+        // The same checks as `new`, and the range must lie inside the buffer.
+        assert!(matches!(
+            HostTensor::shared(ty.clone(), buf.clone(), 3..10),
+            Err(ValueError::Size { .. })
+        ));
+        assert_eq!(
+            HostTensor::shared(ty, buf.clone(), 4..12).unwrap_err(),
+            ValueError::Range {
+                start: 4,
+                end: 12,
+                len: 11
+            }
+        );
+        let bools: SharedBytes = Arc::new(vec![0u8, 1, 2]);
+        let ty = TensorType::new(DType::Bool, [3]);
+        assert_eq!(
+            HostTensor::shared(ty, bools, 0..3).unwrap_err(),
+            ValueError::Bool(2)
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use half::f16;
-use tenet_ir::{DType, HostTensor, TensorType};
+use tenet_ir::{DType, HostTensor, SharedBytes, TensorType};
 
 pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
 const MAX_STRING: u64 = 1 << 20;
@@ -123,7 +123,7 @@ pub struct GgufFile {
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<GgufTensor>,
-    bytes: Vec<u8>,
+    bytes: SharedBytes,
 }
 
 struct Reader<'a> {
@@ -238,7 +238,13 @@ impl GgufFile {
 
     /// Parse and index a whole file in memory.
     pub fn parse(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        let mut r = Reader { b: &bytes, pos: 0 };
+        GgufFile::parse_shared(std::sync::Arc::new(bytes))
+    }
+
+    /// Parse and index a file held in a shared buffer (a mapping, say).
+    pub fn parse_shared(shared: SharedBytes) -> Result<GgufFile, GgufError> {
+        let bytes: &[u8] = (*shared).as_ref();
+        let mut r = Reader { b: bytes, pos: 0 };
         if r.take(4, "magic").ok() != Some(&MAGIC[..]) {
             return r.err(0, "not a GGUF file (no \"GGUF\" magic)");
         }
@@ -325,7 +331,7 @@ impl GgufFile {
             version,
             metadata,
             tensors,
-            bytes,
+            bytes: shared,
         })
     }
 
@@ -339,7 +345,17 @@ impl GgufFile {
 
     /// The tensor's values as f32, row-major.
     pub fn dequantize(&self, t: &GgufTensor) -> Result<HostTensor, GgufError> {
-        let data = &self.bytes[t.range.clone()];
+        let data = &(*self.bytes).as_ref()[t.range.clone()];
+        if t.kind == GgmlType::F32 && data.as_ptr().align_offset(4) == 0 {
+            // Already f32 and aligned: a view of the file, not a copy.
+            let ty = TensorType::new(DType::F32, t.shape.clone());
+            return HostTensor::shared(ty.clone(), self.bytes.clone(), t.range.clone()).map_err(
+                |e| GgufError::Tensor {
+                    name: t.name.clone(),
+                    reason: format!("{e} ({ty})"),
+                },
+            );
+        }
         let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
         let values: Vec<f32> = match t.kind {
             GgmlType::F32 => data

@@ -2,14 +2,14 @@
 //! safetensors files, and binding a graph's weight references to them.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use tenet_ir::{DType, Graph, HostTensor, Op, TensorType, WeightSource, WeightsId};
+use tenet_ir::{DType, Graph, HostTensor, Op, SharedBytes, TensorType, WeightSource, WeightsId};
 
-/// Largest weights file read whole into memory by this crate.
+/// Largest weights file this crate opens.
 pub const MAX_WEIGHTS_FILE_BYTES: u64 = 64 << 30;
 
 /// Why a weights file cannot be used.
@@ -41,7 +41,8 @@ pub struct TensorInfo {
 }
 
 /// A safetensors file's id, tensor index, and tensors (split out once when the file is opened,
-/// then lent to every run).
+/// then lent to every run). An opened file is memory-mapped, and each tensor whose bytes are
+/// aligned for its dtype is a view of the mapping, not a copy (see [`HostTensor::shared`]).
 #[derive(Clone, Debug)]
 pub struct WeightsFile {
     pub id: WeightsId,
@@ -75,14 +76,15 @@ fn to_safetensors(d: DType) -> Dtype {
 }
 
 impl WeightsFile {
-    /// Read and index a file. The header is validated by the `safetensors` crate, which checks
+    /// Map and index a file. The header is validated by the `safetensors` crate, which checks
     /// offsets against the file size and refuses oversized headers.
     pub fn open(path: &Path) -> Result<WeightsFile, WeightsError> {
         WeightsFile::open_counting(path, &AtomicU64::new(0))
     }
 
-    /// As [`WeightsFile::open`], adding to `progress` the bytes read and then the bytes of the
-    /// tensors indexed (about twice the file's size in all), for a progress bar.
+    /// As [`WeightsFile::open`], adding to `progress` the bytes hashed (which reads the file in)
+    /// and then the bytes of the tensors indexed (about twice the file's size in all), for a
+    /// progress bar.
     pub fn open_counting(path: &Path, progress: &AtomicU64) -> Result<WeightsFile, WeightsError> {
         let shown = path.display().to_string();
         let io = |source| WeightsError::Io {
@@ -93,25 +95,29 @@ impl WeightsFile {
         if size > MAX_WEIGHTS_FILE_BYTES {
             return Err(WeightsError::TooLarge { path: shown, size });
         }
-        let bytes = read_counting(path, size, progress).map_err(io)?;
-        WeightsFile::index(bytes, &shown, progress)
+        let (bytes, id) = map_counting(path, progress).map_err(io)?;
+        WeightsFile::index(bytes, id, &shown, progress)
     }
 
     /// Index bytes already in memory (a GGUF file is recognised by its magic); `name` is used
     /// in messages.
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<WeightsFile, WeightsError> {
-        WeightsFile::index(bytes, name, &AtomicU64::new(0))
+        let id = WeightsId::of_bytes(&bytes);
+        WeightsFile::index(Arc::new(bytes), id, name, &AtomicU64::new(0))
     }
 
+    /// Index `shared`, whose hash is `id`.
     fn index(
-        bytes: Vec<u8>,
+        shared: SharedBytes,
+        id: WeightsId,
         name: &str,
         progress: &AtomicU64,
     ) -> Result<WeightsFile, WeightsError> {
+        let bytes: &[u8] = (*shared).as_ref();
         if bytes.starts_with(crate::gguf::MAGIC) {
-            return WeightsFile::from_gguf(bytes, name, progress);
+            return WeightsFile::from_gguf(shared, id, name, progress);
         }
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| WeightsError::Malformed {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| WeightsError::Malformed {
             path: name.to_string(),
             reason: e.to_string(),
         })?;
@@ -134,17 +140,20 @@ impl WeightsFile {
         let data = tensors
             .iter()
             .filter_map(|(name, info): (&String, &TensorInfo)| {
-                let ty = TensorType::new(info.dtype?, info.shape.clone());
-                let t = HostTensor::new(ty, bytes.get(info.range.clone())?.to_vec()).ok()?;
+                let dtype = info.dtype?;
+                let ty = TensorType::new(dtype, info.shape.clone());
+                let aligned = (base + info.range.start).is_multiple_of(dtype.size() as usize);
+                // A misaligned tensor is copied once here rather than on every use.
+                let t = if aligned {
+                    HostTensor::shared(ty, shared.clone(), info.range.clone()).ok()?
+                } else {
+                    HostTensor::new(ty, bytes.get(info.range.clone())?.to_vec()).ok()?
+                };
                 progress.fetch_add(info.range.len() as u64, Ordering::Relaxed);
                 Some((name.clone(), t))
             })
             .collect();
-        Ok(WeightsFile {
-            id: WeightsId::of_bytes(&bytes),
-            tensors,
-            data,
-        })
+        Ok(WeightsFile { id, tensors, data })
     }
 }
 
@@ -153,17 +162,17 @@ impl WeightsFile {
     /// Q8_0 and Q4_1; tensors of other ggml types are listed but cannot be referenced). Graphs
     /// declare them f32 with the row-major shape. The id is still the hash of the file's bytes.
     fn from_gguf(
-        bytes: Vec<u8>,
+        bytes: SharedBytes,
+        id: WeightsId,
         name: &str,
         progress: &AtomicU64,
     ) -> Result<WeightsFile, WeightsError> {
         use crate::gguf::{GgmlType, GgufFile};
-        let id = WeightsId::of_bytes(&bytes);
         let gguf_err = |e: crate::gguf::GgufError| WeightsError::Gguf {
             path: name.to_string(),
             reason: e.to_string(),
         };
-        let g = GgufFile::parse(bytes).map_err(gguf_err)?;
+        let g = GgufFile::parse_shared(bytes).map_err(gguf_err)?;
         let mut tensors = BTreeMap::new();
         let mut data = BTreeMap::new();
         for t in &g.tensors {
@@ -195,21 +204,19 @@ impl WeightsFile {
     }
 }
 
-/// The file at `path` (`size` bytes expected), read in 8 MiB slices, each added to `progress`.
-pub(crate) fn read_counting(
+/// The file at `path`, memory-mapped, and its hash, computed over 8 MiB slices each added to
+/// `progress` (hashing is what reads the file in).
+pub(crate) fn map_counting(
     path: &Path,
-    size: u64,
     progress: &AtomicU64,
-) -> std::io::Result<Vec<u8>> {
-    let mut file = std::fs::File::open(path)?;
-    let mut bytes = Vec::with_capacity(size as usize);
-    loop {
-        let n = (&mut file).take(8 << 20).read_to_end(&mut bytes)?;
-        if n == 0 {
-            return Ok(bytes);
-        }
-        progress.fetch_add(n as u64, Ordering::Relaxed);
+) -> std::io::Result<(SharedBytes, WeightsId)> {
+    let map = tenet_kernels::memory::MappedFile::map(&std::fs::File::open(path)?)?;
+    let mut hasher = blake3::Hasher::new();
+    for slice in map.bytes().chunks(8 << 20) {
+        hasher.update(slice);
+        progress.fetch_add(slice.len() as u64, Ordering::Relaxed);
     }
+    Ok((Arc::new(map), WeightsId(*hasher.finalize().as_bytes())))
 }
 
 /// Weights from several files, each looked up by its hash.
@@ -306,4 +313,67 @@ pub fn write_safetensors(
         })
         .collect::<Result<Vec<_>, _>>()?;
     safetensors::serialize(views, None).map_err(|e| malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("tenet-weights-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn an_opened_file_lends_views_of_its_mapping() {
+        let w =
+            HostTensor::from_f32(&[2, 3], &[1.0, -2.0, 3.5, 0.0, f32::MIN_POSITIVE, 7.0]).unwrap();
+        let bytes = write_safetensors(&[
+            ("w", DType::F32, vec![2, 3], w.bytes().to_vec()),
+            (
+                "ids",
+                DType::I64,
+                vec![2],
+                [5i64, -1].map(i64::to_le_bytes).concat(),
+            ),
+        ])
+        .unwrap();
+        let path = temp_file("views.safetensors", &bytes);
+        let progress = AtomicU64::new(0);
+        let file = WeightsFile::open_counting(&path, &progress).unwrap();
+        assert_eq!(file.id, WeightsId::of_bytes(&bytes));
+        let got = file.tensor("w").unwrap();
+        assert!(got.is_shared(), "an aligned tensor is a view, not a copy");
+        assert_eq!(got, &w);
+        assert_eq!(file.tensor("ids").unwrap().to_i64_vec(), vec![5, -1]);
+        // Hashed (the whole file) and indexed (each tensor's bytes).
+        assert_eq!(
+            progress.load(Ordering::Relaxed),
+            bytes.len() as u64 + 24 + 16
+        );
+        // The same file from bytes in memory gives the same id and tensors.
+        let again = WeightsFile::from_bytes(bytes, "in memory").unwrap();
+        assert_eq!((again.id, again.tensor("w")), (file.id, Some(&w)));
+    }
+
+    #[test]
+    fn a_misaligned_tensor_is_copied_once_at_load() {
+        // A one-byte tensor first puts the f32 tensor at an odd offset.
+        let mut header = br#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}}"#.to_vec();
+        while !header.len().is_multiple_of(8) {
+            header.push(b' ');
+        }
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&header);
+        bytes.push(7);
+        bytes.extend_from_slice(&[1.5f32, -0.25].map(f32::to_le_bytes).concat());
+        let file = WeightsFile::open(&temp_file("odd.safetensors", &bytes)).unwrap();
+        let b = file.tensor("b").unwrap();
+        assert!(!b.is_shared());
+        assert_eq!(b.to_f32_vec(), vec![1.5, -0.25]);
+        assert!(file.tensor("a").unwrap().is_shared());
+    }
 }

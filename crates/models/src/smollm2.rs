@@ -64,17 +64,16 @@ impl SmolLm2 {
         SmolLm2::load_counting(path, &AtomicU64::new(0))
     }
 
-    /// As [`SmolLm2::load`], adding to `progress` the bytes read and then the bytes of the
-    /// tensors dequantised (about twice the file's size in all), for a progress bar.
+    /// As [`SmolLm2::load`], adding to `progress` the bytes hashed (which maps the file in) and
+    /// then the bytes of the tensors dequantised (about twice the file's size in all), for a
+    /// progress bar.
     pub fn load_counting(path: &Path, progress: &AtomicU64) -> Result<SmolLm2, GgufError> {
         let io = |e: std::io::Error| GgufError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
-        let size = std::fs::metadata(path).map_err(io)?.len();
-        let bytes = crate::safetensors_io::read_counting(path, size, progress).map_err(io)?;
-        let id = WeightsId::of_bytes(&bytes);
-        let g = GgufFile::parse(bytes)?;
+        let (bytes, id) = crate::safetensors_io::map_counting(path, progress).map_err(io)?;
+        let g = GgufFile::parse_shared(bytes)?;
         let u = |k: &str| g.get(k).and_then(Value::as_u64).ok_or_else(|| meta_err(k));
         let f = |k: &str| g.get(k).and_then(Value::as_f32).ok_or_else(|| meta_err(k));
         let config = LlamaConfig {

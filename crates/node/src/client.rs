@@ -144,11 +144,21 @@ impl NodeClient {
 
     /// The signature headers for a request.
     pub fn auth_headers(&self, method: &Method, path: &str, body: &[u8]) -> Vec<(String, String)> {
+        self.auth_headers_hashed(method, path, &Hash::of(body))
+    }
+
+    /// [`NodeClient::auth_headers`] for a body whose hash is already known.
+    fn auth_headers_hashed(
+        &self,
+        method: &Method,
+        path: &str,
+        body_hash: &Hash,
+    ) -> Vec<(String, String)> {
         self.key
             .sign_request(
                 method.as_str(),
                 path,
-                &Hash::of(body),
+                body_hash,
                 tenet_proto::unix_now(),
                 random_bytes(),
             )
@@ -231,11 +241,7 @@ impl NodeClient {
         path: &str,
         body: impl Into<Bytes>,
     ) -> Result<T, ClientError> {
-        let bytes = self.call(method, path, body).await?;
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Unexpected {
-            status: 200,
-            message: format!("the answer does not parse: {e}"),
-        })
+        parse_answer(&self.call(method, path, body).await?)
     }
 
     fn json<T: serde::Serialize>(value: &T) -> Bytes {
@@ -265,8 +271,27 @@ impl NodeClient {
                 existed: true,
             });
         }
-        self.call_json(Method::PUT, &format!("/v1/blobs/{hash}"), bytes)
-            .await
+        self.put_hashed(bytes, &hash).await
+    }
+
+    /// Upload `bytes` as a blob without asking first whether the node has it.
+    pub async fn upload_blob(&self, bytes: impl Into<Bytes>) -> Result<BlobStored, ClientError> {
+        let bytes = bytes.into();
+        let hash = Hash::of(&bytes);
+        self.put_hashed(bytes, &hash).await
+    }
+
+    /// PUT a blob whose hash is known: its address is also the signed body hash, so the bytes
+    /// are hashed once, not twice.
+    async fn put_hashed(&self, bytes: Bytes, hash: &Hash) -> Result<BlobStored, ClientError> {
+        let path = format!("/v1/blobs/{hash}");
+        let raw = RawRequest {
+            headers: self.auth_headers_hashed(&Method::PUT, &path, hash),
+            method: Method::PUT,
+            path,
+            body: bytes,
+        };
+        parse_answer(&self.send(raw).await?.into_result()?)
     }
 
     /// Keep blob `hash` through evictions and restarts (`false`: let it be evicted again).
@@ -369,4 +394,12 @@ impl NodeClient {
         let b = self.call(Method::GET, "/metrics", Bytes::new()).await?;
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
+}
+
+/// A successful answer's JSON body.
+fn parse_answer<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ClientError> {
+    serde_json::from_slice(bytes).map_err(|e| ClientError::Unexpected {
+        status: 200,
+        message: format!("the answer does not parse: {e}"),
+    })
 }

@@ -129,9 +129,11 @@ impl Engine {
                 &stored
             }
         };
+        // Shared bytes: every job that names this tensor gets a handle, not a copy.
         let t = Arc::new(
             tenet_proto::tensor::decode(bytes)
-                .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("{what}: {e}")))?,
+                .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("{what}: {e}")))?
+                .into_shared(),
         );
         if let Ok(mut c) = self.tensors.lock() {
             c.insert(*hash, t.clone(), t.bytes().len() as u64);
