@@ -148,26 +148,16 @@ impl HostTensor {
     /// The same tensor with its bytes moved (not copied) into a shared buffer, so that clones
     /// of it are handles: for a tensor kept in a cache and lent to many runs.
     pub fn into_shared(mut self) -> HostTensor {
-        let data = match &mut self.data {
-            Storage::Owned(v) => {
-                let v = std::mem::take(v);
-                let len = v.len();
-                Storage::Shared {
-                    owner: Arc::new(v),
-                    start: 0,
-                    len,
-                }
-            }
-            Storage::Shared { owner, start, len } => Storage::Shared {
-                owner: owner.clone(),
-                start: *start,
-                len: *len,
-            },
-        };
-        HostTensor {
-            ty: self.ty.clone(),
-            data,
+        if let Storage::Owned(v) = &mut self.data {
+            let v = std::mem::take(v);
+            let len = v.len();
+            self.data = Storage::Shared {
+                owner: Arc::new(v),
+                start: 0,
+                len,
+            };
         }
+        self
     }
 
     /// Whether the bytes belong to a shared buffer (see [`HostTensor::shared`]).
