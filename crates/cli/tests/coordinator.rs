@@ -55,6 +55,14 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Put `graph` in the coordinator's store as a task; its id.
+    fn put_task(&self, graph: &Graph) -> Hash {
+        self.coordinator
+            .store()
+            .put_bytes(&graph.to_bytes())
+            .unwrap()
+    }
+
     /// Start one more node and register it.
     async fn add_node(&mut self, cheat: Option<&str>) -> String {
         let i = self.nodes.len();
@@ -91,20 +99,11 @@ async fn postgres_database() -> Option<String> {
         );
         return None;
     };
-    let name = format!(
-        "tenet_coord_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-            % 1_000_000_000
-    );
-    SqlLedger::admin_execute(&admin, &format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-    Some(format!("{base}/{name}"))
+    Some(
+        SqlLedger::create_scratch_database(&admin, "tenet_coord")
+            .await
+            .unwrap(),
+    )
 }
 
 /// A cluster whose ledger is at `ledger_url` (default: SQLite in its directory).
@@ -190,7 +189,7 @@ fn request(task: Hash, seed: u32, tier: Tier) -> JobRequest {
 async fn one_liar_of_three_is_caught_in_every_one_of_50_exact_jobs_and_slashed() {
     let c = cluster(&[None, Some("flip"), None], CoordinatorConfig::default()).await;
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     let liar = &c.ids[1];
     for i in 0..50 {
         let out = c
@@ -243,7 +242,7 @@ async fn two_colluders_of_five_returning_the_same_lie_are_outvoted() {
     )
     .await;
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     for i in 0..5 {
         let out = c
             .coordinator
@@ -268,7 +267,7 @@ async fn tolerant_tier_accepts_float_noise_and_catches_deviation_above_the_bound
     };
     let c = cluster(&[None, Some("noise=0.000001"), Some("noise=0.1")], config).await;
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     for i in 0..5 {
         let out = c
             .coordinator
@@ -317,7 +316,7 @@ async fn a_node_killed_mid_job_is_replaced_and_the_job_completes() {
     let graph = g
         .finish(&[("y", &x.matmul(&w).tanh()), ("z", &acc)])
         .unwrap();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     let mut req = request(task, 1, Tier::Exact);
     req.inputs.insert(
         "s".into(),
@@ -427,7 +426,7 @@ async fn restart_resumes_every_unfinished_state(ledger_url: Option<String>) {
     )
     .await;
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     let l = &c.coordinator.ledger;
     let advance = async |id: &str, from, to| l.advance_job(id, from, to, 1).await.unwrap();
     // Job 1: every replica committed and recorded; the crash came before any reveal.
@@ -510,7 +509,7 @@ async fn without_a_majority_more_nodes_are_asked_before_any_referee() {
     )
     .await;
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     // The job's three replicas are fixed at admission: one honest node and two different liars.
     let job = c
         .coordinator
@@ -546,7 +545,7 @@ async fn spot_check_mode_replicates_a_fraction_alpha_of_jobs_and_catches_the_lia
     };
     let c = cluster(&[None, Some("flip"), None], config).await;
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     let liar = &c.ids[1];
     let (mut replicated, mut caught) = (0, 0);
     for i in 0..60 {
@@ -607,7 +606,7 @@ async fn the_health_monitor_benches_a_dead_node_and_brings_it_back_and_deregiste
     assert_eq!(state(&c.ids[0]).await, NodeState::Deregistered);
     assert!(c.coordinator.heartbeat(&c.ids[0]).await.is_err());
     let graph = mlp();
-    let task = c.coordinator.store().put_bytes(&graph.to_bytes()).unwrap();
+    let task = c.put_task(&graph);
     for i in 0..5 {
         let out = c
             .coordinator

@@ -11,6 +11,22 @@ mod common;
 
 use common::{spawn_tenet as spawn, tenet};
 
+/// `tenet deploy` of the example MLP with its weights to `remote`, answered as JSON.
+fn deploy_mlp(remote: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(tenet()
+        .args([
+            "deploy",
+            "examples/mlp.tg",
+            "--weights",
+            "examples/mlp.safetensors",
+            "--json",
+        ])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap()
+}
+
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
@@ -99,18 +115,7 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    let deployed: serde_json::Value = serde_json::from_str(&ok(tenet()
-        .args([
-            "deploy",
-            "examples/mlp.tg",
-            "--weights",
-            "examples/mlp.safetensors",
-            "--json",
-        ])
-        .args(remote)
-        .output()
-        .unwrap()))
-    .unwrap();
+    let deployed = deploy_mlp(&remote);
     let task = deployed["id"].as_str().unwrap().to_string();
     assert_eq!(deployed["inputs"][0]["name"], "x");
     let x: Vec<Vec<f32>> = (0..8)
@@ -297,18 +302,7 @@ fn a_node_joins_by_itself_sends_heartbeats_runs_jobs_and_leaves_on_sigterm() {
     }
     // The node trusts the coordinator it joined: a job runs on it.
     let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
-    let deployed: serde_json::Value = serde_json::from_str(&ok(tenet()
-        .args([
-            "deploy",
-            "examples/mlp.tg",
-            "--weights",
-            "examples/mlp.safetensors",
-            "--json",
-        ])
-        .args(remote)
-        .output()
-        .unwrap()))
-    .unwrap();
+    let deployed = deploy_mlp(&remote);
     let x: Vec<Vec<f32>> = vec![vec![0.5; 64]; 8];
     std::fs::write(d("x.json"), serde_json::to_string(&x).unwrap()).unwrap();
     let out = ok(tenet()

@@ -124,6 +124,18 @@ impl SqlLedger {
         Ok(())
     }
 
+    /// Create a fresh, uniquely named database `{prefix}_{pid}_{nanos}` on the server that
+    /// `admin_url` points at, and return its URL; for tests.
+    pub async fn create_scratch_database(admin_url: &str, prefix: &str) -> Result<String> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000);
+        Self::admin_execute(admin_url, &format!("CREATE DATABASE {name}")).await?;
+        let base = admin_url.rsplit_once('/').map_or(admin_url, |(b, _)| b);
+        Ok(format!("{base}/{name}"))
+    }
+
     /// Close every connection.
     pub async fn close(&self) {
         self.pool.close().await;

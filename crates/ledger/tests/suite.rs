@@ -291,23 +291,10 @@ async fn postgres() {
         );
         return;
     };
-    let name = format!(
-        "tenet_test_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-            % 1_000_000_000
-    );
-    let base = admin
-        .rsplit_once('/')
-        .map_or(admin.as_str(), |(b, _)| b)
-        .to_string();
-    SqlLedger::admin_execute(&admin, &format!("CREATE DATABASE {name}"))
+    let url = SqlLedger::create_scratch_database(&admin, "tenet_test")
         .await
         .unwrap();
-    let url = format!("{base}/{name}");
+    let name = url.rsplit_once('/').map_or("", |(_, n)| n);
     let l = SqlLedger::connect(&url).await.unwrap();
     assert_eq!(l.dialect_name(), "postgres");
     suite(&l, async || SqlLedger::connect(&url).await.unwrap()).await;

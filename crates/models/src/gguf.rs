@@ -228,12 +228,15 @@ impl<'a> Reader<'a> {
 }
 
 impl GgufFile {
+    /// Map and index the file at `path`.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let bytes = std::fs::read(path).map_err(|e| GgufError::Io {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        GgufFile::parse(bytes)
+        let map = std::fs::File::open(path)
+            .and_then(|f| tenet_kernels::memory::MappedFile::map(&f))
+            .map_err(|e| GgufError::Io {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        GgufFile::parse_shared(std::sync::Arc::new(map))
     }
 
     /// Parse and index a whole file in memory.
