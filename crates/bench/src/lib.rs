@@ -19,6 +19,9 @@ pub struct Row {
     pub name: String,
     pub tenet_ms: f64,
     pub numpy_ms: Option<f64>,
+    /// numpy again with OpenBLAS made to use its AVX-512 kernels (numpy's default build picks
+    /// its AVX2 ones here): the fastest BLAS peer on this machine, for the matmul rows.
+    pub numpy_avx512_ms: Option<f64>,
     pub flops: Option<f64>,
     pub peak_gflops: f64,
     /// Items per run (sentences or tokens, for model workloads), to report a rate.
@@ -53,6 +56,8 @@ impl Row {
             "numpy_ms": self.numpy_ms.map(round),
             "numpy_note": numpy_note,
             "tenet_over_numpy": self.numpy_ms.map(|n| round(self.tenet_ms / n)),
+            "numpy_avx512_ms": self.numpy_avx512_ms.map(round),
+            "tenet_over_numpy_avx512": self.numpy_avx512_ms.map(|n| round(self.tenet_ms / n)),
             "gflops": self.gflops().map(round),
             "ratio_to_peak": self.gflops().map(|g| round(g / self.peak_gflops)),
         })
@@ -71,6 +76,9 @@ struct Workload {
     numpy: &'static str,
     shapes: Vec<(&'static str, Vec<u64>)>,
 }
+
+/// The numpy expression of the matmul workloads.
+const MATMUL: &str = "a @ b";
 
 fn workloads(quick: bool) -> Vec<Workload> {
     let mut w = Vec::new();
@@ -94,7 +102,7 @@ fn workloads(quick: bool) -> Vec<Workload> {
             },
             graph,
             flops: Some(2.0 * (n as f64).powi(3)),
-            numpy: "a @ b",
+            numpy: MATMUL,
             shapes: vec![("a", vec![n, n]), ("b", vec![n, n])],
         });
     }
@@ -188,14 +196,28 @@ pub fn run(
     let mut peak = measure_peak();
     let work = workloads(quick);
     progress("running the numpy side");
-    let numpy = numpy::measure(
-        python,
-        backend.threads(),
-        &work
-            .iter()
+    let specs = |only_matmul: bool| -> Vec<numpy::Spec<'_>> {
+        work.iter()
+            .filter(|w| !only_matmul || w.numpy == MATMUL)
             .map(|w| (w.name, w.numpy, w.shapes.clone()))
-            .collect::<Vec<_>>(),
-    );
+            .collect()
+    };
+    let numpy = numpy::measure(python, backend.threads(), &[], &specs(false));
+    // OpenBLAS reads this variable to pick its kernels; other BLAS builds ignore it, and the
+    // column then repeats the default figure.
+    let numpy_avx512 = match (&numpy, backend.level()) {
+        (Ok(_), tenet_kernels::SimdLevel::Avx512) => {
+            progress("running numpy's matmul with OpenBLAS's AVX-512 kernels");
+            numpy::measure(
+                python,
+                backend.threads(),
+                &[("OPENBLAS_CORETYPE", "SkylakeX")],
+                &specs(true),
+            )
+            .ok()
+        }
+        _ => None,
+    };
     let mut rows = Vec::new();
     for w in &work {
         progress(&format!("running {} on tenet", w.name));
@@ -223,6 +245,9 @@ pub fn run(
             numpy_ms: numpy
                 .as_ref()
                 .ok()
+                .and_then(|m| m.times.get(w.name).copied()),
+            numpy_avx512_ms: numpy_avx512
+                .as_ref()
                 .and_then(|m| m.times.get(w.name).copied()),
             flops: w.flops,
             peak_gflops: peak,
@@ -272,8 +297,14 @@ impl Report {
             }
         );
         s.push_str(&format!(
-            "{:<34} {:>10} {:>10} {:>12} {:>9} {:>8}\n",
-            "workload", "tenet ms", "numpy ms", "tenet/numpy", "GFLOP/s", "of peak"
+            "{:<34} {:>10} {:>10} {:>12} {:>9} {:>8} {:>22}\n",
+            "workload",
+            "tenet ms",
+            "numpy ms",
+            "tenet/numpy",
+            "GFLOP/s",
+            "of peak",
+            "numpy AVX-512 BLAS ms"
         ));
         for n in &self.notes {
             s.push_str(&format!("note: {n}\n"));
@@ -298,7 +329,7 @@ impl Report {
                 continue;
             }
             s.push_str(&format!(
-                "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8}\n",
+                "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8} {:>22}\n",
                 match r.items {
                     Some(n) => format!("{} ({:.1}/s)", r.name, n as f64 / (r.tenet_ms / 1e3)),
                     None => r.name.clone(),
@@ -308,6 +339,10 @@ impl Report {
                 opt(r.numpy_ms.map(|n| r.tenet_ms / n), 2),
                 opt(r.gflops(), 0),
                 opt(r.gflops().map(|g| g / r.peak_gflops), 2),
+                r.numpy_avx512_ms.map_or("—".to_string(), |n| format!(
+                    "{n:.2} (tenet {:.2}×)",
+                    r.tenet_ms / n
+                )),
             ));
         }
         s
@@ -355,6 +390,7 @@ fn model_rows(
             name,
             tenet_ms: median(times),
             numpy_ms: None,
+            numpy_avx512_ms: None,
             flops: Some(graph.cost().flops as f64),
             peak_gflops: peak,
             items: Some(batch as u64),
@@ -409,6 +445,7 @@ fn decode_row(
         name: "smollm2 decode, f32 weights".into(),
         tenet_ms: median(times),
         numpy_ms: None,
+        numpy_avx512_ms: None,
         flops: None,
         peak_gflops: peak,
         items: Some(1),

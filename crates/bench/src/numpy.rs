@@ -32,8 +32,14 @@ print(json.dumps(out))
 /// A workload for numpy: name, expression, and the name and shape of each input.
 pub type Spec<'a> = (&'a str, &'a str, Vec<(&'a str, Vec<u64>)>);
 
-/// Time `(name, numpy expression, input shapes)` workloads; `Err` says why numpy could not run.
-pub fn measure(python: &str, threads: usize, work: &[Spec<'_>]) -> Result<Measured, String> {
+/// Time `(name, numpy expression, input shapes)` workloads with `env` added to the peer's
+/// environment; `Err` says why numpy could not run.
+pub fn measure(
+    python: &str,
+    threads: usize,
+    env: &[(&str, &str)],
+    work: &[Spec<'_>],
+) -> Result<Measured, String> {
     let spec: Vec<serde_json::Value> = work
         .iter()
         .map(|(name, expr, shapes)| serde_json::json!({"name": name, "expr": expr, "shapes": shapes, "reps": 9}))
@@ -46,6 +52,7 @@ pub fn measure(python: &str, threads: usize, work: &[Spec<'_>]) -> Result<Measur
         .env("OPENBLAS_NUM_THREADS", &t)
         .env("OMP_NUM_THREADS", &t)
         .env("MKL_NUM_THREADS", &t)
+        .envs(env.iter().copied())
         .output()
         .map_err(|e| format!("cannot run {python}: {e}"))?;
     if !out.status.success() {

@@ -362,13 +362,18 @@ fn with_scratch<R>(
     f: impl FnOnce(&mut [f32]) -> R,
 ) -> R {
     let mut buf = key.take();
-    if buf.len() < len {
-        buf = vec![0.0; len];
+    if buf.len() < len + ALIGN_FLOATS {
+        buf = vec![0.0; len + ALIGN_FLOATS];
     }
-    let out = f(&mut buf[..len]);
+    // Start on a cache line: a 64-byte vector load from a misaligned panel straddles two lines.
+    let skip = buf.as_ptr().align_offset(64).min(ALIGN_FLOATS);
+    let out = f(&mut buf[skip..skip + len]);
     key.set(buf);
     out
 }
+
+/// Floats in one cache line: the slack a scratch buffer needs to start on a line boundary.
+const ALIGN_FLOATS: usize = 16;
 
 /// The packed product for one kernel's `MR × NR` tile. Columns go in chunks: each chunk of B is
 /// packed once (its panels split across threads), then each thread runs `rows_of_chunk` on its

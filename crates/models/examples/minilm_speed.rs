@@ -20,8 +20,12 @@ fn main() {
     let inputs = tenet_models::minilm::MiniLm::inputs(&batch);
     for _ in 0..3 {
         let t = Instant::now();
-        p.run(&inputs, &m.weights, 0).unwrap();
+        let (_, stats) = p.run_with_stats(&inputs, &m.weights, 0).unwrap();
         let secs = t.elapsed().as_secs_f64();
+        for k in &stats.time_by_kind {
+            print!("{} {}×{:.1}ms  ", k.kind, k.steps, k.nanos as f64 / 1e6);
+        }
+        println!();
         println!(
             "batch {b}x{s}: {:.1} ms, {:.1} sentences/s, {:.1} GFLOP/s",
             secs * 1e3,
