@@ -288,8 +288,12 @@ impl CpuPrepared {
             }
             Step::Gemm {
                 node: id,
-                b_transposed,
-            } => (*id, Val::Owned(self.gemm(*id, *b_transposed, val, pool)?)),
+                a_permuted,
+                b_permuted,
+            } => {
+                let t = self.gemm(*id, [*a_permuted, *b_permuted], val, pool)?;
+                (*id, Val::Owned(t))
+            }
             Step::Rows(id) => {
                 let node = g.node(*id);
                 let x = f32s(val(node.op.operands()[0]));
@@ -355,7 +359,7 @@ impl CpuPrepared {
     fn gemm<'v>(
         &self,
         id: NodeId,
-        b_transposed: Option<NodeId>,
+        permuted: [Option<NodeId>; 2],
         val: impl Fn(NodeId) -> &'v HostTensor,
         pool: &Pool,
     ) -> Result<HostTensor, ExecError> {
@@ -363,46 +367,41 @@ impl CpuPrepared {
         let Op::MatMul { a, b } = node.op else {
             unreachable!("gemm steps are matmuls")
         };
-        // B is either materialised, or the source of a folded transpose ([..., n, k]).
-        let (ta, tb) = (val(a), val(b_transposed.unwrap_or(b)));
+        let r = node.ty.rank();
+        let batch: Vec<u64> = node.ty.shape[..r - 2].to_vec();
+        let (ta, a_strides) = self.operand(a, permuted[0], &val);
+        let (tb, b_strides) = self.operand(b, permuted[1], &val);
         let (av, bv) = (f32s(ta), f32s(tb));
-        let (ra, r) = (ta.shape().len(), node.ty.rank());
+        let (a_shape, b_shape) = (&self.graph.node(a).ty.shape, &self.graph.node(b).ty.shape);
+        let ra = a_shape.len();
         let (m, k, n) = (
-            ta.shape()[ra - 2] as usize,
-            ta.shape()[ra - 1] as usize,
+            a_shape[ra - 2] as usize,
+            a_shape[ra - 1] as usize,
             node.ty.shape[r - 1] as usize,
         );
-        // Element (p, j) of a batch of B: row-major, or transposed from [n, k].
-        let (b_rs, b_cs) = if b_transposed.is_some() {
-            (1, k)
-        } else {
-            (n, 1)
-        };
-        let batch: Vec<u64> = node.ty.shape[..r - 2].to_vec();
-        let offsets = |shape: &[u64], rows: usize, cols: usize| -> Vec<usize> {
-            // Flat offset of each output batch's matrix within an operand, by broadcasting.
+        // Flat offset of each output batch's matrix within an operand, by broadcasting.
+        let offsets = |shape: &[u64], strides: &[usize]| -> Vec<usize> {
             let own = &shape[..shape.len() - 2];
             let pad = batch.len() - own.len();
             let count: usize = batch.iter().product::<u64>() as usize;
             (0..count)
                 .map(|flat| {
-                    let (mut rem, mut off, mut stride) = (flat, 0usize, rows * cols);
+                    let (mut rem, mut off) = (flat, 0usize);
                     for d in (0..batch.len()).rev() {
                         let idx = rem % batch[d] as usize;
                         rem /= batch[d] as usize;
-                        if d >= pad {
-                            let dim = own[d - pad] as usize;
-                            if dim != 1 {
-                                off += idx * stride;
-                            }
-                            stride *= dim;
+                        if d >= pad && own[d - pad] != 1 {
+                            off += idx * strides[d - pad];
                         }
                     }
                     off
                 })
                 .collect()
         };
-        let (oa, ob) = (offsets(ta.shape(), m, k), offsets(tb.shape(), k, n));
+        let (oa, ob) = (offsets(a_shape, &a_strides), offsets(b_shape, &b_strides));
+        let (a_rs, a_cs) = (a_strides[ra - 2], a_strides[ra - 1]);
+        let rb = b_shape.len();
+        let (b_rs, b_cs) = (b_strides[rb - 2], b_strides[rb - 1]);
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
         let batches = oa.len();
@@ -420,8 +419,8 @@ impl CpuPrepared {
                     let (x, y) = (oa[first + bi], ob[first + bi]);
                     let a = Strided {
                         data: &av[x..],
-                        rs: k,
-                        cs: 1,
+                        rs: a_rs,
+                        cs: a_cs,
                     };
                     let b = Strided {
                         data: &bv[y..],
@@ -439,6 +438,36 @@ impl CpuPrepared {
             None => Ok(()),
         };
         result.map(|()| t)
+    }
+}
+
+impl CpuPrepared {
+    /// A matmul operand as a tensor and the stride, in elements, of each of the operand's axes:
+    /// its own row-major layout, or for a folded permutation its source's layout permuted.
+    fn operand<'v>(
+        &self,
+        id: NodeId,
+        permuted: Option<NodeId>,
+        val: &impl Fn(NodeId) -> &'v HostTensor,
+    ) -> (&'v HostTensor, Vec<usize>) {
+        let row_major = |shape: &[u64]| {
+            let mut strides = vec![1usize; shape.len()];
+            for d in (0..shape.len().saturating_sub(1)).rev() {
+                strides[d] = strides[d + 1] * shape[d + 1] as usize;
+            }
+            strides
+        };
+        match permuted.map(|p| &self.graph.node(p).op) {
+            Some(Op::Permute { x, perm }) => {
+                let source = val(*x);
+                let own = row_major(source.shape());
+                (source, perm.iter().map(|&p| own[p as usize]).collect())
+            }
+            _ => {
+                let t = val(id);
+                (t, row_major(t.shape()))
+            }
+        }
     }
 }
 

@@ -8,12 +8,14 @@ use tenet_ir::{DType, Graph, NodeId, NormOp, Op, UnaryOp};
 pub(crate) enum Step {
     /// An input, weight or constant.
     Source(NodeId),
-    /// An f32 matrix product on the deterministic GEMM. `b_transposed` names the tensor whose
-    /// last two axes, swapped, are the right operand: a transpose folded into the GEMM's strides
-    /// instead of being copied.
+    /// An f32 matrix product on the deterministic GEMM. An operand that is a permutation read
+    /// only by matmuls is not materialised: `a_permuted` / `b_permuted` name that Permute node,
+    /// and the GEMM reads the permutation's source through permuted strides instead of a copy
+    /// (a transposed weight, attention's head-major views of Q, K and V).
     Gemm {
         node: NodeId,
-        b_transposed: Option<NodeId>,
+        a_permuted: Option<NodeId>,
+        b_permuted: Option<NodeId>,
     },
     /// Consecutive f32 elementwise nodes of one shape evaluated in a single pass; only the last
     /// node's result is materialised (the others are used only inside the group).
@@ -80,32 +82,18 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         is_output[o.node.index()] = true;
     }
 
-    // Transposes of the last two axes used only as the right operand of f32 matmuls (and not
-    // outputs) are folded into those GEMMs.
+    // Permutations read only by f32 matmuls (and not outputs) are folded into those GEMMs,
+    // which read the source through permuted strides.
     let folded: Vec<bool> = (0..n)
         .map(|m| {
-            let swaps_last_two = match &nodes[m].op {
-                Op::Permute { perm, .. } => {
-                    let r = perm.len();
-                    r >= 2
-                        && perm[r - 2] as usize == r - 1
-                        && perm[r - 1] as usize == r - 2
-                        && perm[..r - 2]
-                            .iter()
-                            .enumerate()
-                            .all(|(d, &p)| p as usize == d)
-                }
-                _ => false,
-            };
-            let only_right_of_matmuls = users[m].iter().all(|&u| {
-                matches!(nodes[u].op, Op::MatMul { a, b } if b.index() == m && a.index() != m)
-                    && nodes[u].ty.dtype == DType::F32
+            let only_read_by_matmuls = users[m].iter().all(|&u| {
+                matches!(nodes[u].op, Op::MatMul { .. }) && nodes[u].ty.dtype == DType::F32
             });
-            swaps_last_two
+            matches!(nodes[m].op, Op::Permute { .. })
                 && nodes[m].ty.dtype == DType::F32
                 && !is_output[m]
                 && !users[m].is_empty()
-                && only_right_of_matmuls
+                && only_read_by_matmuls
         })
         .collect();
     let mut steps = Vec::new();
@@ -117,13 +105,13 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
             steps.push(Step::Source(id));
         } else if folded[i] {
             // Read directly by the matmuls it feeds.
-        } else if let Op::MatMul { b, .. } = node.op
+        } else if let Op::MatMul { a, b } = node.op
             && node.ty.dtype == DType::F32
         {
-            let b_transposed = folded[b.index()].then(|| nodes[b.index()].op.operands()[0]);
             steps.push(Step::Gemm {
                 node: id,
-                b_transposed,
+                a_permuted: folded[a.index()].then_some(a),
+                b_permuted: folded[b.index()].then_some(b),
             });
         } else if rows_op(graph, id) {
             steps.push(Step::Rows(id));
@@ -162,7 +150,7 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
             }
         }
     }
-    // A folded transpose "runs" with its last reader, so its source lives until then.
+    // A folded permutation "runs" with its last reader, so its source lives until then.
     for m in (0..n).filter(|&m| folded[m]) {
         step_of[m] = users[m].iter().map(|&u| step_of[u]).max().unwrap_or(0);
     }

@@ -61,6 +61,15 @@ impl Pool {
     }
 }
 
+impl Drop for Pool {
+    /// What the run leaves pooled goes to the process-wide cache (bounded there), so the next
+    /// run of a graph finds its buffers instead of faulting in fresh pages.
+    fn drop(&mut self) {
+        let bufs = std::mem::take(self.bufs.get_mut().unwrap_or_else(|e| e.into_inner()));
+        bufs.into_iter().for_each(tenet_ir::recycle::give);
+    }
+}
+
 /// Compute an f32 tensor of type `ty` whose every element `fill` writes.
 pub(crate) fn make_f32(pool: &Pool, ty: &TensorType, fill: impl FnOnce(&mut [f32])) -> HostTensor {
     let n = ty.numel().unwrap_or(0) as usize;

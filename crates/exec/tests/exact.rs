@@ -215,3 +215,25 @@ fn transposes_folded_into_gemm_keep_the_bits() {
     let (inputs, weights) = random_io(&graph, 21);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
+
+#[test]
+fn permutations_folded_into_gemm_keep_the_bits() {
+    // Attention's head-major views: Q and V as [b, heads, s, d], K as [b, heads, d, s].
+    let g = GraphBuilder::new();
+    let (b, s, h, d) = (2, 37, 3, 20);
+    let q = g.input("q", DType::F32, &[b, s, h, d]);
+    let k = g.input("k", DType::F32, &[b, s, h, d]);
+    let v = g.input("v", DType::F32, &[b, s, h, d]);
+    let scores = q.permute(&[0, 2, 1, 3]).matmul(&k.permute(&[0, 2, 3, 1]));
+    let ctx = scores.matmul(&v.permute(&[0, 2, 1, 3]));
+    // A left operand read down its columns (column stride ≠ 1), broadcast over a batch axis
+    // that the permutation moved.
+    let t = g.input("t", DType::F32, &[300, 1, 41]);
+    let u = g.input("u", DType::F32, &[4, 300, 33]);
+    let y = t.permute(&[1, 2, 0]).matmul(&u);
+    let graph = g
+        .finish(&[("scores", &scores), ("ctx", &ctx), ("y", &y)])
+        .unwrap();
+    let (inputs, weights) = random_io(&graph, 23);
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}

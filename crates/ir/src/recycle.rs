@@ -28,7 +28,7 @@ pub fn take(len: usize) -> Option<Vec<u8>> {
 }
 
 /// Keep `buf` for a later [`take`], unless it is small or larger than the whole cache.
-pub(crate) fn give(buf: Vec<u8>) {
+pub fn give(buf: Vec<u8>) {
     if buf.len() < MIN_BYTES || buf.len() > MAX_HELD {
         return;
     }
