@@ -199,7 +199,7 @@ impl CpuPrepared {
             Step::Source(_) => "source",
             Step::Gemm { .. } => "gemm",
             Step::Fused(_) => "fused",
-            Step::Rows(_) => "rows",
+            Step::Rows { .. } => "rows",
             Step::Generic(id) => self.graph.node(*id).op.name(),
         }
     }
@@ -294,10 +294,31 @@ impl CpuPrepared {
                 let t = self.gemm(*id, [*a_permuted, *b_permuted], val, pool)?;
                 (*id, Val::Owned(t))
             }
-            Step::Rows(id) => {
+            Step::Rows { node: id, prologue } => {
                 let node = g.node(*id);
-                let x = f32s(val(node.op.operands()[0]));
                 let n = *node.ty.shape.last().unwrap_or(&1) as usize;
+                // The input: a tensor, or the prologue group computed block by block.
+                let externals: HashMap<NodeId, Cow<'_, [f32]>> = prologue
+                    .iter()
+                    .flat_map(|&id| g.node(id).op.operands())
+                    .filter(|o| !prologue.contains(o))
+                    .map(|o| (o, f32s(val(o))))
+                    .collect();
+                let members = if prologue.is_empty() {
+                    Vec::new()
+                } else {
+                    fused::members(g, prologue, &|o| &externals[&o][..])
+                };
+                let dims: Vec<usize> = node.ty.shape.iter().map(|&d| d as usize).collect();
+                let x = if prologue.is_empty() {
+                    RowsInput::Tensor(f32s(val(node.op.operands()[0])))
+                } else {
+                    RowsInput::Fused {
+                        level: self.backend.level,
+                        members: &members,
+                        dims: &dims,
+                    }
+                };
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
                         let (log, level) = (*op == NormOp::LogSoftmax, self.backend.level);
@@ -478,12 +499,26 @@ fn canonical_nans(o: &mut [f32]) {
         .for_each(|v| *v = tenet_reference::math::NAN);
 }
 
+/// The input of a rows step.
+enum RowsInput<'a> {
+    Tensor(Cow<'a, [f32]>),
+    /// A fused group of the output's shape, evaluated a block of rows at a time.
+    Fused {
+        level: SimdLevel,
+        members: &'a [fused::Member<'a>],
+        dims: &'a [usize],
+    },
+}
+
+/// Elements of a fused prologue computed at once: a block of rows that stays in L2.
+const PROLOGUE_BLOCK: usize = 8 * fused::CHUNK;
+
 /// Apply a row function over the last axis (`n` elements per row) on several threads. The
 /// function must leave computed NaNs canonical.
 fn rows(
     pool: &Pool,
     ty: &tenet_ir::TensorType,
-    x: &[f32],
+    x: &RowsInput<'_>,
     n: usize,
     threads: usize,
     f: impl Fn(&[f32], &mut [f32]) + Sync,
@@ -492,9 +527,27 @@ fn rows(
         if n == 0 {
             return;
         }
-        par_chunks(out, threads, n, |range, chunk| {
-            for (row, o) in x[range].chunks(n).zip(chunk.chunks_mut(n)) {
-                f(row, o);
+        par_chunks(out, threads, n, |range, chunk| match x {
+            RowsInput::Tensor(x) => {
+                for (row, o) in x[range].chunks(n).zip(chunk.chunks_mut(n)) {
+                    f(row, o);
+                }
+            }
+            RowsInput::Fused {
+                level,
+                members,
+                dims,
+            } => {
+                let block = PROLOGUE_BLOCK.max(n) / n * n;
+                let mut input = vec![0.0f32; block.min(range.len())];
+                for (b, o) in chunk.chunks_mut(block).enumerate() {
+                    let start = range.start + b * block;
+                    let input = &mut input[..o.len()];
+                    fused::eval_range(*level, members, dims, start..start + o.len(), input);
+                    for (row, o) in input.chunks(n).zip(o.chunks_mut(n)) {
+                        f(row, o);
+                    }
+                }
             }
         })
     })

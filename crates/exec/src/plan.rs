@@ -21,7 +21,11 @@ pub(crate) enum Step {
     /// node's result is materialised (the others are used only inside the group).
     Fused(Vec<NodeId>),
     /// An f32 softmax/log-softmax over the last axis, or an f32 layer/RMS norm, row-parallel.
-    Rows(NodeId),
+    /// `prologue` is a fused elementwise group (possibly empty) whose last node is the rows
+    /// op's input and is read by nothing else: it is evaluated a block of rows at a time just
+    /// before those rows are normalised, and never materialised (attention's scale-and-mask
+    /// before its softmax, a residual add before a norm).
+    Rows { node: NodeId, prologue: Vec<NodeId> },
     /// Anything else, on the reference interpreter's code.
     Generic(NodeId),
 }
@@ -114,7 +118,10 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
                 b_permuted: folded[b.index()].then_some(b),
             });
         } else if rows_op(graph, id) {
-            steps.push(Step::Rows(id));
+            steps.push(Step::Rows {
+                node: id,
+                prologue: Vec::new(),
+            });
         } else if fusable(graph, id) {
             // The longest run of fusable nodes of this shape...
             let mut end = i;
@@ -140,12 +147,18 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         i += 1;
     }
 
+    let steps = fold_prologues(graph, steps, &users, &is_output);
+
     // A node's buffer is released after the step that last reads it (outputs never).
     let mut step_of = vec![0usize; n];
     for (s, step) in steps.iter().enumerate() {
         match step {
             Step::Fused(ids) => ids.iter().for_each(|id| step_of[id.index()] = s),
-            Step::Source(id) | Step::Gemm { node: id, .. } | Step::Rows(id) | Step::Generic(id) => {
+            Step::Rows { node, prologue } => {
+                step_of[node.index()] = s;
+                prologue.iter().for_each(|id| step_of[id.index()] = s);
+            }
+            Step::Source(id) | Step::Gemm { node: id, .. } | Step::Generic(id) => {
                 step_of[id.index()] = s
             }
         }
@@ -176,4 +189,40 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         release,
         input_release,
     }
+}
+
+/// Move each fused group whose result only a rows op reads into that op's step. Only sources
+/// may lie between the two (they compute nothing the group needs), so evaluating the group
+/// later reads the same operands.
+fn fold_prologues(
+    graph: &Graph,
+    steps: Vec<Step>,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let Step::Rows { node, prologue } = step else {
+            out.push(step);
+            continue;
+        };
+        debug_assert!(prologue.is_empty());
+        let x = graph.node(node).op.operands()[0];
+        let only_for_this_op = !is_output[x.index()]
+            && users[x.index()] == [node.index()]
+            && graph.node(node).op.operands()[1..].iter().all(|&o| o != x);
+        let group = out
+            .iter()
+            .rposition(|s| !matches!(s, Step::Source(_)))
+            .filter(|&g| matches!(&out[g], Step::Fused(ids) if ids.last() == Some(&x)));
+        let prologue = match group {
+            Some(g) if only_for_this_op => match out.remove(g) {
+                Step::Fused(ids) => ids,
+                _ => unreachable!("checked to be a fused group"),
+            },
+            _ => Vec::new(),
+        };
+        out.push(Step::Rows { node, prologue });
+    }
+    out
 }

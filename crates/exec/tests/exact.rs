@@ -237,3 +237,25 @@ fn permutations_folded_into_gemm_keep_the_bits() {
     let (inputs, weights) = random_io(&graph, 23);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
+
+#[test]
+fn elementwise_prologues_folded_into_norms_keep_the_bits() {
+    // Rows long enough that a thread's share spans several prologue blocks.
+    let g = GraphBuilder::new();
+    let scores = g.input("scores", DType::F32, &[2, 3, 300, 130]);
+    let mask = g.input("mask", DType::F32, &[2, 1, 1, 130]);
+    let x = g.input("x", DType::F32, &[700, 96]);
+    let r = g.input("r", DType::F32, &[700, 96]);
+    let gamma = g.input("gamma", DType::F32, &[96]);
+    let p = (&scores / 8.0 + &mask).softmax(-1); // scale and mask fold into the softmax
+    let sum = &x + &r;
+    let l = sum.layer_norm(Some(&gamma), None, 1e-5); // the residual add folds into the norm
+    let shared = (&x * &r).exp(); // read twice: computed once, not folded
+    let n = shared.rms_norm(Some(&gamma), 1e-6);
+    let m = (&shared + 1.0).log_softmax(-1);
+    let graph = g
+        .finish(&[("p", &p), ("l", &l), ("n", &n), ("m", &m)])
+        .unwrap();
+    let (inputs, weights) = random_io(&graph, 29);
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
