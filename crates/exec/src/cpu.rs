@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::gemm::{Strided, sgemm};
-use tenet_reference::{RunError, check_inputs, eval_op, layer_norm_row, rms_norm_row};
+use tenet_kernels::norm::{self, Affine};
+use tenet_reference::{RunError, check_inputs, eval_op};
 
 use crate::fused;
 use crate::plan::{Plan, Step, plan};
@@ -335,8 +336,13 @@ impl CpuPrepared {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let bt = beta.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
+                        let affine = Affine {
+                            gamma: gm.as_deref(),
+                            beta: bt.as_deref(),
+                        };
+                        let level = self.backend.level;
                         rows(pool, &node.ty, &x, n, threads, |row, out| {
-                            layer_norm_row(row, gm.as_deref(), bt.as_deref(), eps, out);
+                            norm::layer_norm_row(level, row, affine, eps, out);
                             canonical_nans(out)
                         })
                     }
@@ -345,8 +351,9 @@ impl CpuPrepared {
                     } => {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
+                        let level = self.backend.level;
                         rows(pool, &node.ty, &x, n, threads, |row, out| {
-                            rms_norm_row(row, gm.as_deref(), eps, out);
+                            norm::rms_norm_row(level, row, gm.as_deref(), eps, out);
                             canonical_nans(out)
                         })
                     }

@@ -8,6 +8,7 @@
 
 pub mod gemm;
 pub mod memory;
+pub mod norm;
 pub mod parallel;
 mod peak;
 mod simd;

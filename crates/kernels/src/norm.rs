@@ -1,0 +1,147 @@
+//! Layer and RMS normalisation over contiguous rows, vectorised, with the reference's bits.
+//!
+//! Both sums follow the reference's 16-lane order (one AVX-512 register accumulated front to
+//! back, the last block masked, then folded 8, 4, 2, 1); the per-element finish is the same
+//! sequence of IEEE operations as `tenet_reference::layer_norm_row` / `rms_norm_row`, lane by
+//! lane. Computed NaNs are left as they fall: the caller makes them canonical. Below AVX-512
+//! the rows run on the reference's own code.
+
+use crate::SimdLevel;
+
+/// The affine part of a layer norm: optional per-column scale and shift.
+#[derive(Clone, Copy)]
+pub struct Affine<'a> {
+    pub gamma: Option<&'a [f32]>,
+    pub beta: Option<&'a [f32]>,
+}
+
+/// Layer norm of one row into `out` (`gamma`/`beta`, when given, as long as the row).
+pub fn layer_norm_row(
+    level: SimdLevel,
+    row: &[f32],
+    affine: Affine<'_>,
+    eps: f32,
+    out: &mut [f32],
+) {
+    check(row, affine.gamma, affine.beta, out);
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has; the lengths were checked.
+        SimdLevel::Avx512 => unsafe { x86::layer_norm(row, affine, eps, out) },
+        _ => tenet_reference::layer_norm_row(row, affine.gamma, affine.beta, eps, out),
+    }
+}
+
+/// RMS norm of one row into `out` (`gamma`, when given, as long as the row).
+pub fn rms_norm_row(
+    level: SimdLevel,
+    row: &[f32],
+    gamma: Option<&[f32]>,
+    eps: f32,
+    out: &mut [f32],
+) {
+    check(row, gamma, None, out);
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx512 => unsafe { x86::rms_norm(row, gamma, eps, out) },
+        _ => tenet_reference::rms_norm_row(row, gamma, eps, out),
+    }
+}
+
+fn check(row: &[f32], gamma: Option<&[f32]>, beta: Option<&[f32]>, out: &[f32]) {
+    let n = row.len();
+    assert!(
+        out.len() == n && gamma.is_none_or(|g| g.len() == n) && beta.is_none_or(|b| b.len() == n),
+        "a row, its output, gamma and beta must have the same length"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::Affine;
+
+    /// Lanes `0..len` (at most 16) of a block: the mask and the masked load (zeros elsewhere).
+    ///
+    /// # Safety
+    /// `p` points at `len.min(16)` readable floats.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block(p: *const f32, len: usize) -> (__mmask16, __m512) {
+        let mask: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
+        // SAFETY: the mask enables only the lanes the caller guarantees readable.
+        (mask, unsafe { _mm512_maskz_loadu_ps(mask, p) })
+    }
+
+    /// The reference's ordered sum of `f(x_j)` over the row.
+    #[target_feature(enable = "avx512f")]
+    fn sum(row: &[f32], f: impl Fn(__m512) -> __m512) -> f32 {
+        let mut acc = _mm512_setzero_ps();
+        for j in (0..row.len()).step_by(16) {
+            // SAFETY: `row.len() - j` floats from `j` are inside `row`.
+            let (mask, v) = unsafe { block(row.as_ptr().add(j), row.len() - j) };
+            acc = _mm512_mask_add_ps(acc, mask, acc, f(v));
+        }
+        let mut lanes = [0.0f32; 16];
+        // SAFETY: `lanes` holds 16 floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+        tenet_reference::fold_lanes(lanes)
+    }
+
+    /// `out_j = g((x_j), j)` over the row, 16 lanes at a time; `g` gets the block's start.
+    #[target_feature(enable = "avx512f")]
+    fn map(row: &[f32], out: &mut [f32], g: impl Fn(__m512, usize, __mmask16) -> __m512) {
+        for j in (0..row.len()).step_by(16) {
+            // SAFETY: `row.len() - j` floats from `j` are inside `row` and `out` (same length).
+            unsafe {
+                let (mask, v) = block(row.as_ptr().add(j), row.len() - j);
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), mask, g(v, j, mask));
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU supports AVX-512F; `out`, `gamma` and `beta` are as long as `row`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn layer_norm(row: &[f32], affine: Affine<'_>, eps: f32, out: &mut [f32]) {
+        let n = row.len() as f32;
+        let mean = sum(row, |v| v) / n;
+        let mv = _mm512_set1_ps(mean);
+        let var = sum(row, |v| {
+            let d = _mm512_sub_ps(v, mv);
+            _mm512_mul_ps(d, d)
+        }) / n;
+        let r = _mm512_set1_ps(1.0 / (var + eps).sqrt());
+        map(row, out, |v, j, mask| {
+            let mut y = _mm512_mul_ps(_mm512_sub_ps(v, mv), r);
+            if let Some(g) = affine.gamma {
+                // SAFETY: gamma is as long as the row; the mask covers lanes inside it.
+                y = _mm512_mul_ps(y, unsafe { _mm512_maskz_loadu_ps(mask, g.as_ptr().add(j)) });
+            }
+            if let Some(b) = affine.beta {
+                // SAFETY: as for gamma.
+                y = _mm512_add_ps(y, unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().add(j)) });
+            }
+            y
+        });
+    }
+
+    /// # Safety
+    /// The CPU supports AVX-512F; `out` and `gamma` are as long as `row`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn rms_norm(row: &[f32], gamma: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+        let ms = sum(row, |v| _mm512_mul_ps(v, v)) / row.len() as f32;
+        let r = _mm512_set1_ps(1.0 / (ms + eps).sqrt());
+        map(row, out, |v, j, mask| {
+            let y = _mm512_mul_ps(v, r);
+            match gamma {
+                // SAFETY: gamma is as long as the row; the mask covers lanes inside it.
+                Some(g) => {
+                    _mm512_mul_ps(y, unsafe { _mm512_maskz_loadu_ps(mask, g.as_ptr().add(j)) })
+                }
+                None => y,
+            }
+        });
+    }
+}
