@@ -299,12 +299,7 @@ impl CpuPrepared {
                 let node = g.node(*id);
                 let n = *node.ty.shape.last().unwrap_or(&1) as usize;
                 // The input: a tensor, or the prologue group computed block by block.
-                let externals: HashMap<NodeId, Cow<'_, [f32]>> = prologue
-                    .iter()
-                    .flat_map(|&id| g.node(id).op.operands())
-                    .filter(|o| !prologue.contains(o))
-                    .map(|o| (o, f32s(val(o))))
-                    .collect();
+                let externals = externals(g, prologue, &val);
                 let members = if prologue.is_empty() {
                     Vec::new()
                 } else {
@@ -364,13 +359,7 @@ impl CpuPrepared {
             Step::Fused(ids) => {
                 let last = *ids.last().expect("groups are non-empty");
                 let ty = &g.node(last).ty;
-                // Views of external operands, kept alive for the pass.
-                let externals: HashMap<NodeId, Cow<'_, [f32]>> = ids
-                    .iter()
-                    .flat_map(|&id| g.node(id).op.operands())
-                    .filter(|o| !ids.contains(o))
-                    .map(|o| (o, f32s(val(o))))
-                    .collect();
+                let externals = externals(g, ids, &val);
                 let members = fused::members(g, ids, &|o| &externals[&o][..]);
                 let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
                 let t = make_f32(pool, ty, |out| {
@@ -504,6 +493,19 @@ fn canonical_nans(o: &mut [f32]) {
     o.iter_mut()
         .filter(|v| v.is_nan())
         .for_each(|v| *v = tenet_reference::math::NAN);
+}
+
+/// f32 views of the operands a fused group reads from outside itself, kept alive for its pass.
+fn externals<'v>(
+    g: &Graph,
+    ids: &[NodeId],
+    val: &impl Fn(NodeId) -> &'v HostTensor,
+) -> HashMap<NodeId, Cow<'v, [f32]>> {
+    ids.iter()
+        .flat_map(|&id| g.node(id).op.operands())
+        .filter(|o| !ids.contains(o))
+        .map(|o| (o, f32s(val(o))))
+        .collect()
 }
 
 /// The input of a rows step.
