@@ -9,10 +9,10 @@ use tenet_kernels::gemm::{Strided, sgemm};
 use tenet_kernels::norm::{self, Affine};
 use tenet_reference::{RunError, check_inputs, eval_op};
 
-use crate::fused;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
 use crate::{Backend, ExecError, Prepared, RunStats};
+use crate::{fused, movement};
 
 /// Runs graphs on this machine's cores at a chosen SIMD level.
 #[derive(Clone, Debug)]
@@ -280,7 +280,7 @@ impl CpuPrepared {
                 let operands: Vec<&HostTensor> =
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies; everything else is the reference's code.
-                let moved = crate::movement::eval(pool, *id, &node.op, &node.ty, &operands);
+                let moved = movement::eval(pool, *id, &node.op, &node.ty, &operands);
                 let value = match moved {
                     Some(r) => r?,
                     None => eval_op(*id, &node.op, &node.ty, &operands, seed)?,
@@ -298,26 +298,23 @@ impl CpuPrepared {
             Step::Rows { node: id, prologue } => {
                 let node = g.node(*id);
                 let n = *node.ty.shape.last().unwrap_or(&1) as usize;
+                let level = self.backend.level;
                 // The input: a tensor, or the prologue group computed block by block.
                 let externals = externals(g, prologue, &val);
-                let members = if prologue.is_empty() {
-                    Vec::new()
-                } else {
-                    fused::members(g, prologue, &|o| &externals[&o][..])
-                };
+                let members = (!prologue.is_empty())
+                    .then(|| fused::members(g, prologue, &|o| &externals[&o][..]));
                 let dims: Vec<usize> = node.ty.shape.iter().map(|&d| d as usize).collect();
-                let x = if prologue.is_empty() {
-                    RowsInput::Tensor(f32s(val(node.op.operands()[0])))
-                } else {
-                    RowsInput::Fused {
-                        level: self.backend.level,
-                        members: &members,
+                let x = match &members {
+                    None => RowsInput::Tensor(f32s(val(node.op.operands()[0]))),
+                    Some(members) => RowsInput::Fused {
+                        level,
+                        members,
                         dims: &dims,
-                    }
+                    },
                 };
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
-                        let (log, level) = (*op == NormOp::LogSoftmax, self.backend.level);
+                        let log = *op == NormOp::LogSoftmax;
                         rows(pool, &node.ty, &x, n, threads, |row, out| {
                             tenet_kernels::softmax::softmax_rows(level, log, row, row.len(), out)
                         })
@@ -335,7 +332,6 @@ impl CpuPrepared {
                             gamma: gm.as_deref(),
                             beta: bt.as_deref(),
                         };
-                        let level = self.backend.level;
                         rows(pool, &node.ty, &x, n, threads, |row, out| {
                             norm::layer_norm_row(level, row, affine, eps, out);
                             canonical_nans(out)
@@ -346,7 +342,6 @@ impl CpuPrepared {
                     } => {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
-                        let level = self.backend.level;
                         rows(pool, &node.ty, &x, n, threads, |row, out| {
                             norm::rms_norm_row(level, row, gm.as_deref(), eps, out);
                             canonical_nans(out)
@@ -467,22 +462,14 @@ impl CpuPrepared {
         permuted: Option<NodeId>,
         val: &impl Fn(NodeId) -> &'v HostTensor,
     ) -> (&'v HostTensor, Vec<usize>) {
-        let row_major = |shape: &[u64]| {
-            let mut strides = vec![1usize; shape.len()];
-            for d in (0..shape.len().saturating_sub(1)).rev() {
-                strides[d] = strides[d + 1] * shape[d + 1] as usize;
-            }
-            strides
-        };
         match permuted.map(|p| &self.graph.node(p).op) {
             Some(Op::Permute { x, perm }) => {
                 let source = val(*x);
-                let own = row_major(source.shape());
-                (source, perm.iter().map(|&p| own[p as usize]).collect())
+                (source, movement::permuted_strides(source.shape(), perm))
             }
             _ => {
                 let t = val(id);
-                (t, row_major(t.shape()))
+                (t, movement::strides(t.shape()))
             }
         }
     }

@@ -8,12 +8,19 @@ use tenet_reference::RunError;
 use crate::view::Pool;
 
 /// Row-major strides (in elements) of `shape`.
-fn strides(shape: &[u64]) -> Vec<usize> {
+pub(crate) fn strides(shape: &[u64]) -> Vec<usize> {
     let mut s = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1] as usize;
     }
     s
+}
+
+/// The strides of `permute(x, perm)` read in place: axis `d` steps like axis `perm[d]` of a
+/// row-major `x` of shape `source`.
+pub(crate) fn permuted_strides(source: &[u64], perm: &[u32]) -> Vec<usize> {
+    let own = strides(source);
+    perm.iter().map(|&p| own[p as usize]).collect()
 }
 
 /// Output element `i` (row-major over `shape`) is source element `base + Σ idx[d]·step[d]`;
@@ -172,7 +179,7 @@ pub(crate) fn eval(
     Some(Ok(match op {
         Op::Reshape { .. } => tensor(ty, x.bytes().to_vec()),
         Op::Permute { perm, .. } => {
-            let step: Vec<usize> = perm.iter().map(|&p| src_strides[p as usize]).collect();
+            let step = permuted_strides(x.shape(), perm);
             copied(pool, ty, |out| {
                 strided_copy(x.bytes(), size, 0, &ty.shape, &step, out)
             })
