@@ -214,12 +214,14 @@ async fn upload_run_commit_reveal() {
         tensor::hash(&expected[0].1)
     );
 
-    // A large output is stored as a blob instead of travelling inline.
+    // A large output is stored as a blob instead of travelling inline. At over 1 MiB it is
+    // hashed in parallel subtrees, sent as header and tensor bytes unjoined, and received into
+    // a recycled buffer.
     let g = GraphBuilder::new();
-    let a = g.input("a", DType::F32, &[300, 300]);
+    let a = g.input("a", DType::F32, &[600, 600]);
     let big = g.finish(&[("e", &a.exp())]).unwrap();
     let task = c.put_blob(big.to_bytes()).await.unwrap().hash;
-    let a_t = tensor_of(&[300, 300], 4);
+    let a_t = tensor_of(&[600, 600], 4);
     let committed = c
         .run_job(&job("job-big", task, &[("a", &a_t)]))
         .await
@@ -235,6 +237,19 @@ async fn upload_run_commit_reveal() {
         tensor::decode(&bytes).unwrap().bytes(),
         expected[0].1.bytes()
     );
+    // The output reaches the store in the background; once there (and fetched), the memory
+    // copy is dropped and later fetches read the disk.
+    let mut stored = false;
+    for _ in 0..200 {
+        stored = c.has_blob(&h).await.unwrap().is_some();
+        if stored {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(stored, "a large output is written to the blob store");
+    assert_eq!(c.get_blob(&h).await.unwrap(), bytes);
+    assert_eq!(c.get_blob(&h).await.unwrap(), bytes);
 }
 
 /// Send bytes on a fresh socket, half-close, and read the answer: (status, body).

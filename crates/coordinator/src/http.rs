@@ -8,7 +8,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response};
@@ -16,7 +15,7 @@ use serde_json::{Value, json};
 use tenet_ir::{Graph, HostTensor, Op};
 use tenet_ledger::{AssignmentState, JobRecord, JobState, Ledger, NodeRecord, NodeState};
 use tenet_node::gate::Gate;
-use tenet_node::http::{Reply, collect_body, error_reply, json_reply};
+use tenet_node::http::{Reply, body, collect_body, error_reply, json_reply};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -176,7 +175,7 @@ impl<L: Ledger + 'static> Service<L> {
         };
         let body = collect_body(req, self.access.max_request_bytes).await?;
         if let Some(a) = auth
-            && Hash::of(&body) != a.body_hash
+            && tenet_node::digest::hash_parts(&[&body]) != a.body_hash
         {
             return Err(ApiError::new(
                 ErrorCode::BadSignature,
@@ -217,7 +216,7 @@ impl<L: Ledger + 'static> Service<L> {
 
     fn public(&self, path: &str) -> Result<Reply, ApiError> {
         if path == "/openapi.json" {
-            let mut r = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
+            let mut r = Response::new(body(Bytes::from_static(OPENAPI.as_bytes())));
             r.headers_mut()
                 .insert("content-type", HeaderValue::from_static("application/json"));
             return Ok(r);

@@ -71,10 +71,13 @@ impl Backend for CpuBackend {
         if let Some(limit) = self.memory_limit.filter(|&l| needed > l) {
             return Err(ExecError::TooLarge { needed, limit });
         }
+        let cost = graph.cost();
+        let min = tenet_kernels::parallel::MIN_PARALLEL_ELEMS as u64;
         Ok(Box::new(CpuPrepared {
             graph: graph.clone(),
             plan: plan(graph),
             backend: self.clone(),
+            parallel: self.threads > 1 && (cost.flops >= min || cost.bytes_written >= 4 * min),
         }))
     }
 }
@@ -83,6 +86,10 @@ struct CpuPrepared {
     graph: Graph,
     plan: Plan,
     backend: CpuBackend,
+    /// Whether any step may be big enough to share out. A graph too small for that runs without
+    /// waking the pool's helpers: each would spin on a core for nothing, which on a 2-core node
+    /// serving tiny jobs costs every request a core.
+    parallel: bool,
 }
 
 /// A node's value: borrowed from the caller (inputs) or owned.
@@ -110,7 +117,11 @@ impl Prepared for CpuPrepared {
     ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
         // The steps run on a pool worker, so the parts each step hands out are waited for by
         // working instead of by sleeping (tenet_kernels::parallel::on_workers).
-        tenet_kernels::parallel::on_workers(|| self.run_steps(inputs, weights, seed, stop))
+        if self.parallel {
+            tenet_kernels::parallel::on_workers(|| self.run_steps(inputs, weights, seed, stop))
+        } else {
+            self.run_steps(inputs, weights, seed, stop)
+        }
     }
 }
 

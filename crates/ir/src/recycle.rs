@@ -40,6 +40,22 @@ pub fn give(buf: Vec<u8>) {
     held.push(buf);
 }
 
+/// A buffer that goes back to the cache when dropped: for lending a buffer to an owner that
+/// frees it later, such as `bytes::Bytes::from_owner`.
+pub struct Recycled(pub Vec<u8>);
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        give(std::mem::take(&mut self.0));
+    }
+}
+
 /// Bytes held now (for tests and metrics).
 pub fn held_bytes() -> usize {
     HELD.lock()
@@ -68,5 +84,12 @@ mod tests {
             give(vec![1u8; len]);
         }
         assert!(held_bytes() <= MAX_HELD);
+    }
+
+    #[test]
+    fn a_lent_buffer_comes_back_when_dropped() {
+        let len = MIN_BYTES + 4091;
+        drop(Recycled(vec![3u8; len]));
+        assert_eq!(take(len).map(|b| b[len - 1]), Some(3));
     }
 }

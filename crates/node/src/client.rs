@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
+use tenet_ir::recycle::{self, Recycled};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::wire::{
     Batch, BatchResults, BlobStored, Committed, JobStatus, NodeInfo, Resident, Revealed, RunJob,
@@ -144,7 +145,7 @@ impl NodeClient {
 
     /// The signature headers for a request.
     pub fn auth_headers(&self, method: &Method, path: &str, body: &[u8]) -> Vec<(String, String)> {
-        self.auth_headers_hashed(method, path, &Hash::of(body))
+        self.auth_headers_hashed(method, path, &crate::digest::hash_parts(&[body]))
     }
 
     /// [`NodeClient::auth_headers`] for a body whose hash is already known.
@@ -213,12 +214,14 @@ impl NodeClient {
             .await
             .map_err(|e| self.transport(e))?;
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
+        let declared = resp
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let body = read_body(resp.into_body(), declared)
             .await
-            .map_err(|e| self.transport(e))?
-            .to_bytes();
+            .map_err(|e| self.transport(e))?;
         *guard = Some(sender);
         Ok(RawResponse { status, body })
     }
@@ -263,7 +266,7 @@ impl NodeClient {
     /// Upload `bytes` as a blob unless the node already has it.
     pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<BlobStored, ClientError> {
         let bytes = bytes.into();
-        let hash = Hash::of(&bytes);
+        let hash = crate::digest::hash_parts(&[&bytes]);
         if self.has_blob(&hash).await?.is_some() {
             return Ok(BlobStored {
                 hash,
@@ -277,7 +280,7 @@ impl NodeClient {
     /// Upload `bytes` as a blob without asking first whether the node has it.
     pub async fn upload_blob(&self, bytes: impl Into<Bytes>) -> Result<BlobStored, ClientError> {
         let bytes = bytes.into();
-        let hash = Hash::of(&bytes);
+        let hash = crate::digest::hash_parts(&[&bytes]);
         self.put_hashed(bytes, &hash).await
     }
 
@@ -403,3 +406,31 @@ fn parse_answer<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Clien
         message: format!("the answer does not parse: {e}"),
     })
 }
+
+/// A response body as one buffer. A large one (a blob) is copied frame by frame into a buffer
+/// from the recycle cache, which it returns to when the caller drops it: collecting the frames
+/// first would make hyper allocate, and fault in, fresh memory for every frame and then again
+/// for the joined copy.
+async fn read_body(
+    body: hyper::body::Incoming,
+    declared: Option<usize>,
+) -> Result<Bytes, hyper::Error> {
+    // A declared length sizes the buffer only up to a bound: a lying header must not make the
+    // client reserve without limit (a body longer than declared is an HTTP error in hyper).
+    let Some(len) = declared.filter(|n| (recycle::MIN_BYTES..=MAX_RESERVE).contains(n)) else {
+        return Ok(body.collect().await?.to_bytes());
+    };
+    let mut out = recycle::take(len).unwrap_or_default();
+    out.clear();
+    out.reserve_exact(len);
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from_owner(Recycled(out)))
+}
+
+/// The most a declared Content-Length reserves up front.
+const MAX_RESERVE: usize = 1 << 30;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -22,8 +22,22 @@ use tokio::net::TcpListener;
 use crate::errors::{bad_request, not_found, store_error};
 use crate::service::Node;
 
+/// A reply's bytes: one buffer, or two sent back to back without being joined (a tensor
+/// blob's header and the tensor's bytes, written with one `writev`).
+pub type Payload = bytes::buf::Chain<Bytes, Bytes>;
+
 /// What every handler answers.
-pub type Reply = Response<Full<Bytes>>;
+pub type Reply = Response<Full<Payload>>;
+
+/// A payload of one buffer.
+pub fn payload(bytes: impl Into<Bytes>) -> Payload {
+    bytes.into().chain(Bytes::new())
+}
+
+/// A reply body of one buffer.
+pub fn body(bytes: impl Into<Bytes>) -> Full<Payload> {
+    Full::new(payload(bytes))
+}
 
 /// The largest read buffer per connection: big bodies arrive in big reads (hyper's default of
 /// about 400 KiB makes a 4 MiB upload take several times as long on loopback).
@@ -139,7 +153,7 @@ async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Reply {
 
 /// An error as a response, with the status its code carries.
 pub fn error_reply(e: &ApiError) -> Reply {
-    let mut r = Response::new(Full::new(Bytes::from(e.to_json())));
+    let mut r = Response::new(body(e.to_json()));
     *r.status_mut() =
         StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     r.headers_mut().insert(
@@ -153,7 +167,7 @@ pub fn error_reply(e: &ApiError) -> Reply {
 pub fn json_reply<T: serde::Serialize>(value: &T) -> Result<Reply, ApiError> {
     let body = serde_json::to_vec(value)
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("encoding the answer: {e}")))?;
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let mut r = Response::new(self::body(body));
     r.headers_mut().insert(
         "content-type",
         hyper::header::HeaderValue::from_static("application/json"),
@@ -161,12 +175,11 @@ pub fn json_reply<T: serde::Serialize>(value: &T) -> Result<Reply, ApiError> {
     Ok(r)
 }
 
-fn bytes_reply(node: &Node, body: impl Into<Bytes>) -> Reply {
-    let body = body.into();
+fn bytes_reply(node: &Node, payload: Payload) -> Reply {
     node.metrics
         .bytes_out
-        .fetch_add(body.len() as u64, Ordering::Relaxed);
-    let mut r = Response::new(Full::new(body));
+        .fetch_add(payload.remaining() as u64, Ordering::Relaxed);
+    let mut r = Response::new(Full::new(payload));
     r.headers_mut().insert(
         "content-type",
         hyper::header::HeaderValue::from_static("application/octet-stream"),
@@ -207,7 +220,7 @@ async fn read_body(
     node.metrics
         .bytes_in
         .fetch_add(buf.len() as u64, Ordering::Relaxed);
-    if Hash::of(&buf) != auth.body_hash {
+    if crate::digest::hash_parts(&[&buf]) != auth.body_hash {
         return Err(ApiError::new(
             ErrorCode::BadSignature,
             "the body does not hash to the signed x-tenet-body-hash: it was altered or cut short",
@@ -260,7 +273,7 @@ async fn dispatch(
     match route {
         "info" => return json_reply(node.info()),
         "metrics" => {
-            let mut r = Response::new(Full::new(Bytes::from(node.metrics_text())));
+            let mut r = Response::new(body(node.metrics_text()));
             r.headers_mut().insert(
                 "content-type",
                 hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -298,7 +311,7 @@ async fn dispatch(
                     .store()
                     .contains(&hash)
                     .ok_or_else(|| not_found(format!("no blob {hash}")))?;
-                let mut r = Response::new(Full::new(Bytes::new()));
+                let mut r = Response::new(body(Bytes::new()));
                 r.headers_mut().insert("content-length", size.into());
                 Ok(r)
             } else {
@@ -334,7 +347,7 @@ async fn dispatch(
                 let body = read_body(node, req, &auth, limit).await?;
                 json_reply(&node.put_tensor(sid, name, &body)?)
             }
-            Method::GET => Ok(bytes_reply(node, node.get_tensor(sid, name)?)),
+            Method::GET => Ok(bytes_reply(node, payload(node.get_tensor(sid, name)?))),
             _ => {
                 node.free_tensor(sid, name)?;
                 json_reply(&serde_json::json!({"freed": name}))

@@ -12,6 +12,7 @@ mod body;
 pub mod cheat;
 pub mod client;
 pub mod config;
+pub mod digest;
 mod engine;
 mod errors;
 pub mod gate;

@@ -32,6 +32,12 @@ impl<V> Lru<V> {
         })
     }
 
+    pub fn remove(&mut self, k: &Hash) {
+        if let Some((_, w, _)) = self.map.remove(k) {
+            self.weight -= w;
+        }
+    }
+
     /// Keep `v` unless it alone outweighs the whole cache.
     pub fn insert(&mut self, k: Hash, v: Arc<V>, weight: u64) {
         if weight > self.capacity {
@@ -78,5 +84,8 @@ mod tests {
         c.insert(h(1), Arc::new(5), 2);
         assert_eq!(*c.get(&h(1)).unwrap(), 5);
         assert_eq!(c.weight, 6);
+        c.remove(&h(3));
+        assert!(c.get(&h(3)).is_none());
+        assert_eq!(c.weight, 2);
     }
 }

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use tenet_exec::CpuBackend;
 use tenet_ir::HostTensor;
+use tenet_ir::recycle::Recycled;
 use tenet_models::WeightsFile;
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{
@@ -25,6 +26,7 @@ use crate::config::{ConfigError, NodeConfig};
 use crate::engine::{Engine, JobLimits, Task};
 use crate::errors::{bad_request, internal, not_found, store_error};
 use crate::gate::Gate;
+use crate::http::{Payload, payload};
 use crate::identity::{self, KeyFileError, random_bytes};
 use crate::lru::Lru;
 use crate::observe::{EventLog, Metrics};
@@ -45,12 +47,27 @@ const TINY_JOB_BYTES: u64 = 1 << 20;
 /// blob store, in the background).
 const OUTPUT_CACHE_BYTES: u64 = 512 << 20;
 
+/// A large job output in memory. It stays until it has been fetched once and written to the
+/// store (or until newer outputs push it out); later fetches read the store.
+struct HeldOutput {
+    blob: Payload,
+    fetched: AtomicBool,
+    stored: AtomicBool,
+}
+
+impl HeldOutput {
+    /// Whether the memory copy has done its job: fetched, and safe on disk for any later fetch.
+    fn done(&self) -> bool {
+        self.fetched.load(Ordering::SeqCst) && self.stored.load(Ordering::SeqCst)
+    }
+}
+
 /// A job's result before it is recorded.
 struct Executed {
     committed: Committed,
     revealed: Revealed,
-    /// Outputs too large to travel inline, as blobs.
-    large: Vec<(Hash, Bytes)>,
+    /// Outputs too large to travel inline, as blobs (header and tensor bytes).
+    large: Vec<(Hash, Payload)>,
 }
 
 /// Why a node could not start.
@@ -116,7 +133,7 @@ pub struct Node {
     sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
     resident_bytes: AtomicU64,
     /// Large job outputs, for `GET /v1/blobs` without a trip to the disk.
-    outputs: Mutex<Lru<Bytes>>,
+    outputs: Arc<Mutex<Lru<HeldOutput>>>,
     pub(crate) gate: Gate,
     /// Set only on a node told to lie (demos and tests).
     cheat: Option<crate::cheat::Cheat>,
@@ -206,7 +223,7 @@ impl Node {
             jobs: Mutex::new(JobTable::default()),
             sessions: Mutex::new(HashMap::new()),
             resident_bytes: AtomicU64::new(0),
-            outputs: Mutex::new(Lru::new(OUTPUT_CACHE_BYTES)),
+            outputs: Arc::new(Mutex::new(Lru::new(OUTPUT_CACHE_BYTES))),
             cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
             events,
             metrics: Metrics::default(),
@@ -251,7 +268,7 @@ impl Node {
         let mut inline = HashMap::new();
         for (hash, hex) in &req.blobs {
             let bytes = hex_blob(hex, &format!("inline blob {}", hash.short()))?;
-            let actual = Hash::of(&bytes);
+            let actual = crate::digest::hash_parts(&[&bytes]);
             if actual != *hash {
                 return Err(ApiError::new(
                     ErrorCode::HashMismatch,
@@ -402,23 +419,27 @@ impl Node {
             Some(c) => outputs.into_iter().map(|(n, t)| (n, c.apply(t))).collect(),
             None => outputs,
         };
-        // Each output is encoded once and hashed once (a tensor blob's address is its hash).
+        // Each output is hashed once (a tensor blob's address is its hash). A large one keeps
+        // its buffer: the blob is a short header chained to the tensor's own bytes, not a copy.
         let total: usize = outputs.iter().map(|(_, t)| t.bytes().len()).sum();
         let mut refs = Vec::with_capacity(outputs.len());
         let mut inline_blobs = std::collections::BTreeMap::new();
         let mut large = Vec::new();
-        for (name, t) in &outputs {
-            let blob = Bytes::from(tensor::encode(t));
-            let hash = Hash::of(&blob);
+        for (name, t) in outputs {
+            let header = tensor::header(t.ty());
+            let hash = crate::digest::hash_parts(&[&header, t.bytes()]);
             refs.push(OutputRef {
-                name: name.clone(),
+                name,
                 hash,
                 ty: t.ty().to_string(),
             });
             if total <= INLINE_OUTPUT_BYTES {
-                inline_blobs.insert(hash, tenet_proto::to_hex(&blob));
+                inline_blobs.insert(hash, tenet_proto::to_hex(&tensor::encode(&t)));
             } else {
-                large.push((hash, blob));
+                // Back to the recycle cache once fetched and stored: the next job's output of
+                // this size then needs no fresh pages.
+                let data = Bytes::from_owner(Recycled(t.into_bytes()));
+                large.push((hash, Bytes::from(header).chain(data)));
             }
         }
         let digest = output_hash(&refs);
@@ -472,21 +493,42 @@ impl Node {
 
     /// Keep a large output fetchable: in memory now, in the blob store soon (without fsync: an
     /// output can be recomputed, and the job record that names it does not survive a crash).
-    fn keep_output(&self, hash: Hash, blob: Bytes) {
-        let store = self.store.clone();
-        let copy = blob.clone();
-        tokio::task::spawn_blocking(move || {
-            let _ = store.put_unsynced(&hash, &copy);
+    fn keep_output(&self, hash: Hash, blob: Payload) {
+        let size = blob.remaining() as u64;
+        let held = Arc::new(HeldOutput {
+            blob,
+            fetched: AtomicBool::new(false),
+            stored: AtomicBool::new(false),
         });
-        lock(&self.outputs).insert(hash, Arc::new(blob.clone()), blob.len() as u64);
+        lock(&self.outputs).insert(hash, held.clone(), size);
+        let (store, outputs) = (self.store.clone(), self.outputs.clone());
+        tokio::task::spawn_blocking(move || {
+            let parts = [held.blob.first_ref().as_ref(), held.blob.last_ref()];
+            if store.put_unsynced(&hash, &parts).is_ok() {
+                held.stored.store(true, Ordering::SeqCst);
+                if held.done() {
+                    lock(&outputs).remove(&hash);
+                }
+            }
+        });
     }
 
     /// A blob: a recent job output from memory, or from the store.
-    pub fn blob(&self, hash: &Hash) -> Result<Bytes, ApiError> {
-        if let Some(b) = lock(&self.outputs).get(hash) {
-            return Ok((*b).clone());
+    pub fn blob(&self, hash: &Hash) -> Result<Payload, ApiError> {
+        let held = lock(&self.outputs).get(hash);
+        if let Some(held) = held {
+            let blob = held
+                .blob
+                .first_ref()
+                .clone()
+                .chain(held.blob.last_ref().clone());
+            held.fetched.store(true, Ordering::SeqCst);
+            if held.done() {
+                lock(&self.outputs).remove(hash);
+            }
+            return Ok(blob);
         }
-        self.store.get(hash).map(Bytes::from).map_err(store_error)
+        self.store.get(hash).map(payload).map_err(store_error)
     }
 
     /// Where a job is.
@@ -667,12 +709,12 @@ impl Node {
     }
 
     /// A resident tensor (in any session) or a stored blob with this hash: what peers pull.
-    pub fn tensor_by_hash(&self, hash: &Hash) -> Result<Bytes, ApiError> {
+    pub fn tensor_by_hash(&self, hash: &Hash) -> Result<Payload, ApiError> {
         let sessions: Vec<_> = lock(&self.sessions).values().cloned().collect();
         for s in sessions {
             let s = lock(&s);
             if let Some(r) = s.tensors.values().find(|r| r.hash == *hash) {
-                return Ok(Bytes::from(tensor::encode(&r.tensor)));
+                return Ok(payload(tensor::encode(&r.tensor)));
             }
         }
         self.blob(hash)
@@ -822,7 +864,7 @@ impl Node {
             .tensor_by_hash(hash)
             .await
             .map_err(|e| failed(format!("pulling {} from {peer}: {e}", hash.short())))?;
-        if Hash::of(&bytes) != *hash {
+        if crate::digest::hash_parts(&[&bytes]) != *hash {
             return Err(failed(format!(
                 "peer {peer} sent bytes that do not hash to {hash}"
             )));

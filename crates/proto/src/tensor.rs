@@ -28,11 +28,20 @@ pub enum TensorBlobError {
 
 /// The blob of `t`.
 pub fn encode(t: &HostTensor) -> Vec<u8> {
-    let ty = t.ty().to_string();
-    let mut out = Vec::with_capacity(ty.len() + 1 + t.bytes().len());
+    let mut out = header(t.ty());
+    out.reserve_exact(t.bytes().len());
+    out.extend_from_slice(t.bytes());
+    out
+}
+
+/// What a tensor blob of type `ty` starts with: its canonical type text and a NUL. The blob is
+/// this header followed by the tensor's bytes, so a sender holding the tensor can send the two
+/// without joining them.
+pub fn header(ty: &TensorType) -> Vec<u8> {
+    let ty = ty.to_string();
+    let mut out = Vec::with_capacity(ty.len() + 1);
     out.extend_from_slice(ty.as_bytes());
     out.push(0);
-    out.extend_from_slice(t.bytes());
     out
 }
 

@@ -219,14 +219,17 @@ impl Store {
     pub fn put_unsynced(
         self: &Arc<Self>,
         expected: &Hash,
-        bytes: &[u8],
+        parts: &[&[u8]],
     ) -> Result<bool, StoreError> {
         if self.contains(expected).is_some() {
             return Ok(true);
         }
-        let mut w = self.writer(*expected, Some(bytes.len() as u64))?;
+        let size = parts.iter().map(|p| p.len() as u64).sum();
+        let mut w = self.writer(*expected, Some(size))?;
         w.durable = false;
-        w.write(bytes)?;
+        for part in parts {
+            w.write(part)?;
+        }
         w.finish()
     }
 
