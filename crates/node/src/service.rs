@@ -504,7 +504,7 @@ impl Node {
         let (store, outputs) = (self.store.clone(), self.outputs.clone());
         tokio::task::spawn_blocking(move || {
             let parts = [held.blob.first_ref().as_ref(), held.blob.last_ref()];
-            if store.put_unsynced(&hash, &parts).is_ok() {
+            if store.put_computed(&hash, &parts).is_ok() {
                 held.stored.store(true, Ordering::SeqCst);
                 if held.done() {
                     lock(&outputs).remove(&hash);

@@ -214,9 +214,11 @@ impl Store {
         w.finish()
     }
 
-    /// `put` without fsync, whatever the store's setting: for blobs that can be recomputed
-    /// (job outputs), where a crash losing them loses nothing the caller relied on.
-    pub fn put_unsynced(
+    /// Store bytes the caller computed and addressed itself (job outputs): not hashed again,
+    /// and not fsynced whatever the store's setting, since they can be recomputed and a crash
+    /// losing them loses nothing a caller relied on. Still written to a temporary file and
+    /// renamed, so a partial blob is never visible.
+    pub fn put_computed(
         self: &Arc<Self>,
         expected: &Hash,
         parts: &[&[u8]],
@@ -227,6 +229,7 @@ impl Store {
         let size = parts.iter().map(|p| p.len() as u64).sum();
         let mut w = self.writer(*expected, Some(size))?;
         w.durable = false;
+        w.hasher = None;
         for part in parts {
             w.write(part)?;
         }
@@ -271,7 +274,7 @@ impl Store {
             declared,
             reserved: reserve,
             written: 0,
-            hasher: blake3::Hasher::new(),
+            hasher: Some(blake3::Hasher::new()),
             durable: self.config.durable,
             file: Some(std::io::BufWriter::with_capacity(256 << 10, file)),
             tmp,
@@ -378,7 +381,8 @@ pub struct BlobWriter {
     declared: Option<u64>,
     reserved: u64,
     written: u64,
-    hasher: blake3::Hasher,
+    /// None for bytes whose address the caller computed ([`Store::put_computed`]).
+    hasher: Option<blake3::Hasher>,
     durable: bool,
     file: Option<std::io::BufWriter<fs::File>>,
     tmp: PathBuf,
@@ -404,7 +408,9 @@ impl BlobWriter {
             self.store.make_room(after - self.reserved)?;
             self.reserved = after;
         }
-        self.hasher.update(bytes);
+        if let Some(h) = self.hasher.as_mut() {
+            h.update(bytes);
+        }
         if let Some(f) = self.file.as_mut() {
             f.write_all(bytes).map_err(io(&self.tmp))?;
         }
@@ -426,12 +432,14 @@ impl BlobWriter {
                 declared: d,
             });
         }
-        let actual: Hash = self.hasher.finalize().into();
-        if actual != self.expected {
-            return Err(StoreError::HashMismatch {
-                expected: self.expected,
-                actual,
-            });
+        if let Some(h) = &self.hasher {
+            let actual: Hash = h.finalize().into();
+            if actual != self.expected {
+                return Err(StoreError::HashMismatch {
+                    expected: self.expected,
+                    actual,
+                });
+            }
         }
         let file = self.file.take().expect("finish runs once");
         let file = file

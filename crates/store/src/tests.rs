@@ -88,3 +88,25 @@ fn least_recently_used_unpinned_blobs_are_evicted_under_the_quota() {
     assert!(s.contains(&a).is_some());
     assert_eq!(s.stats().blobs, 1, "everything unpinned was evicted trying");
 }
+
+#[test]
+fn computed_blobs_are_joined_from_parts_and_kept_under_the_callers_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), config(1 << 20)).unwrap();
+    let (head, data) = (b"f32[3]\0".as_slice(), [1u8; 12].as_slice());
+    let whole = [head, data].concat();
+    let h = Hash::of(&whole);
+    assert!(!s.put_computed(&h, &[head, data]).unwrap());
+    assert_eq!(s.get(&h).unwrap(), whole);
+    assert!(s.put_computed(&h, &[head, data]).unwrap(), "already stored");
+    // Too large for the store: refused, and nothing left behind.
+    let big = vec![0u8; (1 << 20) + 1];
+    assert!(matches!(
+        s.put_computed(&Hash::of(&big), &[&big]),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    drop(s);
+    let s = Store::open(dir.path(), config(1 << 20)).unwrap();
+    assert_eq!(s.get(&h).unwrap(), whole);
+}
