@@ -67,11 +67,11 @@ impl Backend for CpuBackend {
     }
 
     fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError> {
-        let needed = graph.cost().peak_bytes;
+        let cost = graph.cost();
+        let needed = cost.peak_bytes;
         if let Some(limit) = self.memory_limit.filter(|&l| needed > l) {
             return Err(ExecError::TooLarge { needed, limit });
         }
-        let cost = graph.cost();
         let min = tenet_kernels::parallel::MIN_PARALLEL_ELEMS as u64;
         Ok(Box::new(CpuPrepared {
             graph: graph.clone(),
@@ -203,9 +203,7 @@ impl CpuPrepared {
         stats.peak_bytes = peak;
         Ok((outs, stats))
     }
-}
 
-impl CpuPrepared {
     fn step_kind(&self, step: &Step) -> &'static str {
         match step {
             Step::Source(_) => "source",
@@ -462,9 +460,7 @@ impl CpuPrepared {
         };
         result.map(|()| t)
     }
-}
 
-impl CpuPrepared {
     /// A matmul operand as a tensor and the stride, in elements, of each of the operand's axes:
     /// its own row-major layout, or for a folded permutation its source's layout permuted.
     fn operand<'v>(

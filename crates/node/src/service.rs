@@ -50,12 +50,18 @@ const OUTPUT_CACHE_BYTES: u64 = 512 << 20;
 /// A large job output in memory. It stays until it has been fetched once and written to the
 /// store (or until newer outputs push it out); later fetches read the store.
 struct HeldOutput {
-    blob: Payload,
+    header: Bytes,
+    data: Bytes,
     fetched: AtomicBool,
     stored: AtomicBool,
 }
 
 impl HeldOutput {
+    /// The blob, as handles on the held bytes.
+    fn payload(&self) -> Payload {
+        self.header.clone().chain(self.data.clone())
+    }
+
     /// Whether the memory copy has done its job: fetched, and safe on disk for any later fetch.
     fn done(&self) -> bool {
         self.fetched.load(Ordering::SeqCst) && self.stored.load(Ordering::SeqCst)
@@ -434,7 +440,9 @@ impl Node {
                 ty: t.ty().to_string(),
             });
             if total <= INLINE_OUTPUT_BYTES {
-                inline_blobs.insert(hash, tenet_proto::to_hex(&tensor::encode(&t)));
+                let mut blob = header;
+                blob.extend_from_slice(t.bytes());
+                inline_blobs.insert(hash, tenet_proto::to_hex(&blob));
             } else {
                 // Back to the recycle cache once fetched and stored: the next job's output of
                 // this size then needs no fresh pages.
@@ -495,16 +503,20 @@ impl Node {
     /// output can be recomputed, and the job record that names it does not survive a crash).
     fn keep_output(&self, hash: Hash, blob: Payload) {
         let size = blob.remaining() as u64;
+        let (header, data) = blob.into_inner();
         let held = Arc::new(HeldOutput {
-            blob,
+            header,
+            data,
             fetched: AtomicBool::new(false),
             stored: AtomicBool::new(false),
         });
         lock(&self.outputs).insert(hash, held.clone(), size);
         let (store, outputs) = (self.store.clone(), self.outputs.clone());
         tokio::task::spawn_blocking(move || {
-            let parts = [held.blob.first_ref().as_ref(), held.blob.last_ref()];
-            if store.put_computed(&hash, &parts).is_ok() {
+            if store
+                .put_computed(&hash, &[&held.header, &held.data])
+                .is_ok()
+            {
                 held.stored.store(true, Ordering::SeqCst);
                 if held.done() {
                     lock(&outputs).remove(&hash);
@@ -517,11 +529,7 @@ impl Node {
     pub fn blob(&self, hash: &Hash) -> Result<Payload, ApiError> {
         let held = lock(&self.outputs).get(hash);
         if let Some(held) = held {
-            let blob = held
-                .blob
-                .first_ref()
-                .clone()
-                .chain(held.blob.last_ref().clone());
+            let blob = held.payload();
             held.fetched.store(true, Ordering::SeqCst);
             if held.done() {
                 lock(&self.outputs).remove(hash);
