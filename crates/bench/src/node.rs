@@ -110,13 +110,21 @@ fn spawn_node(
     Ok((guard, addr))
 }
 
-/// Start `exe node` on a free loopback port with `threads` threads per job, run the workloads,
-/// stop it (and a second node with `--no-fsync`, for uploads). `progress` hears what is being
-/// measured.
+/// How to run the node benchmark.
+pub struct NodeBenchOptions {
+    /// Threads per job on the node (and for the local matmul).
+    pub threads: usize,
+    /// Fewer repetitions.
+    pub quick: bool,
+    /// The busy-poll window of the node (`--busy-poll-us`) and of the client, µs.
+    pub busy_poll_us: u64,
+}
+
+/// Start `exe node` on a free loopback port, run the workloads, stop it (and a second node
+/// with `--no-fsync`, for uploads). `progress` hears what is being measured.
 pub fn run(
     exe: &Path,
-    threads: usize,
-    quick: bool,
+    options: &NodeBenchOptions,
     mut progress: impl FnMut(&str),
 ) -> Result<NodeReport, String> {
     let dir = std::env::temp_dir().join(format!("tenet-bench-node-{}", std::process::id()));
@@ -125,12 +133,24 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+    let busy = options.busy_poll_us.to_string();
+    let client = |addr: &str| {
+        NodeClient::new(addr, key.clone())
+            .map(|c| c.with_busy_poll(std::time::Duration::from_micros(options.busy_poll_us)))
+            .map_err(|e| e.to_string())
+    };
     let report = (|| {
-        let (_node, addr) = spawn_node(exe, &dir.join("durable"), &key, threads, &[])?;
-        let mut report = rt.block_on(measure(&addr, key.clone(), threads, quick, &mut progress))?;
-        let (_fast, addr) = spawn_node(exe, &dir.join("no-fsync"), &key, threads, &["--no-fsync"])?;
+        let (threads, quick) = (options.threads, options.quick);
+        let spawn = |name: &str, extra: &[&str]| {
+            let args = [&["--busy-poll-us", busy.as_str()], extra].concat();
+            spawn_node(exe, &dir.join(name), &key, threads, &args)
+        };
+        let (_node, addr) = spawn("durable", &[])?;
+        let c = client(&addr)?;
+        let mut report = rt.block_on(measure(&c, threads, quick, &mut progress))?;
+        let (_fast, addr) = spawn("no-fsync", &["--no-fsync"])?;
         progress("4 MiB uploads to a node started with --no-fsync");
-        let c = NodeClient::new(&addr, key.clone()).map_err(|e| e.to_string())?;
+        let c = client(&addr)?;
         let up = rt.block_on(uploads(&c, quick))?;
         report.rows.push(NodeRow {
             name: "4 MiB upload (hashed, --no-fsync)",
@@ -197,6 +217,51 @@ fn tcp_floor(reps: usize) -> Result<(f64, f64), String> {
     Ok((quantile(&rtt, 0.5), quantile(&ms, 0.5)))
 }
 
+/// Median µs of a 200-byte ping-pong over loopback TCP with neither side ever sleeping (both
+/// spin on non-blocking sockets): the round trip without the cost of waking a thread.
+fn tcp_spinning_floor(reps: usize) -> Result<f64, String> {
+    use std::io::{ErrorKind, Read, Write};
+    fn read_spinning(s: &mut std::net::TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            match s.read(&mut buf[got..]) {
+                Ok(0) => return Ok(false),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+    let io = |e: std::io::Error| e.to_string();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        s.set_nonblocking(true)?;
+        let mut msg = [0u8; 200];
+        while read_spinning(&mut s, &mut msg)? {
+            s.write_all(&msg)?;
+        }
+        Ok(())
+    });
+    let mut s = std::net::TcpStream::connect(addr).map_err(io)?;
+    s.set_nodelay(true).map_err(io)?;
+    s.set_nonblocking(true).map_err(io)?;
+    let mut msg = [1u8; 200];
+    let mut rtt = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        s.write_all(&msg).map_err(io)?;
+        read_spinning(&mut s, &mut msg).map_err(io)?;
+        rtt.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(s);
+    let _ = echo.join();
+    Ok(quantile(&rtt, 0.5))
+}
+
 /// Median µs to sign and to verify a request-sized message.
 fn signature_costs() -> (f64, f64) {
     let key = identity::generate();
@@ -234,24 +299,30 @@ async fn uploads(c: &NodeClient, quick: bool) -> Result<f64, String> {
 }
 
 async fn measure(
-    addr: &str,
-    key: tenet_proto::auth::KeyPair,
+    c: &NodeClient,
     threads: usize,
     quick: bool,
     progress: &mut impl FnMut(&str),
 ) -> Result<NodeReport, String> {
-    let c = NodeClient::new(addr, key).map_err(|e| e.to_string())?;
     let err = |e: tenet_node::ClientError| e.to_string();
     let info = c.info().await.map_err(err)?;
     let mut rows = Vec::new();
     let reps = if quick { 200 } else { 2000 };
 
     // The floors: bare loopback TCP and the signatures every job pays for.
-    progress("floors: bare loopback TCP, Ed25519");
+    progress("floors: bare loopback TCP (sleeping, then spinning), Ed25519");
     let (rtt, four_mib) = tcp_floor(reps)?;
     rows.push(NodeRow {
         name: "floor: bare TCP round trip on loopback, 200 B",
         value: rtt,
+        unit: "µs",
+        p99: None,
+        goal: None,
+        peer: "",
+    });
+    rows.push(NodeRow {
+        name: "floor: bare TCP round trip, neither side sleeping",
+        value: tcp_spinning_floor(reps)?,
         unit: "µs",
         p99: None,
         goal: None,
@@ -296,7 +367,7 @@ async fn measure(
         signed_us.push(t.elapsed().as_secs_f64() * 1e6);
     }
     rows.push(NodeRow {
-        name: "unsigned round trip (GET /v1/info)",
+        name: "round trip, nothing verified (GET /v1/info)",
         value: quantile(&info_us, 0.5),
         unit: "µs",
         p99: Some(quantile(&info_us, 0.99)),
@@ -406,7 +477,7 @@ async fn measure(
 
     // 4 MiB uploads of fresh bytes (no HEAD skip), hashed while streamed, fsynced.
     progress("4 MiB uploads");
-    let up = uploads(&c, quick).await?;
+    let up = uploads(c, quick).await?;
     rows.push(NodeRow {
         name: "4 MiB upload (hashed, fsynced: the default)",
         value: up,

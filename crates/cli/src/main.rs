@@ -55,6 +55,10 @@ enum BenchWhat {
         /// Threads per job on the node (and for the local matmul) [default: all cores].
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
+        /// Busy-poll window of the node and of the client, µs (0 measures without busy
+        /// polling).
+        #[arg(long, value_name = "MICROS", default_value_t = tenet_node::client::DEFAULT_BUSY_POLL.as_micros() as u64)]
+        busy_poll_us: u64,
     },
     /// Start a coordinator and nodes on 127.0.0.1 and call a small task from many concurrent
     /// clients over the REST API: jobs/s and latency percentiles, every answer verified, and
@@ -229,7 +233,7 @@ enum Command {
     #[command(after_help = "Examples:\n  tenet key new coordinator.key\n  \
         tenet node --trust $(tenet key show coordinator.key)\n  \
         tenet node --open --listen 127.0.0.1:0 --data-dir /tmp/node1 --event-log -")]
-    Node(node_cmd::NodeArgs),
+    Node(Box<node_cmd::NodeArgs>),
     /// Is honesty a node's best strategy? Expected values of honest and dishonest play under
     /// spot-checking (EigenTensor's model), and the smallest check rate α that keeps honesty
     /// dominant.
@@ -493,6 +497,7 @@ fn run(cli: Cli) -> Result<()> {
                     json,
                     quick,
                     threads,
+                    busy_poll_us,
                 }),
             ..
         } => {
@@ -500,7 +505,12 @@ fn run(cli: Cli) -> Result<()> {
                 .unwrap_or(tenet_exec::CpuBackend::auto().threads())
                 .max(1);
             let exe = std::env::current_exe().context("finding the tenet binary")?;
-            let report = tenet_bench::node::run(&exe, threads, quick, |what| {
+            let options = tenet_bench::node::NodeBenchOptions {
+                threads,
+                quick,
+                busy_poll_us,
+            };
+            let report = tenet_bench::node::run(&exe, &options, |what| {
                 eprintln!("tenet bench node: {what}...")
             })
             .map_err(anyhow::Error::msg)?;

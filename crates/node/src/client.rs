@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -91,7 +92,12 @@ pub struct NodeClient {
     addr: String,
     key: KeyPair,
     conn: Mutex<Option<SendRequest<Tracked>>>,
+    busy_poll: Duration,
 }
+
+/// How long a client spins waiting for an answer before sleeping (`busy`): a tiny job's
+/// answer comes back well within it.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 
 /// `http://host:port` or `host:port` → `host:port`.
 fn authority(url: &str) -> Option<String> {
@@ -108,7 +114,14 @@ impl NodeClient {
             addr,
             key,
             conn: Mutex::new(None),
+            busy_poll: DEFAULT_BUSY_POLL,
         })
+    }
+
+    /// Spin at most `window` waiting for each answer before sleeping (zero: sleep at once).
+    pub fn with_busy_poll(mut self, window: Duration) -> NodeClient {
+        self.busy_poll = window;
+        self
     }
 
     pub fn url(&self) -> String {
@@ -209,8 +222,7 @@ impl NodeClient {
             None => Tracked::whole(raw.body),
         };
         let req = req.body(body).map_err(|e| self.transport(e))?;
-        let resp = sender
-            .send_request(req)
+        let resp = crate::busy::spin_wait(sender.send_request(req), self.busy_poll)
             .await
             .map_err(|e| self.transport(e))?;
         let status = resp.status().as_u16();

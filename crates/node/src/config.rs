@@ -43,6 +43,9 @@ pub struct NodeConfig {
     pub durable: bool,
     /// How far a request's clock may be from the node's.
     pub max_clock_skew_secs: u64,
+    /// After each request, keep the event loop spinning this long (µs) so that the next
+    /// request is read at once instead of after a wake-up (`busy`); 0 = sleep at once.
+    pub busy_poll_us: u64,
     /// What the node asks per GFLOP (advertised in `/v1/info`).
     pub price_per_gflop: f64,
     /// Write every request and job phase as a JSON line here (`-` = standard error).
@@ -74,6 +77,7 @@ impl Default for NodeConfig {
             session_memory_bytes: 2 << 30,
             durable: true,
             max_clock_skew_secs: tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
+            busy_poll_us: crate::client::DEFAULT_BUSY_POLL.as_micros() as u64,
             price_per_gflop: 0.0,
             event_log: None,
             cheat: None,

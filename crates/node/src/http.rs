@@ -19,6 +19,7 @@ use tenet_proto::wire::{Batch, BlobStored, RunJob};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tokio::net::TcpListener;
 
+use crate::busy::BusyPoll;
 use crate::errors::{bad_request, not_found, store_error};
 use crate::service::Node;
 
@@ -50,10 +51,19 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// finish (up to ten seconds), and flush the event log.
 pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let handler_node = node.clone();
+    let busy = BusyPoll::new(Duration::from_micros(node.config().busy_poll_us));
+    let spinner = tokio::spawn(busy.clone().run());
     serve_connections(listener, shutdown, move |req| {
-        handle(handler_node.clone(), req)
+        let (node, busy) = (handler_node.clone(), busy.clone());
+        busy.touch();
+        async move {
+            let reply = handle(node, req).await;
+            busy.touch();
+            reply
+        }
     })
     .await;
+    spinner.abort();
     node.events.emit("shutdown", serde_json::Value::Null);
     node.events.close();
 }

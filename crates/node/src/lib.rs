@@ -9,6 +9,7 @@
 //! format itself lives in `tenet-proto`, the blob store in `tenet-store`.
 
 mod body;
+pub mod busy;
 pub mod cheat;
 pub mod client;
 pub mod config;
@@ -38,7 +39,13 @@ pub fn run_blocking(
     config: NodeConfig,
     ready: impl FnOnce(std::net::SocketAddr, &Arc<Node>),
 ) -> Result<(), StartError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // A busy-polling worker sees its sockets only if no other worker sleeps holding the I/O
+    // driver; jobs run on their own threads anyway, so one event-loop thread is enough.
+    if config.busy_poll_us > 0 {
+        runtime.worker_threads(1);
+    }
+    let runtime = runtime
         .enable_all()
         .thread_name("tenet-node")
         .build()
