@@ -12,7 +12,7 @@ use tenet_reference::{RunError, check_inputs, eval_op};
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
 use crate::{Backend, ExecError, Prepared, RunStats};
-use crate::{fused, movement};
+use crate::{fused, movement, reduce};
 
 /// Runs graphs on this machine's cores at a chosen SIMD level.
 #[derive(Clone, Debug)]
@@ -288,11 +288,14 @@ impl CpuPrepared {
                 let node = g.node(*id);
                 let operands: Vec<&HostTensor> =
                     node.op.operands().iter().map(|&o| val(o)).collect();
-                // Movement ops are strided copies; everything else is the reference's code.
-                let moved = movement::eval(pool, *id, &node.op, &node.ty, &operands);
-                let value = match moved {
+                // Movement ops are strided copies, f32 sums and means the kernels' ordered
+                // sums; everything else is the reference's code.
+                let value = match movement::eval(pool, *id, &node.op, &node.ty, &operands) {
                     Some(r) => r?,
-                    None => eval_op(*id, &node.op, &node.ty, &operands, seed)?,
+                    None => match reduce::eval(pool, &node.op, &node.ty, &operands, threads) {
+                        Some(t) => t,
+                        None => eval_op(*id, &node.op, &node.ty, &operands, seed)?,
+                    },
                 };
                 (*id, Val::Owned(value))
             }

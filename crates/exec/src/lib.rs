@@ -12,6 +12,7 @@ mod cpu;
 mod fused;
 mod movement;
 mod plan;
+mod reduce;
 mod view;
 
 use std::collections::HashMap;

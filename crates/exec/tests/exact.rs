@@ -259,3 +259,22 @@ fn elementwise_prologues_folded_into_norms_keep_the_bits() {
     let (inputs, weights) = random_io(&graph, 29);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
+
+#[test]
+fn sums_and_means_over_every_axis_set_keep_the_bits() {
+    // Inner dims of 37 and 40 give both the side-by-side path (16 outputs at a time) and the
+    // one-output tail; 1 and 0 give degenerate runs.
+    for shape in [[3i64, 50, 37], [2, 17, 40], [4, 1, 33], [2, 0, 5]] {
+        let axis_sets: [&[i64]; 7] = [&[0], &[1], &[2], &[0, 1], &[1, 2], &[0, 2], &[0, 1, 2]];
+        for axes in axis_sets {
+            let g = GraphBuilder::new();
+            let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+            let x = g.input("x", DType::F32, &dims);
+            let s = x.sum(axes, false);
+            let m = x.mean(axes, true);
+            let graph = g.finish(&[("s", &s), ("m", &m)]).unwrap();
+            let (inputs, weights) = random_io(&graph, 5 + axes.len() as u64);
+            assert_same_everywhere(&graph, &inputs, &weights, 0);
+        }
+    }
+}

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod norm;
 pub mod parallel;
 mod peak;
+pub mod reduce;
 mod simd;
 pub mod softmax;
 pub mod vmath;
