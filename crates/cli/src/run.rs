@@ -125,6 +125,36 @@ pub struct RunArgs {
     /// Run on the slow reference interpreter instead of the fast executor (same bits).
     #[arg(long)]
     pub reference: bool,
+    /// Print where the time went to standard error: wall time per kind of step (gemm, fused
+    /// elementwise passes, rows for softmax and norms, movement ops…) and peak tensor memory.
+    #[arg(long, conflicts_with = "reference")]
+    pub profile: bool,
+}
+
+/// `--profile`'s table: the run's time by kind of step, largest first.
+fn profile(graph: &Graph, backend: &str, total_ms: f64, stats: &tenet_exec::RunStats) -> String {
+    let mut s = format!(
+        "profile of graph {} on {backend}: {total_ms:.2} ms (planning included), peak tensor memory {:.1} MiB\n",
+        graph.id().short(),
+        stats.peak_bytes as f64 / (1 << 20) as f64
+    );
+    s += &format!(
+        "{:<12} {:>6} {:>10} {:>7}\n",
+        "step kind", "steps", "ms", "share"
+    );
+    let mut kinds = stats.time_by_kind.clone();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.nanos));
+    for k in &kinds {
+        let ms = k.nanos as f64 / 1e6;
+        s += &format!(
+            "{:<12} {:>6} {:>10.3} {:>6.1}%\n",
+            k.kind,
+            k.steps,
+            ms,
+            100.0 * ms / total_ms.max(1e-9)
+        );
+    }
+    s
 }
 
 pub fn run(o: &RunArgs) -> Result<()> {
@@ -162,10 +192,16 @@ pub fn run(o: &RunArgs) -> Result<()> {
             }
             backend = CpuBackend::new(t, backend.level());
         }
-        backend
+        let started = std::time::Instant::now();
+        let (outputs, stats) = backend
             .prepare(&graph)?
-            .run(&inputs, &weights, o.seed)
-            .with_context(context)?
+            .run_with_stats(&inputs, &weights, o.seed)
+            .with_context(context)?;
+        if o.profile {
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            eprint!("{}", profile(&graph, &backend.name(), ms, &stats));
+        }
+        outputs
     };
     write_requested(&outputs, &o.outputs)?;
     if o.json {

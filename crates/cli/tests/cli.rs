@@ -749,3 +749,45 @@ fn economics_prices_honesty_and_finds_the_smallest_check_rate() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--alpha must be a probability"));
 }
+
+#[test]
+fn run_profile_says_where_the_time_went() {
+    let x = tmp("x8.json");
+    std::fs::write(
+        &x,
+        serde_json::to_string(&vec![vec![0.25f32; 64]; 8]).unwrap(),
+    )
+    .unwrap();
+    let input = format!("x={}", x.display());
+    let args = [
+        "run",
+        "examples/mlp.tg",
+        "--weights",
+        "examples/mlp.safetensors",
+        "-i",
+        &input,
+        "--profile",
+    ];
+    let o = tenet(&args);
+    assert!(
+        stdout(&o).contains("probs"),
+        "the outputs are still printed"
+    );
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("profile of graph") && e.contains("step kind"),
+        "{e}"
+    );
+    // Two matmuls, two fused bias passes (add, add + relu) and one softmax.
+    let steps = |kind: &str| {
+        e.lines()
+            .find(|l| l.split_whitespace().next() == Some(kind))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or_else(|| panic!("no {kind} line in {e}"))
+            .to_string()
+    };
+    assert_eq!(steps("gemm"), "2");
+    assert_eq!(steps("rows"), "1");
+    let e = stderr_of_failure(&[&args[..], &["--reference"]].concat());
+    assert!(e.contains("cannot be used with"), "{e}");
+}
