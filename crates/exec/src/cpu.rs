@@ -290,13 +290,16 @@ impl CpuPrepared {
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies, f32 sums and means the kernels' ordered
                 // sums; everything else is the reference's code.
-                let value = match movement::eval(pool, *id, &node.op, &node.ty, &operands) {
-                    Some(r) => r?,
-                    None => match reduce::eval(pool, &node.op, &node.ty, &operands, threads) {
-                        Some(t) => t,
-                        None => eval_op(*id, &node.op, &node.ty, &operands, seed)?,
-                    },
-                };
+                let value =
+                    if let Some(moved) = movement::eval(pool, *id, &node.op, &node.ty, &operands) {
+                        moved?
+                    } else if let Some(sums) =
+                        reduce::eval(pool, &node.op, &node.ty, &operands, threads)
+                    {
+                        sums
+                    } else {
+                        eval_op(*id, &node.op, &node.ty, &operands, seed)?
+                    };
                 (*id, Val::Owned(value))
             }
             Step::Gemm {
