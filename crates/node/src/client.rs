@@ -222,7 +222,12 @@ impl NodeClient {
             None => Tracked::whole(raw.body),
         };
         let req = req.body(body).map_err(|e| self.transport(e))?;
-        let resp = crate::busy::spin_wait(sender.send_request(req), self.busy_poll)
+        // While the answer is on its way, make the nonce for the next request's signature.
+        let key = &self.key;
+        let refill = || {
+            key.refill_nonce(random_bytes());
+        };
+        let resp = crate::busy::spin_wait(sender.send_request(req), self.busy_poll, refill)
             .await
             .map_err(|e| self.transport(e))?;
         let status = resp.status().as_u16();

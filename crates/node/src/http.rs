@@ -52,7 +52,12 @@ const DRAIN: Duration = Duration::from_secs(10);
 pub async fn serve(node: Arc<Node>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let handler_node = node.clone();
     let busy = BusyPoll::new(Duration::from_micros(node.config().busy_poll_us));
-    let spinner = tokio::spawn(busy.clone().run());
+    // Between requests the spinner makes the nonces for the next commitment signatures.
+    let key = node.key().clone();
+    let spinner = tokio::spawn(
+        busy.clone()
+            .run(move || key.refill_nonce(crate::identity::random_bytes())),
+    );
     serve_connections(listener, shutdown, move |req| {
         let (node, busy) = (handler_node.clone(), busy.clone());
         busy.touch();

@@ -39,12 +39,14 @@ pub fn run_blocking(
     config: NodeConfig,
     ready: impl FnOnce(std::net::SocketAddr, &Arc<Node>),
 ) -> Result<(), StartError> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
     // A busy-polling worker sees its sockets only if no other worker sleeps holding the I/O
-    // driver; jobs run on their own threads anyway, so one event-loop thread is enough.
-    if config.busy_poll_us > 0 {
-        runtime.worker_threads(1);
-    }
+    // driver; jobs run on their own threads anyway, so one event-loop thread is enough, and
+    // the single-threaded scheduler turns around a spin faster than a pool of one.
+    let mut runtime = if config.busy_poll_us > 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
     let runtime = runtime
         .enable_all()
         .thread_name("tenet-node")

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod commit;
 pub mod error;
 mod hash;
+mod nonces;
 pub mod receipt;
 pub mod tensor;
 pub mod wire;
