@@ -210,6 +210,7 @@ impl CpuPrepared {
             Step::Gemm { .. } => "gemm",
             Step::Fused(_) => "fused",
             Step::Rows { .. } => "rows",
+            Step::Attention { .. } => "attention",
             Step::Generic(id) => self.graph.node(*id).op.name(),
         }
     }
@@ -310,12 +311,32 @@ impl CpuPrepared {
                 let t = self.gemm(*id, [*a_permuted, *b_permuted], val, pool)?;
                 (*id, Val::Owned(t))
             }
+            Step::Attention {
+                scores,
+                softmax,
+                out,
+            } => {
+                let gemm = |step: &Step| match *step {
+                    Step::Gemm {
+                        node,
+                        a_permuted,
+                        b_permuted,
+                    } => (node, [a_permuted, b_permuted]),
+                    _ => unreachable!("the planner folds two GEMM steps into attention"),
+                };
+                let Step::Rows { node, prologue } = &**softmax else {
+                    unreachable!("the planner folds a rows step into attention")
+                };
+                let (s, o) = (gemm(scores), gemm(out));
+                let t = self.attention(s, (*node, prologue), o, val, pool)?;
+                (o.0, Val::Owned(t))
+            }
             Step::Rows { node: id, prologue } => {
                 let node = g.node(*id);
                 let n = *node.ty.shape.last().unwrap_or(&1) as usize;
                 let level = self.backend.level;
                 // The input: a tensor, or the prologue group computed block by block.
-                let externals = externals(g, prologue, &val);
+                let externals = externals(g, prologue, &|o| Some(val(o)));
                 let members = (!prologue.is_empty())
                     .then(|| fused::members(g, prologue, &|o| &externals[&o][..]));
                 let dims: Vec<usize> = node.ty.shape.iter().map(|&d| d as usize).collect();
@@ -369,7 +390,7 @@ impl CpuPrepared {
             Step::Fused(ids) => {
                 let last = *ids.last().expect("groups are non-empty");
                 let ty = &g.node(last).ty;
-                let externals = externals(g, ids, &val);
+                let externals = externals(g, ids, &|o| Some(val(o)));
                 let members = fused::members(g, ids, &|o| &externals[&o][..]);
                 let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
                 let t = make_f32(pool, ty, |out| {
@@ -383,29 +404,31 @@ impl CpuPrepared {
         })
     }
 
-    fn gemm<'v>(
+    /// A batched matmul's operands, addressed per batch entry. With `a_elsewhere` the left
+    /// operand is not looked up (attention's probabilities live in scratch): its row-major
+    /// layout is assumed and `Batched::a` must not be called.
+    fn batched<'v>(
         &self,
         id: NodeId,
         permuted: [Option<NodeId>; 2],
-        val: impl Fn(NodeId) -> &'v HostTensor,
-        pool: &Pool,
-    ) -> Result<HostTensor, ExecError> {
+        val: &impl Fn(NodeId) -> &'v HostTensor,
+        a_elsewhere: bool,
+    ) -> Batched<'v> {
         let node = self.graph.node(id);
         let Op::MatMul { a, b } = node.op else {
             unreachable!("gemm steps are matmuls")
         };
         let r = node.ty.rank();
         let batch: Vec<u64> = node.ty.shape[..r - 2].to_vec();
-        let (ta, a_strides) = self.operand(a, permuted[0], &val);
-        let (tb, b_strides) = self.operand(b, permuted[1], &val);
-        let (av, bv) = (f32s(ta), f32s(tb));
         let (a_shape, b_shape) = (&self.graph.node(a).ty.shape, &self.graph.node(b).ty.shape);
+        let (av, a_strides) = if a_elsewhere {
+            (Cow::Borrowed(&[][..]), movement::strides(a_shape))
+        } else {
+            let (ta, strides) = self.operand(a, permuted[0], val);
+            (f32s(ta), strides)
+        };
+        let (tb, b_strides) = self.operand(b, permuted[1], val);
         let ra = a_shape.len();
-        let (m, k, n) = (
-            a_shape[ra - 2] as usize,
-            a_shape[ra - 1] as usize,
-            node.ty.shape[r - 1] as usize,
-        );
         // Flat offset of each output batch's matrix within an operand, by broadcasting.
         let offsets = |shape: &[u64], strides: &[usize]| -> Vec<usize> {
             let own = &shape[..shape.len() - 2];
@@ -425,13 +448,33 @@ impl CpuPrepared {
                 })
                 .collect()
         };
-        let (oa, ob) = (offsets(a_shape, &a_strides), offsets(b_shape, &b_strides));
-        let (a_rs, a_cs) = (a_strides[ra - 2], a_strides[ra - 1]);
         let rb = b_shape.len();
-        let (b_rs, b_cs) = (b_strides[rb - 2], b_strides[rb - 1]);
+        Batched {
+            m: a_shape[ra - 2] as usize,
+            k: a_shape[ra - 1] as usize,
+            n: node.ty.shape[r - 1] as usize,
+            oa: offsets(a_shape, &a_strides),
+            ob: offsets(b_shape, &b_strides),
+            a_strides: (a_strides[ra - 2], a_strides[ra - 1]),
+            b_strides: (b_strides[rb - 2], b_strides[rb - 1]),
+            av,
+            bv: f32s(tb),
+        }
+    }
+
+    fn gemm<'v>(
+        &self,
+        id: NodeId,
+        permuted: [Option<NodeId>; 2],
+        val: impl Fn(NodeId) -> &'v HostTensor,
+        pool: &Pool,
+    ) -> Result<HostTensor, ExecError> {
+        let node = self.graph.node(id);
+        let op = self.batched(id, permuted, &val, false);
+        let (m, n, k) = (op.m, op.n, op.k);
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
-        let batches = oa.len();
+        let batches = op.oa.len();
         let (outer, inner) = if batches >= self.backend.threads {
             (self.backend.threads, 1)
         } else {
@@ -443,17 +486,7 @@ impl CpuPrepared {
             par_chunks(out, outer, m * n, |range, chunk| {
                 let first = range.start / (m * n).max(1);
                 for (bi, c) in chunk.chunks_mut((m * n).max(1)).enumerate() {
-                    let (x, y) = (oa[first + bi], ob[first + bi]);
-                    let a = Strided {
-                        data: &av[x..],
-                        rs: a_rs,
-                        cs: a_cs,
-                    };
-                    let b = Strided {
-                        data: &bv[y..],
-                        rs: b_rs,
-                        cs: b_cs,
-                    };
+                    let (a, b) = (op.a(first + bi), op.b(first + bi));
                     if let Err(e) = sgemm(level, inner, m, n, k, a, b, c, n) {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                     }
@@ -465,6 +498,86 @@ impl CpuPrepared {
             None => Ok(()),
         };
         result.map(|()| t)
+    }
+
+    /// [`Step::Attention`]: for each batch entry, on the thread that owns it, the scores into
+    /// a scratch matrix, the prologue and softmax row by row into a second one, then the
+    /// product with V into the output. Every part is the kernel its unfused step runs.
+    #[allow(clippy::too_many_arguments)]
+    fn attention<'v>(
+        &self,
+        scores: (NodeId, [Option<NodeId>; 2]),
+        softmax: (NodeId, &[NodeId]),
+        out: (NodeId, [Option<NodeId>; 2]),
+        val: impl Fn(NodeId) -> &'v HostTensor,
+        pool: &Pool,
+    ) -> Result<HostTensor, ExecError> {
+        let g = &self.graph;
+        let (s_id, (p_id, prologue), o_id) = (scores.0, softmax, out.0);
+        let qk = self.batched(s_id, scores.1, &val, false);
+        let pv = self.batched(o_id, out.1, &val, true);
+        let (m, n1, n2) = (qk.m, qk.n, pv.n);
+        debug_assert_eq!((pv.m, pv.k), (m, n1));
+        let log = matches!(
+            g.node(p_id).op,
+            Op::Normalize {
+                op: NormOp::LogSoftmax,
+                ..
+            }
+        );
+        let dims: Vec<usize> = g.node(p_id).ty.shape.iter().map(|&d| d as usize).collect();
+        // The prologue's other operands (the mask, the scale); the scores come from scratch.
+        let externals: HashMap<NodeId, Cow<'v, [f32]>> = externals(g, prologue, &|o| {
+            if o == s_id { None } else { Some(val(o)) }
+        });
+        let level = self.backend.level;
+        let batches = qk.oa.len();
+        let outer = self.backend.threads.clamp(1, batches.max(1));
+        let failed = std::sync::Mutex::new(None);
+        let fail = |id: NodeId, e: tenet_kernels::gemm::GemmError| {
+            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, e.to_string()));
+        };
+        let t = make_f32(pool, &g.node(o_id).ty, |o| {
+            par_chunks(o, outer, m * n2, |range, chunk| {
+                let first = range.start / (m * n2).max(1);
+                let (mut s, mut x, mut p) = (vec![0.0; m * n1], Vec::new(), vec![0.0; m * n1]);
+                for (bi, c) in chunk.chunks_mut((m * n2).max(1)).enumerate() {
+                    let at = first + bi;
+                    if let Err(e) = sgemm(level, 1, m, n1, qk.k, qk.a(at), qk.b(at), &mut s, n1) {
+                        return fail(s_id, e);
+                    }
+                    // The softmax's input: the scores, or the prologue over them.
+                    let input = if prologue.is_empty() {
+                        &s
+                    } else {
+                        let origin = at * m * n1;
+                        let window = (s_id, &s[..], origin);
+                        let members = fused::members_with_window(
+                            g,
+                            prologue,
+                            &|o| &externals[&o][..],
+                            window,
+                        );
+                        x.resize(m * n1, 0.0);
+                        fused::eval_range(level, &members, &dims, origin..origin + m * n1, &mut x);
+                        &x
+                    };
+                    if n1 > 0 {
+                        for (row, out) in input.chunks(n1).zip(p.chunks_mut(n1)) {
+                            tenet_kernels::softmax::softmax_rows(level, log, row, n1, out);
+                        }
+                    }
+                    let probs = Strided::row_major(&p, n1);
+                    if let Err(e) = sgemm(level, 1, m, n2, n1, probs, pv.b(at), c, n2) {
+                        return fail(o_id, e);
+                    }
+                }
+            })
+        });
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some((node, message)) => Err(ExecError::Kernel { node, message }),
+            None => Ok(t),
+        }
     }
 
     /// A matmul operand as a tensor and the stride, in elements, of each of the operand's axes:
@@ -495,17 +608,50 @@ fn canonical_nans(o: &mut [f32]) {
         .for_each(|v| *v = tenet_reference::math::NAN);
 }
 
-/// f32 views of the operands a fused group reads from outside itself, kept alive for its pass.
+/// f32 views of the operands a fused group reads from outside itself, kept alive for its pass,
+/// where `val` has them (`None`: supplied some other way).
 fn externals<'v>(
     g: &Graph,
     ids: &[NodeId],
-    val: &impl Fn(NodeId) -> &'v HostTensor,
+    val: &impl Fn(NodeId) -> Option<&'v HostTensor>,
 ) -> HashMap<NodeId, Cow<'v, [f32]>> {
     ids.iter()
         .flat_map(|&id| g.node(id).op.operands())
         .filter(|o| !ids.contains(o))
-        .map(|o| (o, f32s(val(o))))
+        .filter_map(|o| Some((o, f32s(val(o)?))))
         .collect()
+}
+
+/// A batched matmul's operands: entry `i` multiplies A from `oa[i]` by B from `ob[i]`.
+struct Batched<'v> {
+    av: Cow<'v, [f32]>,
+    bv: Cow<'v, [f32]>,
+    oa: Vec<usize>,
+    ob: Vec<usize>,
+    /// (row, column) strides of A and of B.
+    a_strides: (usize, usize),
+    b_strides: (usize, usize),
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+impl Batched<'_> {
+    fn a(&self, i: usize) -> Strided<'_> {
+        Strided {
+            data: &self.av[self.oa[i]..],
+            rs: self.a_strides.0,
+            cs: self.a_strides.1,
+        }
+    }
+
+    fn b(&self, i: usize) -> Strided<'_> {
+        Strided {
+            data: &self.bv[self.ob[i]..],
+            rs: self.b_strides.0,
+            cs: self.b_strides.1,
+        }
+    }
 }
 
 /// The input of a rows step.

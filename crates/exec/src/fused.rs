@@ -22,6 +22,9 @@ pub(crate) enum Src<'a> {
     Member(usize),
     /// An external tensor of the output's shape.
     Full(&'a [f32]),
+    /// Part of an external tensor of the output's shape: its elements from flat index
+    /// `origin` on (attention's scores, one batch entry at a time).
+    Window { data: &'a [f32], origin: usize },
     /// A single value broadcast everywhere.
     Scalar(f32),
     /// An external tensor broadcast to the output shape: `strides[d]` is 0 on broadcast axes.
@@ -47,6 +50,26 @@ pub(crate) fn members<'a>(
     ids: &[NodeId],
     value: &dyn Fn(NodeId) -> &'a [f32],
 ) -> Vec<Member<'a>> {
+    members_with(graph, ids, value, None)
+}
+
+/// [`members`], with external `window.0` (of the output's shape) present only as `window.1`,
+/// its elements from flat index `window.2` on: evaluate only ranges inside it.
+pub(crate) fn members_with_window<'a>(
+    graph: &Graph,
+    ids: &[NodeId],
+    value: &dyn Fn(NodeId) -> &'a [f32],
+    window: (NodeId, &'a [f32], usize),
+) -> Vec<Member<'a>> {
+    members_with(graph, ids, value, Some(window))
+}
+
+fn members_with<'a>(
+    graph: &Graph,
+    ids: &[NodeId],
+    value: &dyn Fn(NodeId) -> &'a [f32],
+    window: Option<(NodeId, &'a [f32], usize)>,
+) -> Vec<Member<'a>> {
     let out_shape = &graph
         .node(*ids.last().expect("groups are non-empty"))
         .ty
@@ -54,6 +77,11 @@ pub(crate) fn members<'a>(
     let src = |o: NodeId| -> Src<'a> {
         if let Some(m) = ids.iter().position(|&x| x == o) {
             return Src::Member(m);
+        }
+        if let Some((w, data, origin)) = window
+            && w == o
+        {
+            return Src::Window { data, origin };
         }
         let shape = &graph.node(o).ty.shape;
         let data = value(o);
@@ -107,6 +135,7 @@ fn operand<'b>(
     match src {
         Src::Member(m) => &bufs[*m][..len],
         Src::Full(d) => &d[start..start + len],
+        Src::Window { data, origin } => &data[start - origin..start - origin + len],
         Src::Scalar(v) => {
             scratch.clear();
             scratch.resize(len, *v);

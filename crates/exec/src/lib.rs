@@ -75,7 +75,8 @@ pub struct RunStats {
 /// The steps of one kind in a run: how many and how long they took together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepTime {
-    /// `gemm`, `fused`, `rows` (softmax and norms), `source` (inputs, weights, constants), or
+    /// `gemm`, `fused`, `rows` (softmax and norms), `attention` (a product, softmax and product
+    /// one batch entry at a time), `source` (inputs, weights, constants), or
     /// the op's name for ops run one by one (`concat`, `permute`, …).
     pub kind: &'static str,
     pub steps: u32,

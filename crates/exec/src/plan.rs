@@ -26,8 +26,40 @@ pub(crate) enum Step {
     /// before those rows are normalised, and never materialised (attention's scale-and-mask
     /// before its softmax, a residual add before a norm).
     Rows { node: NodeId, prologue: Vec<NodeId> },
+    /// Attention, `softmax(prologue(A·B))·V` over a batch of matrices, one batch entry at a
+    /// time: the scores and probabilities of one entry live in a thread's scratch (in L2) and
+    /// are never materialised. Each part runs the kernel its own step would (the GEMM's chains,
+    /// the prologue, the softmax per row), so the bits are those of the three steps.
+    Attention {
+        scores: Box<Step>,
+        softmax: Box<Step>,
+        out: Box<Step>,
+    },
     /// Anything else, on the reference interpreter's code.
     Generic(NodeId),
+}
+
+impl Step {
+    /// Every node this step computes (folded permutations aside).
+    fn nodes(&self, f: &mut impl FnMut(NodeId)) {
+        match self {
+            Step::Fused(ids) => ids.iter().copied().for_each(f),
+            Step::Rows { node, prologue } => {
+                f(*node);
+                prologue.iter().copied().for_each(f);
+            }
+            Step::Attention {
+                scores,
+                softmax,
+                out,
+            } => {
+                scores.nodes(f);
+                softmax.nodes(f);
+                out.nodes(f);
+            }
+            Step::Source(id) | Step::Gemm { node: id, .. } | Step::Generic(id) => f(*id),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -148,20 +180,12 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
     }
 
     let steps = fold_prologues(graph, steps, &users, &is_output);
+    let steps = fold_attention(graph, steps, &users, &is_output);
 
     // A node's buffer is released after the step that last reads it (outputs never).
     let mut step_of = vec![0usize; n];
     for (s, step) in steps.iter().enumerate() {
-        match step {
-            Step::Fused(ids) => ids.iter().for_each(|id| step_of[id.index()] = s),
-            Step::Rows { node, prologue } => {
-                step_of[node.index()] = s;
-                prologue.iter().for_each(|id| step_of[id.index()] = s);
-            }
-            Step::Source(id) | Step::Gemm { node: id, .. } | Step::Generic(id) => {
-                step_of[id.index()] = s
-            }
-        }
+        step.nodes(&mut |id| step_of[id.index()] = s);
     }
     // A folded permutation "runs" with its last reader, so its source lives until then.
     for m in (0..n).filter(|&m| folded[m]) {
@@ -225,4 +249,88 @@ fn fold_prologues(
         out.push(Step::Rows { node, prologue });
     }
     out
+}
+
+/// Fold `Gemm` (scores) → softmax `Rows` (with its prologue) → `Gemm` (out) into one
+/// [`Step::Attention`] where the scores and the probabilities are read by nothing else, the
+/// probabilities are the second product's left operand, and both products have the same batch
+/// axes (each batch entry is then a whole attention of its own).
+fn fold_attention(
+    graph: &Graph,
+    steps: Vec<Step>,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let Step::Gemm {
+            node: o,
+            a_permuted: None,
+            ..
+        } = step
+        else {
+            out.push(step);
+            continue;
+        };
+        // The last two computing steps before this one (sources may sit between).
+        let computing: Vec<usize> = (0..out.len())
+            .rev()
+            .filter(|&i| !matches!(out[i], Step::Source(_)))
+            .take(2)
+            .collect();
+        let fits = match computing[..] {
+            [r, g] => attention_fits(graph, &out[g], &out[r], o, users, is_output),
+            _ => false,
+        };
+        if !fits {
+            out.push(step);
+            continue;
+        }
+        let (r, g) = (computing[0], computing[1]);
+        let softmax = out.remove(r);
+        let scores = out.remove(g);
+        out.push(Step::Attention {
+            scores: Box::new(scores),
+            softmax: Box::new(softmax),
+            out: Box::new(step),
+        });
+    }
+    out
+}
+
+fn attention_fits(
+    graph: &Graph,
+    scores: &Step,
+    softmax: &Step,
+    o: NodeId,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+) -> bool {
+    let (Step::Gemm { node: s, .. }, Step::Rows { node: p, prologue }) = (scores, softmax) else {
+        return false;
+    };
+    let (s, p) = (*s, *p);
+    let Op::MatMul { a, b } = graph.node(o).op else {
+        return false;
+    };
+    let is_softmax = matches!(
+        graph.node(p).op,
+        Op::Normalize {
+            op: NormOp::Softmax | NormOp::LogSoftmax,
+            ..
+        }
+    );
+    // The scores feed the softmax (through its prologue) and nothing else.
+    let inside = |u: &usize| *u == p.index() || prologue.iter().any(|m| m.index() == *u);
+    let scores_private = !is_output[s.index()] && users[s.index()].iter().all(inside);
+    let feeds_softmax = if prologue.is_empty() {
+        graph.node(p).op.operands()[0] == s
+    } else {
+        !users[s.index()].is_empty()
+    };
+    let probs_private = !is_output[p.index()] && users[p.index()] == [o.index()] && b != p;
+    let (ss, os) = (&graph.node(s).ty.shape, &graph.node(o).ty.shape);
+    let same_batch =
+        ss.len() == os.len() && ss.len() >= 3 && ss[..ss.len() - 2] == os[..os.len() - 2];
+    is_softmax && a == p && scores_private && feeds_softmax && probs_private && same_batch
 }

@@ -278,3 +278,65 @@ fn sums_and_means_over_every_axis_set_keep_the_bits() {
         }
     }
 }
+
+#[test]
+fn attention_folded_into_one_step_keeps_the_bits() {
+    let g = GraphBuilder::new();
+    let (b, s, h, d) = (2, 37, 3, 20);
+    let q = g.input("q", DType::F32, &[b, s, h, d]);
+    let k = g.input("k", DType::F32, &[b, s, h, d]);
+    let v = g.input("v", DType::F32, &[b, s, h, d]);
+    let mask = g.input("mask", DType::F32, &[b, 1, 1, s]);
+    let heads = |t: &tenet_ir::Tensor| t.permute(&[0, 2, 1, 3]);
+    let kt = k.permute(&[0, 2, 3, 1]);
+    // Scale and mask before the softmax (MiniLM), as a prologue over each entry's scores.
+    let scores = heads(&q).matmul(&kt);
+    let ctx = ((&scores / 4.5 + &mask).softmax(-1)).matmul(&heads(&v));
+    // No prologue, a log-softmax, V broadcast over the heads (grouped-query attention), and
+    // one query row per entry (a decoding step).
+    let kv = g.input("kv", DType::F32, &[b, 1, s, d]);
+    let one = g.input("one", DType::F32, &[b, h, 1, d]);
+    let dec = one
+        .matmul(&kv.permute(&[0, 1, 3, 2]))
+        .log_softmax(-1)
+        .matmul(&kv);
+    // Scores that are also an output: not folded, and still the same bits.
+    let seen = heads(&q).matmul(&kt);
+    let ctx2 = seen.softmax(-1).matmul(&heads(&v));
+    let graph = g
+        .finish(&[
+            ("ctx", &ctx),
+            ("dec", &dec),
+            ("seen", &seen),
+            ("ctx2", &ctx2),
+        ])
+        .unwrap();
+    let profile = CpuBackend::new(2, SimdLevel::detect())
+        .prepare(&graph)
+        .unwrap()
+        .run_with_stats(&random_io(&graph, 31).0, &Weights::new(), 0)
+        .unwrap()
+        .1;
+    assert!(
+        profile.time_by_kind.iter().any(|t| t.kind == "attention"),
+        "the attention steps were folded: {:?}",
+        profile.time_by_kind
+    );
+    for seed in [31, 37] {
+        let (mut inputs, weights) = random_io(&graph, seed);
+        if seed == 37 {
+            // A fully masked row (all -inf: NaN out), and NaN and inf among the queries.
+            let mut m = inputs["mask"].to_f32_vec();
+            m[..s as usize].fill(f32::NEG_INFINITY);
+            inputs.insert(
+                "mask".into(),
+                HostTensor::from_f32(&[b, 1, 1, s], &m).unwrap(),
+            );
+            let mut x = inputs["q"].to_f32_vec();
+            x[5] = f32::NAN;
+            x[77] = f32::INFINITY;
+            inputs.insert("q".into(), HostTensor::from_f32(&[b, s, h, d], &x).unwrap());
+        }
+        assert_same_everywhere(&graph, &inputs, &weights, 0);
+    }
+}
