@@ -50,9 +50,15 @@ impl Pool {
         let budget = self.budget.load(std::sync::atomic::Ordering::Relaxed);
         pool.sort_by_key(Vec::len);
         let mut held: u64 = pool.iter().map(|b| b.len() as u64).sum();
+        // Over budget: the largest pooled buffers leave the run for the process-wide cache
+        // (bounded there, and outside any certificate), where a later step or run of this size
+        // still finds them instead of faulting in fresh pages.
         while held + len as u64 > budget {
             match pool.pop() {
-                Some(b) => held -= b.len() as u64,
+                Some(b) => {
+                    held -= b.len() as u64;
+                    tenet_ir::recycle::give(b);
+                }
                 None => break,
             }
         }
