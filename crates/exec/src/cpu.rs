@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::gemm::{Strided, sgemm};
+use tenet_kernels::gemm::{Epilogue, Strided, sgemm, sgemm_then};
 use tenet_kernels::norm::{self, Affine};
 use tenet_reference::{RunError, check_inputs, eval_op};
 
@@ -307,9 +307,10 @@ impl CpuPrepared {
                 node: id,
                 a_permuted,
                 b_permuted,
+                epilogue,
             } => {
-                let t = self.gemm(*id, [*a_permuted, *b_permuted], val, pool)?;
-                (*id, Val::Owned(t))
+                let t = self.gemm(*id, [*a_permuted, *b_permuted], epilogue, val, pool)?;
+                (*epilogue.last().unwrap_or(id), Val::Owned(t))
             }
             Step::Attention {
                 scores,
@@ -321,6 +322,7 @@ impl CpuPrepared {
                         node,
                         a_permuted,
                         b_permuted,
+                        ..
                     } => (node, [a_permuted, b_permuted]),
                     _ => unreachable!("the planner folds two GEMM steps into attention"),
                 };
@@ -462,15 +464,22 @@ impl CpuPrepared {
         }
     }
 
+    /// A GEMM step: the batched product, then `epilogue` (an elementwise group that alone
+    /// reads it) in place over each block of rows as the GEMM finishes it.
     fn gemm<'v>(
         &self,
         id: NodeId,
         permuted: [Option<NodeId>; 2],
+        epilogue: &[NodeId],
         val: impl Fn(NodeId) -> &'v HostTensor,
         pool: &Pool,
     ) -> Result<HostTensor, ExecError> {
-        let node = self.graph.node(id);
+        let g = &self.graph;
+        let node = g.node(id);
         let op = self.batched(id, permuted, &val, false);
+        // The epilogue's other operands (a bias, a residual); the product is in C.
+        let externals = externals(g, epilogue, &|o| if o == id { None } else { Some(val(o)) });
+        let dims: Vec<usize> = node.ty.shape.iter().map(|&d| d as usize).collect();
         let (m, n, k) = (op.m, op.n, op.k);
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
@@ -486,8 +495,17 @@ impl CpuPrepared {
             par_chunks(out, outer, m * n, |range, chunk| {
                 let first = range.start / (m * n).max(1);
                 for (bi, c) in chunk.chunks_mut((m * n).max(1)).enumerate() {
-                    let (a, b) = (op.a(first + bi), op.b(first + bi));
-                    if let Err(e) = sgemm(level, inner, m, n, k, a, b, c, n) {
+                    let at = first + bi;
+                    let then = |row: usize, rows: &mut [f32]| {
+                        let origin = at * m * n + row * n;
+                        let members =
+                            fused::members_in_place(g, epilogue, &|o| &externals[&o][..], id);
+                        let range = origin..origin + rows.len();
+                        fused::eval_in_place(level, &members, &dims, range, rows);
+                    };
+                    let then = (!epilogue.is_empty()).then_some(&then as Epilogue<'_>);
+                    let (a, b) = (op.a(at), op.b(at));
+                    if let Err(e) = sgemm_then(level, inner, m, n, k, a, b, c, n, then) {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                     }
                 }
@@ -540,30 +558,27 @@ impl CpuPrepared {
         let t = make_f32(pool, &g.node(o_id).ty, |o| {
             par_chunks(o, outer, m * n2, |range, chunk| {
                 let first = range.start / (m * n2).max(1);
-                let (mut s, mut x, mut p) = (vec![0.0; m * n1], Vec::new(), vec![0.0; m * n1]);
+                let (mut s, mut p) = (vec![0.0; m * n1], vec![0.0; m * n1]);
                 for (bi, c) in chunk.chunks_mut((m * n2).max(1)).enumerate() {
                     let at = first + bi;
                     if let Err(e) = sgemm(level, 1, m, n1, qk.k, qk.a(at), qk.b(at), &mut s, n1) {
                         return fail(s_id, e);
                     }
-                    // The softmax's input: the scores, or the prologue over them.
-                    let input = if prologue.is_empty() {
-                        &s
-                    } else {
+                    // The softmax's input: the scores, or the prologue over them (in place).
+                    if !prologue.is_empty() {
                         let origin = at * m * n1;
-                        let window = (s_id, &s[..], origin);
-                        let members = fused::members_with_window(
-                            g,
-                            prologue,
-                            &|o| &externals[&o][..],
-                            window,
+                        let members =
+                            fused::members_in_place(g, prologue, &|o| &externals[&o][..], s_id);
+                        fused::eval_in_place(
+                            level,
+                            &members,
+                            &dims,
+                            origin..origin + m * n1,
+                            &mut s,
                         );
-                        x.resize(m * n1, 0.0);
-                        fused::eval_range(level, &members, &dims, origin..origin + m * n1, &mut x);
-                        &x
-                    };
+                    }
                     if n1 > 0 {
-                        for (row, out) in input.chunks(n1).zip(p.chunks_mut(n1)) {
+                        for (row, out) in s.chunks(n1).zip(p.chunks_mut(n1)) {
                             tenet_kernels::softmax::softmax_rows(level, log, row, n1, out);
                         }
                     }

@@ -22,9 +22,9 @@ pub(crate) enum Src<'a> {
     Member(usize),
     /// An external tensor of the output's shape.
     Full(&'a [f32]),
-    /// Part of an external tensor of the output's shape: its elements from flat index
-    /// `origin` on (attention's scores, one batch entry at a time).
-    Window { data: &'a [f32], origin: usize },
+    /// The values already in the output buffer at the same positions: a result the group
+    /// rewrites in place (a GEMM's, attention's scores).
+    Prior,
     /// A single value broadcast everywhere.
     Scalar(f32),
     /// An external tensor broadcast to the output shape: `strides[d]` is 0 on broadcast axes.
@@ -53,22 +53,22 @@ pub(crate) fn members<'a>(
     members_with(graph, ids, value, None)
 }
 
-/// [`members`], with external `window.0` (of the output's shape) present only as `window.1`,
-/// its elements from flat index `window.2` on: evaluate only ranges inside it.
-pub(crate) fn members_with_window<'a>(
+/// [`members`], for evaluating in place over `prior`'s values: external `prior` (of the
+/// output's shape) is read from the output buffer (see [`eval_in_place`]).
+pub(crate) fn members_in_place<'a>(
     graph: &Graph,
     ids: &[NodeId],
     value: &dyn Fn(NodeId) -> &'a [f32],
-    window: (NodeId, &'a [f32], usize),
+    prior: NodeId,
 ) -> Vec<Member<'a>> {
-    members_with(graph, ids, value, Some(window))
+    members_with(graph, ids, value, Some(prior))
 }
 
 fn members_with<'a>(
     graph: &Graph,
     ids: &[NodeId],
     value: &dyn Fn(NodeId) -> &'a [f32],
-    window: Option<(NodeId, &'a [f32], usize)>,
+    prior: Option<NodeId>,
 ) -> Vec<Member<'a>> {
     let out_shape = &graph
         .node(*ids.last().expect("groups are non-empty"))
@@ -78,10 +78,8 @@ fn members_with<'a>(
         if let Some(m) = ids.iter().position(|&x| x == o) {
             return Src::Member(m);
         }
-        if let Some((w, data, origin)) = window
-            && w == o
-        {
-            return Src::Window { data, origin };
+        if prior == Some(o) {
+            return Src::Prior;
         }
         let shape = &graph.node(o).ty.shape;
         let data = value(o);
@@ -124,9 +122,11 @@ fn canon(v: f32) -> f32 {
 
 /// Read `len` elements of `src` starting at flat output index `start` into `buf`, or return a
 /// direct slice when the data is already laid out that way.
+#[allow(clippy::too_many_arguments)]
 fn operand<'b>(
     src: &'b Src<'_>,
     bufs: &'b [Vec<f32>],
+    prior: &'b [f32],
     start: usize,
     len: usize,
     out_dims: &[usize],
@@ -135,7 +135,7 @@ fn operand<'b>(
     match src {
         Src::Member(m) => &bufs[*m][..len],
         Src::Full(d) => &d[start..start + len],
-        Src::Window { data, origin } => &data[start - origin..start - origin + len],
+        Src::Prior => &prior[..len],
         Src::Scalar(v) => {
             scratch.clear();
             scratch.resize(len, *v);
@@ -179,10 +179,12 @@ fn operand<'b>(
 }
 
 /// Compute one member for `len` elements starting at `start` into `dst`.
+#[allow(clippy::too_many_arguments)]
 fn compute(
     level: SimdLevel,
     m: &Member<'_>,
     done: &[Vec<f32>],
+    prior: &[f32],
     start: usize,
     out_dims: &[usize],
     dst: &mut [f32],
@@ -192,7 +194,7 @@ fn compute(
     let [s0, s1] = scratch;
     match &m.kind {
         Kind::Unary(op) => {
-            let x = operand(&m.srcs[0], done, start, len, out_dims, s0);
+            let x = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
             match op {
                 UnaryOp::Neg => dst
                     .iter_mut()
@@ -211,8 +213,8 @@ fn compute(
             }
         }
         Kind::Binary(op) => {
-            let a = operand(&m.srcs[0], done, start, len, out_dims, s0);
-            let b = operand(&m.srcs[1], done, start, len, out_dims, s1);
+            let a = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
+            let b = operand(&m.srcs[1], done, prior, start, len, out_dims, s1);
             let arith = match op {
                 BinaryOp::Add => Some(Arith::Add),
                 BinaryOp::Sub => Some(Arith::Sub),
@@ -239,29 +241,60 @@ pub(crate) fn eval_range(
     range: std::ops::Range<usize>,
     out: &mut [f32],
 ) {
+    eval(level, members, out_dims, range, out, false)
+}
+
+/// [`eval_range`] over members from [`members_in_place`]: `inout` holds the prior values
+/// for `range` and receives the group's. Each chunk of the prior values is copied aside
+/// before the chunk is overwritten, so the bits are those of an evaluation out of place.
+pub(crate) fn eval_in_place(
+    level: SimdLevel,
+    members: &[Member<'_>],
+    out_dims: &[usize],
+    range: std::ops::Range<usize>,
+    inout: &mut [f32],
+) {
+    eval(level, members, out_dims, range, inout, true)
+}
+
+fn eval(
+    level: SimdLevel,
+    members: &[Member<'_>],
+    out_dims: &[usize],
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+    in_place: bool,
+) {
     let last = members.len() - 1;
     let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; CHUNK]; last];
     let mut scratch = [Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK)];
+    let mut prior = Vec::with_capacity(if in_place { CHUNK } else { 0 });
     let mut start = range.start;
     while start < range.end {
         let len = CHUNK.min(range.end - start);
+        let o = start - range.start;
+        if in_place {
+            prior.clear();
+            prior.extend_from_slice(&out[o..o + len]);
+        }
         for (mi, member) in members[..last].iter().enumerate() {
             let (done, rest) = bufs.split_at_mut(mi);
             compute(
                 level,
                 member,
                 done,
+                &prior,
                 start,
                 out_dims,
                 &mut rest[0][..len],
                 &mut scratch,
             );
         }
-        let o = start - range.start;
         compute(
             level,
             &members[last],
             &bufs,
+            &prior,
             start,
             out_dims,
             &mut out[o..o + len],

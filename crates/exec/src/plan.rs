@@ -16,6 +16,10 @@ pub(crate) enum Step {
         node: NodeId,
         a_permuted: Option<NodeId>,
         b_permuted: Option<NodeId>,
+        /// An elementwise group that alone reads the product (a bias, an activation), applied
+        /// in place to each block of rows as soon as the GEMM has finished it, while it is
+        /// still in cache; its last node is this step's result. Often empty.
+        epilogue: Vec<NodeId>,
     },
     /// Consecutive f32 elementwise nodes of one shape evaluated in a single pass; only the last
     /// node's result is materialised (the others are used only inside the group).
@@ -57,7 +61,11 @@ impl Step {
                 softmax.nodes(f);
                 out.nodes(f);
             }
-            Step::Source(id) | Step::Gemm { node: id, .. } | Step::Generic(id) => f(*id),
+            Step::Gemm { node, epilogue, .. } => {
+                f(*node);
+                epilogue.iter().copied().for_each(f);
+            }
+            Step::Source(id) | Step::Generic(id) => f(*id),
         }
     }
 }
@@ -148,6 +156,7 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
                 node: id,
                 a_permuted: folded[a.index()].then_some(a),
                 b_permuted: folded[b.index()].then_some(b),
+                epilogue: Vec::new(),
             });
         } else if rows_op(graph, id) {
             steps.push(Step::Rows {
@@ -181,6 +190,7 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
 
     let steps = fold_prologues(graph, steps, &users, &is_output);
     let steps = fold_attention(graph, steps, &users, &is_output);
+    let steps = fold_epilogues(graph, steps, &users, &is_output);
 
     // A node's buffer is released after the step that last reads it (outputs never).
     let mut step_of = vec![0usize; n];
@@ -306,9 +316,18 @@ fn attention_fits(
     users: &[Vec<usize>],
     is_output: &[bool],
 ) -> bool {
-    let (Step::Gemm { node: s, .. }, Step::Rows { node: p, prologue }) = (scores, softmax) else {
+    let (
+        Step::Gemm {
+            node: s, epilogue, ..
+        },
+        Step::Rows { node: p, prologue },
+    ) = (scores, softmax)
+    else {
         return false;
     };
+    if !epilogue.is_empty() {
+        return false;
+    }
     let (s, p) = (*s, *p);
     let Op::MatMul { a, b } = graph.node(o).op else {
         return false;
@@ -333,4 +352,52 @@ fn attention_fits(
     let same_batch =
         ss.len() == os.len() && ss.len() >= 3 && ss[..ss.len() - 2] == os[..os.len() - 2];
     is_softmax && a == p && scores_private && feeds_softmax && probs_private && same_batch
+}
+
+/// Move each fused group that alone reads a GEMM's product (of the same shape) into that GEMM
+/// as its epilogue. Only sources may lie between the two, and the GEMM moves to the group's
+/// place, after them: the epilogue may read them (a bias weight).
+fn fold_epilogues(
+    graph: &Graph,
+    steps: Vec<Step>,
+    users: &[Vec<usize>],
+    is_output: &[bool],
+) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(steps.len());
+    for step in steps {
+        let Step::Fused(ids) = step else {
+            out.push(step);
+            continue;
+        };
+        let gemm = out
+            .iter()
+            .rposition(|s| !matches!(s, Step::Source(_)))
+            .filter(|&g| match &out[g] {
+                Step::Gemm { node, epilogue, .. } => {
+                    let (n, last) = (node.index(), ids[ids.len() - 1]);
+                    epilogue.is_empty()
+                        && !is_output[n]
+                        && !users[n].is_empty()
+                        && users[n].iter().all(|u| ids.iter().any(|m| m.index() == *u))
+                        && graph.node(*node).ty == graph.node(last).ty
+                }
+                _ => false,
+            });
+        match gemm.map(|g| out.remove(g)) {
+            Some(Step::Gemm {
+                node,
+                a_permuted,
+                b_permuted,
+                ..
+            }) => out.push(Step::Gemm {
+                node,
+                a_permuted,
+                b_permuted,
+                epilogue: ids,
+            }),
+            Some(_) => unreachable!("checked to be a GEMM step"),
+            None => out.push(Step::Fused(ids)),
+        }
+    }
+    out
 }

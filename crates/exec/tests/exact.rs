@@ -340,3 +340,50 @@ fn attention_folded_into_one_step_keeps_the_bits() {
         assert_same_everywhere(&graph, &inputs, &weights, 0);
     }
 }
+
+#[test]
+fn epilogues_folded_into_gemm_keep_the_bits() {
+    let g = GraphBuilder::new();
+    // A linear layer with bias and GELU (MiniLM's FFN), a batched product with a bias, a
+    // few-row product, a product over k = 0, and one wide enough over k for several column
+    // chunks of packed B.
+    let x = g.input("x", DType::F32, &[70, 48]);
+    let w = g.input("w", DType::F32, &[48, 130]);
+    let bias = g.input("bias", DType::F32, &[130]);
+    let resid = g.input("resid", DType::F32, &[70, 130]);
+    let ffn = (x.matmul(&w) + &bias).gelu() + &resid;
+    let bx = g.input("bx", DType::F32, &[3, 20, 16]);
+    let bw = g.input("bw", DType::F32, &[16, 24]);
+    let bb = g.input("bb", DType::F32, &[3, 1, 24]);
+    let batched = (bx.matmul(&bw) * &bb).tanh();
+    let row = g.input("row", DType::F32, &[2, 48]);
+    let few = row.matmul(&w) - &bias;
+    let e = g.input("e", DType::F32, &[9, 0]);
+    let f = g.input("f", DType::F32, &[0, 7]);
+    let empty_k = e.matmul(&f) + 1.0;
+    let tall = g.input("tall", DType::F32, &[6, 4096]);
+    let wide = g.input("wide", DType::F32, &[4096, 520]);
+    let chunks = tall.matmul(&wide).relu();
+    let graph = g
+        .finish(&[
+            ("ffn", &ffn),
+            ("batched", &batched),
+            ("few", &few),
+            ("empty_k", &empty_k),
+            ("chunks", &chunks),
+        ])
+        .unwrap();
+    let (inputs, weights) = random_io(&graph, 41);
+    let profile = CpuBackend::new(2, SimdLevel::detect())
+        .prepare(&graph)
+        .unwrap()
+        .run_with_stats(&inputs, &weights, 0)
+        .unwrap()
+        .1;
+    assert!(
+        profile.time_by_kind.iter().all(|t| t.kind != "fused"),
+        "every elementwise group ran inside its GEMM: {:?}",
+        profile.time_by_kind
+    );
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}

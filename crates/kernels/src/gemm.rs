@@ -89,6 +89,29 @@ pub fn sgemm(
     c: &mut [f32],
     c_rs: usize,
 ) -> Result<(), GemmError> {
+    sgemm_then(level, threads, m, n, k, a, b, c, c_rs, None)
+}
+
+/// Work on rows of C once they are final (a bias, an activation): `f(first, rows)` gets the
+/// index of the first row and the part of C from that row's start to the last row's end
+/// (`n` values per row at stride `c_rs`). Every row is passed exactly once, on whichever
+/// thread computed it, usually while it is still in cache.
+pub type Epilogue<'e> = &'e (dyn Fn(usize, &mut [f32]) + Sync);
+
+/// [`sgemm`], then `epilogue` over the rows of C as they become final.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_then(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    b: Strided<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+    epilogue: Option<Epilogue<'_>>,
+) -> Result<(), GemmError> {
     if !level.supported() {
         return Err(GemmError::Unsupported(level.name()));
     }
@@ -101,18 +124,25 @@ pub fn sgemm(
     check("A", span(m, k, a.rs, a.cs), a.data.len())?;
     check("B", span(k, n, b.rs, b.cs), b.data.len())?;
     check("C", span(m, n, c_rs, 1), c.len())?;
+    let whole = |c: &mut [f32]| {
+        if let Some(f) = epilogue {
+            f(0, &mut c[..(m - 1) * c_rs + n]);
+        }
+    };
     if k == 0 {
         for i in 0..m {
             c[i * c_rs..i * c_rs + n].fill(0.0);
         }
+        whole(c);
         return Ok(());
     }
     if m <= SMALL_M {
         small_m(level, threads, m, n, k, a, b, c, c_rs);
+        whole(c);
         return Ok(());
     }
     let cfg = Config::for_level(level);
-    (cfg.run)(&cfg, threads, m, n, k, a, b, c, c_rs);
+    (cfg.run)(&cfg, threads, m, n, k, a, b, c, c_rs, epilogue);
     Ok(())
 }
 
@@ -213,7 +243,18 @@ struct Config {
     run: Blocked,
 }
 
-type Blocked = fn(&Config, usize, usize, usize, usize, Strided<'_>, Strided<'_>, &mut [f32], usize);
+type Blocked = fn(
+    &Config,
+    usize,
+    usize,
+    usize,
+    usize,
+    Strided<'_>,
+    Strided<'_>,
+    &mut [f32],
+    usize,
+    Option<Epilogue<'_>>,
+);
 
 impl Config {
     fn for_level(level: SimdLevel) -> Config {
@@ -389,6 +430,7 @@ fn blocked<const MR: usize, const NR: usize>(
     b: Strided<'_>,
     c: &mut [f32],
     c_rs: usize,
+    epilogue: Option<Epilogue<'_>>,
 ) {
     let nc_max = (PACKED_B_BYTES / 4 / k).clamp(NR, NC_MAX) / NR * NR;
     let threads = threads.clamp(1, m.div_ceil(MR));
@@ -423,14 +465,19 @@ fn blocked<const MR: usize, const NR: usize>(
                 pack_b::<NR>(dst, b, 0, k, jc + q0 * NR, cols);
             });
             let bp = &*bp;
+            // Rows are final once the last chunk of columns has passed over them.
+            let then = epilogue.filter(|_| jc + nc == n);
             if row_pieces.len() == 1 {
-                rows_of_chunk::<MR, NR>(cfg, m, jc, nc, k, a, bp, c, c_rs);
+                let then = then.map(|f| (0, f));
+                rows_of_chunk::<MR, NR>(cfg, m, jc, nc, k, a, bp, c, c_rs, then);
                 continue;
             }
             crate::parallel::for_each_piece(c, &row_pieces, |range, part| {
                 let row = range.start / c_rs;
                 let rows = rows_per.min(m - row);
-                rows_of_chunk::<MR, NR>(cfg, rows, jc, nc, k, a.offset_rows(row), bp, part, c_rs)
+                let a = a.offset_rows(row);
+                let then = then.map(|f| (row, f));
+                rows_of_chunk::<MR, NR>(cfg, rows, jc, nc, k, a, bp, part, c_rs, then)
             });
         }
     });
@@ -450,6 +497,7 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
     bp: &[f32],
     c: &mut [f32],
     c_rs: usize,
+    epilogue: Option<(usize, Epilogue<'_>)>,
 ) {
     let (mr, nr) = (MR, NR);
     let kc_max = cfg.kc.min(k);
@@ -521,6 +569,13 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
                         }
                     }
                 }
+            }
+            // The block's rows are whole (this is the last chunk: columns end at jc + nc).
+            if let Some((first, f)) = epilogue {
+                f(
+                    first + ic,
+                    &mut c[ic * c_rs..(ic + mc - 1) * c_rs + jc + nc],
+                );
             }
         }
     });

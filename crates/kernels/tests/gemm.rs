@@ -164,3 +164,70 @@ fn rejects_bad_extents_and_levels() {
     );
     assert!(e.is_err());
 }
+
+#[test]
+fn epilogues_see_every_finished_row_once() {
+    use std::sync::Mutex;
+    use tenet_kernels::gemm::sgemm_then;
+    // Shapes for the few-row path, one chunk of columns, and several chunks (k = 4096 packs
+    // 512 columns of B at a time), with a row stride wider than n.
+    for (m, n, k) in [
+        (3, 40, 17),
+        (0, 5, 5),
+        (70, 130, 0),
+        (200, 300, 40),
+        (61, 1100, 4096),
+    ] {
+        let mut rng = Rng(m as u64 * 31 + n as u64);
+        let (a, b) = (finite_tensor(&mut rng, m, k), finite_tensor(&mut rng, k, n));
+        let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
+        let c_rs = n + 3;
+        for level in levels() {
+            for threads in [1, 2, 3] {
+                let (sa, sb) = (Strided::row_major(&av, k), Strided::row_major(&bv, n));
+                let mut plain = vec![0.0f32; m * c_rs];
+                sgemm(level, threads, m, n, k, sa, sb, &mut plain, c_rs).unwrap();
+                // The epilogue adds its row's index to every value and counts the rows.
+                let seen = Mutex::new(vec![0u32; m]);
+                let add_row = |first: usize, rows: &mut [f32]| {
+                    assert!(
+                        rows.len() % c_rs == n || n == 0,
+                        "whole rows: {}",
+                        rows.len()
+                    );
+                    for (i, row) in rows.chunks_mut(c_rs).enumerate() {
+                        row[..n].iter_mut().for_each(|v| *v += (first + i) as f32);
+                        seen.lock().unwrap()[first + i] += 1;
+                    }
+                };
+                let mut then = vec![0.0f32; m * c_rs];
+                sgemm_then(
+                    level,
+                    threads,
+                    m,
+                    n,
+                    k,
+                    sa,
+                    sb,
+                    &mut then,
+                    c_rs,
+                    Some(&add_row),
+                )
+                .unwrap();
+                let counts = seen.into_inner().unwrap();
+                let what = format!("{m}×{n}×{k} {} {threads} threads", level.name());
+                assert!(
+                    counts.iter().all(|&c| c == 1),
+                    "{what}: rows seen {counts:?}"
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = plain[i * c_rs + j] + i as f32;
+                        let got = then[i * c_rs + j];
+                        assert_eq!(got.to_bits(), want.to_bits(), "{what}: C[{i}, {j}]");
+                    }
+                }
+            }
+        }
+    }
+}
