@@ -341,7 +341,7 @@ impl CpuPrepared {
                 let externals = externals(g, prologue, &|o| Some(val(o)));
                 let members = (!prologue.is_empty())
                     .then(|| fused::members(g, prologue, &|o| &externals[&o][..]));
-                let dims: Vec<usize> = node.ty.shape.iter().map(|&d| d as usize).collect();
+                let dims = dims(&node.ty);
                 let x = match &members {
                     None => RowsInput::Tensor(f32s(val(node.op.operands()[0]))),
                     Some(members) => RowsInput::Fused {
@@ -394,7 +394,7 @@ impl CpuPrepared {
                 let ty = &g.node(last).ty;
                 let externals = externals(g, ids, &|o| Some(val(o)));
                 let members = fused::members(g, ids, &|o| &externals[&o][..]);
-                let dims: Vec<usize> = ty.shape.iter().map(|&d| d as usize).collect();
+                let dims = dims(ty);
                 let t = make_f32(pool, ty, |out| {
                     let level = self.backend.level;
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
@@ -479,7 +479,8 @@ impl CpuPrepared {
         let op = self.batched(id, permuted, &val, false);
         // The epilogue's other operands (a bias, a residual); the product is in C.
         let externals = externals(g, epilogue, &|o| if o == id { None } else { Some(val(o)) });
-        let dims: Vec<usize> = node.ty.shape.iter().map(|&d| d as usize).collect();
+        let members = fused::members_in_place(g, epilogue, &|o| &externals[&o][..], id);
+        let dims = dims(&node.ty);
         let (m, n, k) = (op.m, op.n, op.k);
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
@@ -498,8 +499,6 @@ impl CpuPrepared {
                     let at = first + bi;
                     let then = |row: usize, rows: &mut [f32]| {
                         let origin = at * m * n + row * n;
-                        let members =
-                            fused::members_in_place(g, epilogue, &|o| &externals[&o][..], id);
                         let range = origin..origin + rows.len();
                         fused::eval_in_place(level, &members, &dims, range, rows);
                     };
@@ -521,7 +520,6 @@ impl CpuPrepared {
     /// [`Step::Attention`]: for each batch entry, on the thread that owns it, the scores into
     /// a scratch matrix, the prologue and softmax row by row into a second one, then the
     /// product with V into the output. Every part is the kernel its unfused step runs.
-    #[allow(clippy::too_many_arguments)]
     fn attention<'v>(
         &self,
         scores: (NodeId, [Option<NodeId>; 2]),
@@ -543,11 +541,12 @@ impl CpuPrepared {
                 ..
             }
         );
-        let dims: Vec<usize> = g.node(p_id).ty.shape.iter().map(|&d| d as usize).collect();
+        let dims = dims(&g.node(p_id).ty);
         // The prologue's other operands (the mask, the scale); the scores come from scratch.
         let externals: HashMap<NodeId, Cow<'v, [f32]>> = externals(g, prologue, &|o| {
             if o == s_id { None } else { Some(val(o)) }
         });
+        let members = fused::members_in_place(g, prologue, &|o| &externals[&o][..], s_id);
         let level = self.backend.level;
         let batches = qk.oa.len();
         let outer = self.backend.threads.clamp(1, batches.max(1));
@@ -567,8 +566,6 @@ impl CpuPrepared {
                     // The softmax's input: the scores, or the prologue over them (in place).
                     if !prologue.is_empty() {
                         let origin = at * m * n1;
-                        let members =
-                            fused::members_in_place(g, prologue, &|o| &externals[&o][..], s_id);
                         fused::eval_in_place(
                             level,
                             &members,
@@ -621,6 +618,11 @@ fn canonical_nans(o: &mut [f32]) {
     o.iter_mut()
         .filter(|v| v.is_nan())
         .for_each(|v| *v = tenet_reference::math::NAN);
+}
+
+/// A tensor type's dimensions as sizes.
+fn dims(ty: &tenet_ir::TensorType) -> Vec<usize> {
+    ty.shape.iter().map(|&d| d as usize).collect()
 }
 
 /// f32 views of the operands a fused group reads from outside itself, kept alive for its pass,

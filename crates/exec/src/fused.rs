@@ -70,10 +70,11 @@ fn members_with<'a>(
     value: &dyn Fn(NodeId) -> &'a [f32],
     prior: Option<NodeId>,
 ) -> Vec<Member<'a>> {
-    let out_shape = &graph
-        .node(*ids.last().expect("groups are non-empty"))
-        .ty
-        .shape;
+    // An empty group (a GEMM without an epilogue) has no members.
+    let Some(&last) = ids.last() else {
+        return Vec::new();
+    };
+    let out_shape = &graph.node(last).ty.shape;
     let src = |o: NodeId| -> Src<'a> {
         if let Some(m) = ids.iter().position(|&x| x == o) {
             return Src::Member(m);

@@ -225,6 +225,16 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
     }
 }
 
+/// The indices of the last `count` steps of `out` that compute something, latest first:
+/// the steps a fold may merge with the next one (sources may lie between them).
+fn last_computing(out: &[Step], count: usize) -> Vec<usize> {
+    (0..out.len())
+        .rev()
+        .filter(|&i| !matches!(out[i], Step::Source(_)))
+        .take(count)
+        .collect()
+}
+
 /// Move each fused group whose result only a rows op reads into that op's step. Only sources
 /// may lie between the two (they compute nothing the group needs), so evaluating the group
 /// later reads the same operands.
@@ -245,9 +255,9 @@ fn fold_prologues(
         let only_for_this_op = !is_output[x.index()]
             && users[x.index()] == [node.index()]
             && graph.node(node).op.operands()[1..].iter().all(|&o| o != x);
-        let group = out
-            .iter()
-            .rposition(|s| !matches!(s, Step::Source(_)))
+        let group = last_computing(&out, 1)
+            .first()
+            .copied()
             .filter(|&g| matches!(&out[g], Step::Fused(ids) if ids.last() == Some(&x)));
         let prologue = match group {
             Some(g) if only_for_this_op => match out.remove(g) {
@@ -282,12 +292,7 @@ fn fold_attention(
             out.push(step);
             continue;
         };
-        // The last two computing steps before this one (sources may sit between).
-        let computing: Vec<usize> = (0..out.len())
-            .rev()
-            .filter(|&i| !matches!(out[i], Step::Source(_)))
-            .take(2)
-            .collect();
+        let computing = last_computing(&out, 2);
         let fits = match computing[..] {
             [r, g] => attention_fits(graph, &out[g], &out[r], o, users, is_output),
             _ => false,
@@ -369,9 +374,9 @@ fn fold_epilogues(
             out.push(step);
             continue;
         };
-        let gemm = out
-            .iter()
-            .rposition(|s| !matches!(s, Step::Source(_)))
+        let gemm = last_computing(&out, 1)
+            .first()
+            .copied()
             .filter(|&g| match &out[g] {
                 Step::Gemm { node, epilogue, .. } => {
                     let (n, last) = (node.index(), ids[ids.len() - 1]);
