@@ -517,7 +517,7 @@ async fn measure(
     let local = CpuBackend::new(threads, tenet_exec::SimdLevel::detect());
     let prepared = local.prepare(&mm).map_err(|e| e.to_string())?;
     let inputs = HashMap::from([("a".to_string(), at.clone()), ("b".to_string(), bt.clone())]);
-    let mm_reps = if quick { 5 } else { 20 };
+    let mm_reps = if quick { 5 } else { 60 };
     let mut local_ms = Vec::new();
     for _ in 0..mm_reps {
         let t = Instant::now();
