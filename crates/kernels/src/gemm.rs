@@ -242,6 +242,8 @@ struct Config {
     /// The kernel for the first tile of a column of tiles, whose B panel is not in L1 yet
     /// (it comes from L2 or L3): the same chains, prefetching B ahead as it goes.
     kernel_first: Kernel,
+    /// Pack A's whole panels with AVX-512 register transposes.
+    pack_avx512: bool,
     /// `blocked::<MR, NR>` for this kernel's tile.
     run: Blocked,
 }
@@ -271,6 +273,7 @@ impl Config {
                 mc: 96,
                 kernel: x86::kernel_avx512::<12, 2, 0>,
                 kernel_first: x86::kernel_avx512::<12, 2, B_PREFETCH_STEPS>,
+                pack_avx512: true,
                 run: blocked::<12, 32>,
             },
             #[cfg(target_arch = "x86_64")]
@@ -279,6 +282,7 @@ impl Config {
                 mc: 120,
                 kernel: x86::kernel_avx2,
                 kernel_first: x86::kernel_avx2,
+                pack_avx512: false,
                 run: blocked::<6, 16>,
             },
             _ => Config {
@@ -286,6 +290,7 @@ impl Config {
                 mc: 64,
                 kernel: kernel_portable,
                 kernel_first: kernel_portable,
+                pack_avx512: false,
                 run: blocked::<PMR, PNR>,
             },
         }
@@ -295,6 +300,7 @@ impl Config {
 /// Pack `rows × kc` of A (from row `r0`, column `p0`) as panels of `MR` rows: within a panel,
 /// step `p` holds the `MR` values of column `p0 + p`. Rows past `rows` are zero.
 fn pack_a<const MR: usize>(
+    cfg: &Config,
     dst: &mut [f32],
     a: Strided<'_>,
     r0: usize,
@@ -308,6 +314,13 @@ fn pack_a<const MR: usize>(
             // Read MR rows side by side, write the panel front to back.
             let src: [&[f32]; MR] =
                 std::array::from_fn(|i| &a.data[(r0 + q * MR + i) * a.rs + p0..][..kc]);
+            #[cfg(target_arch = "x86_64")]
+            if cfg.pack_avx512 && MR <= 16 {
+                // SAFETY: `pack_avx512` is set only in the AVX-512 configuration, which
+                // `sgemm` runs only on a CPU that has AVX-512F.
+                unsafe { x86::pack_a_panel(&src, panel) };
+                continue;
+            }
             for (p, out) in panel.chunks_exact_mut(MR).enumerate() {
                 for (o, row) in out.iter_mut().zip(&src) {
                     *o = row[p];
@@ -518,7 +531,7 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
             for pc in (0..k).step_by(cfg.kc) {
                 let kc = cfg.kc.min(k - pc);
                 let (load, last) = (pc > 0, pc + kc == k);
-                pack_a::<MR>(ap, a, ic, mc, pc, kc);
+                pack_a::<MR>(cfg, ap, a, ic, mc, pc, kc);
                 for jr in (0..nc).step_by(nr) {
                     let cols = nr.min(nc - jr);
                     let bpanel = &bp[(jr / nr) * nr * k + pc * nr..][..nr * kc];
@@ -782,6 +795,36 @@ mod x86 {
             r[4 + q] = _mm512_shuffle_f32x4::<0xDD>(x0, y0);
             r[8 + q] = _mm512_shuffle_f32x4::<0x88>(x1, y1);
             r[12 + q] = _mm512_shuffle_f32x4::<0xDD>(x1, y1);
+        }
+    }
+
+    /// One panel of `pack_a` from `MR` ≤ 16 rows, each contiguous along k: 16 steps at a
+    /// time, the rows' segments are loaded whole, transposed in registers, and each step's
+    /// `MR` values stored side by side (instead of `MR` scattered scalar reads per step).
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn pack_a_panel<const MR: usize>(src: &[&[f32]; MR], panel: &mut [f32]) {
+        let kc = panel.len() / MR;
+        let mask: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
+        let mut p = 0;
+        while p + 16 <= kc {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (x, row) in r.iter_mut().zip(src) {
+                let seg = &row[p..p + 16];
+                // SAFETY: `seg` holds the 16 values loaded.
+                *x = unsafe { _mm512_loadu_ps(seg.as_ptr()) };
+            }
+            transpose16(&mut r);
+            for (j, &x) in r.iter().enumerate() {
+                let out = &mut panel[(p + j) * MR..][..MR];
+                // SAFETY: the mask stores the first MR lanes, and `out` holds MR values.
+                unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, x) };
+            }
+            p += 16;
+        }
+        for p in p..kc {
+            for (i, row) in src.iter().enumerate() {
+                panel[p * MR + i] = row[p];
+            }
         }
     }
 
