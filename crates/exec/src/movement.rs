@@ -177,7 +177,7 @@ pub(crate) fn eval(
     let size = x.dtype().size() as usize;
     let src_strides = strides(x.shape());
     Some(Ok(match op {
-        Op::Reshape { .. } => tensor(ty, x.bytes().to_vec()),
+        Op::Reshape { .. } => copied(pool, ty, |out| out.copy_from_slice(x.bytes())),
         Op::Permute { perm, .. } => {
             let step = permuted_strides(x.shape(), perm);
             copied(pool, ty, |out| {
@@ -215,26 +215,37 @@ pub(crate) fn eval(
                 // No element reads an index, so none can be out of range (as in the reference).
                 return Some(Ok(tensor(ty, Vec::new())));
             }
-            let mut out = Vec::with_capacity(ty.bytes().unwrap_or(0) as usize);
-            for p in 0..pre {
-                for &raw in &idx {
-                    let v = if raw < 0 {
-                        raw.wrapping_add(dim as i64)
-                    } else {
-                        raw
-                    };
-                    if v < 0 || v as u64 >= dim {
-                        return Some(Err(RunError::IndexOutOfRange {
-                            node: id,
-                            index: raw,
-                            size: dim,
-                        }));
-                    }
-                    let at = (p * dim as usize + v as usize) * post * size;
-                    out.extend_from_slice(&x.bytes()[at..at + post * size]);
+            // Every index is checked before any is used, so a bad one fails the step whole.
+            let mut rows = Vec::with_capacity(idx.len());
+            for &raw in &idx {
+                let v = if raw < 0 {
+                    raw.wrapping_add(dim as i64)
+                } else {
+                    raw
+                };
+                if v < 0 || v as u64 >= dim {
+                    return Some(Err(RunError::IndexOutOfRange {
+                        node: id,
+                        index: raw,
+                        size: dim,
+                    }));
                 }
+                rows.push(v as usize);
             }
-            tensor(ty, out)
+            // Into a buffer from the pool: a fresh one would fault in page by page (an
+            // embedding lookup's output is megabytes).
+            let row = post * size;
+            copied(pool, ty, |out| {
+                let mut chunks = out.chunks_exact_mut(row.max(1));
+                for p in 0..pre {
+                    for &v in &rows {
+                        let at = (p * dim as usize + v) * row;
+                        if let Some(dst) = chunks.next() {
+                            dst.copy_from_slice(&x.bytes()[at..at + row]);
+                        }
+                    }
+                }
+            })
         }
         Op::Concat { axis, .. } => {
             let a = *axis as usize;

@@ -1,4 +1,6 @@
-//! MiniLM throughput probe (tuning aid): batch 32 × 128 tokens.
+//! MiniLM throughput probe (tuning aid): batch 32 × 128 tokens, `RUNS` times (default 3),
+//! with the time by step kind and the page faults of each run (a steady run should have none:
+//! fresh buffers fault in page by page).
 use std::time::Instant;
 use tenet_exec::Backend;
 fn main() {
@@ -18,14 +20,18 @@ fn main() {
     let backend = tenet_exec::CpuBackend::auto();
     let p = backend.prepare(&graph).unwrap();
     let inputs = tenet_models::minilm::MiniLm::inputs(&batch);
-    for _ in 0..3 {
+    for _ in 0..std::env::var("RUNS").map_or(3, |v| v.parse().unwrap()) {
+        let f0 = minor_faults();
         let t = Instant::now();
         let (_, stats) = p.run_with_stats(&inputs, &m.weights, 0).unwrap();
         let secs = t.elapsed().as_secs_f64();
         for k in &stats.time_by_kind {
             print!("{} {}×{:.1}ms  ", k.kind, k.steps, k.nanos as f64 / 1e6);
         }
-        println!();
+        match (f0, minor_faults()) {
+            (Some(a), Some(b)) => println!("page faults {}", b - a),
+            _ => println!(),
+        }
         println!(
             "batch {b}x{s}: {:.1} ms, {:.1} sentences/s, {:.1} GFLOP/s",
             secs * 1e3,
@@ -33,4 +39,12 @@ fn main() {
             graph.cost().flops as f64 / secs / 1e9
         );
     }
+}
+
+/// This process's minor page faults so far (Linux).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(7)?.parse().ok()
 }
