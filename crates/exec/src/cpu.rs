@@ -291,16 +291,17 @@ impl CpuPrepared {
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies, f32 sums and means the kernels' ordered
                 // sums; everything else is the reference's code.
-                let value =
-                    if let Some(moved) = movement::eval(pool, *id, &node.op, &node.ty, &operands) {
-                        moved?
-                    } else if let Some(sums) =
-                        reduce::eval(pool, &node.op, &node.ty, &operands, threads)
-                    {
-                        sums
-                    } else {
-                        eval_op(*id, &node.op, &node.ty, &operands, seed)?
-                    };
+                let value = if let Some(moved) =
+                    movement::eval(pool, threads, *id, &node.op, &node.ty, &operands)
+                {
+                    moved?
+                } else if let Some(sums) =
+                    reduce::eval(pool, &node.op, &node.ty, &operands, threads)
+                {
+                    sums
+                } else {
+                    eval_op(*id, &node.op, &node.ty, &operands, seed)?
+                };
                 (*id, Val::Owned(value))
             }
             Step::Gemm {

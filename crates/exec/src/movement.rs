@@ -23,6 +23,40 @@ pub(crate) fn permuted_strides(source: &[u64], perm: &[u32]) -> Vec<usize> {
     perm.iter().map(|&p| own[p as usize]).collect()
 }
 
+/// Below this many output bytes a copy runs on one thread: handing out work costs more.
+const PARALLEL_COPY_BYTES: usize = 1 << 20;
+
+/// [`strided_copy`] with the output split along its first axis across up to `threads`
+/// threads (a large copy is bound by one core's memory bandwidth, not the machine's).
+fn strided_copy_par(
+    threads: usize,
+    src: &[u8],
+    size: usize,
+    base: usize,
+    shape: &[u64],
+    step: &[usize],
+    out: &mut [u8],
+) {
+    let Some(&lead) = shape.first() else {
+        return strided_copy(src, size, base, shape, step, out);
+    };
+    let lead = lead as usize;
+    if threads < 2 || lead < 2 || out.len() < PARALLEL_COPY_BYTES {
+        return strided_copy(src, size, base, shape, step, out);
+    }
+    let per = out.len() / lead;
+    let pieces: Vec<std::ops::Range<usize>> = tenet_kernels::parallel::ranges(lead, threads, 1)
+        .into_iter()
+        .map(|r| r.start * per..r.end * per)
+        .collect();
+    tenet_kernels::parallel::for_each_piece(out, &pieces, |bytes, piece| {
+        let (first, count) = (bytes.start / per, bytes.len() / per);
+        let mut sub = shape.to_vec();
+        sub[0] = count as u64;
+        strided_copy(src, size, base + first * step[0], &sub, step, piece);
+    });
+}
+
 /// Output element `i` (row-major over `shape`) is source element `base + Σ idx[d]·step[d]`;
 /// `out` holds exactly the output's bytes.
 fn strided_copy(
@@ -168,6 +202,7 @@ fn tensor(ty: &TensorType, data: Vec<u8>) -> HostTensor {
 /// Evaluate a movement op, or `None` if `op` is not one.
 pub(crate) fn eval(
     pool: &Pool,
+    threads: usize,
     id: NodeId,
     op: &Op,
     ty: &TensorType,
@@ -181,13 +216,13 @@ pub(crate) fn eval(
         Op::Permute { perm, .. } => {
             let step = permuted_strides(x.shape(), perm);
             copied(pool, ty, |out| {
-                strided_copy(x.bytes(), size, 0, &ty.shape, &step, out)
+                strided_copy_par(threads, x.bytes(), size, 0, &ty.shape, &step, out)
             })
         }
         Op::Expand { .. } => {
             let step = broadcast_steps(&ty.shape, x.shape());
             copied(pool, ty, |out| {
-                strided_copy(x.bytes(), size, 0, &ty.shape, &step, out)
+                strided_copy_par(threads, x.bytes(), size, 0, &ty.shape, &step, out)
             })
         }
         Op::Slice { ranges, .. } => {
@@ -202,7 +237,7 @@ pub(crate) fn eval(
                 .map(|(r, s)| r.step as usize * s)
                 .collect();
             copied(pool, ty, |out| {
-                strided_copy(x.bytes(), size, base, &ty.shape, &step, out)
+                strided_copy_par(threads, x.bytes(), size, base, &ty.shape, &step, out)
             })
         }
         Op::Gather { axis, .. } => {
@@ -292,4 +327,40 @@ pub(crate) fn eval(
         }
         _ => return None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_split_across_threads_moves_the_same_bytes() {
+        // Large enough to be split: a permutation of attention's shape and a strided slice.
+        let shape = [6u64, 400, 8, 33];
+        let n: usize = shape.iter().product::<u64>() as usize;
+        let src: Vec<u8> = (0..n * 4).map(|i| (i * 7 + i / 251) as u8).collect();
+        let permuted = [6u64, 8, 400, 33];
+        let step = permuted_strides(&shape, &[0, 2, 1, 3]);
+        // Every other column of the third axis, from the second batch entry on.
+        let sliced = [5u64, 400, 4, 33];
+        let own = strides(&shape);
+        let slice_step = [own[0], own[1], 2 * own[2], own[3]];
+        for (out_shape, base, step) in [
+            (&permuted, 0, &step[..]),
+            (&sliced, own[0] + own[2], &slice_step[..]),
+        ] {
+            let len = out_shape.iter().product::<u64>() as usize * 4;
+            assert!(
+                len >= PARALLEL_COPY_BYTES,
+                "the copy must be big enough to split"
+            );
+            let mut one = vec![0u8; len];
+            strided_copy(&src, 4, base, out_shape, step, &mut one);
+            for threads in [2, 3] {
+                let mut split = vec![0u8; len];
+                strided_copy_par(threads, &src, 4, base, out_shape, step, &mut split);
+                assert!(split == one, "{threads} threads, shape {out_shape:?}");
+            }
+        }
+    }
 }
