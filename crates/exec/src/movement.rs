@@ -37,10 +37,7 @@ fn strided_copy_par(
     step: &[usize],
     out: &mut [u8],
 ) {
-    let Some(&lead) = shape.first() else {
-        return strided_copy(src, size, base, shape, step, out);
-    };
-    let lead = lead as usize;
+    let lead = shape.first().map_or(0, |&d| d as usize);
     if threads < 2 || lead < 2 || out.len() < PARALLEL_COPY_BYTES {
         return strided_copy(src, size, base, shape, step, out);
     }
