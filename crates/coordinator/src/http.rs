@@ -175,7 +175,7 @@ impl<L: Ledger + 'static> Service<L> {
         };
         let body = collect_body(req, self.access.max_request_bytes).await?;
         if let Some(a) = auth
-            && tenet_node::digest::hash_parts(&[&body]) != a.body_hash
+            && tenet_node::digest::hash(&body) != a.body_hash
         {
             return Err(ApiError::new(
                 ErrorCode::BadSignature,

@@ -360,7 +360,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     .map_err(|e| RevealError::Failed(e.to_string()))?
                     .to_vec(),
             };
-            if tenet_node::digest::hash_parts(&[&bytes]) != o.hash {
+            if tenet_node::digest::hash(&bytes) != o.hash {
                 return Err(RevealError::Lied(format!(
                     "output {} does not hash to what it revealed",
                     o.name

@@ -50,11 +50,11 @@ pub(crate) fn eval(
     let count: usize = red_dims.iter().product();
     // The reduced axes are the innermost ones: each output sums one contiguous run.
     let innermost = (0..shape.len()).all(|d| is_reduced(d) == (d >= shape.len() - axes.len()));
-    let listed: Vec<usize>;
+    let mut listed = Vec::new();
     let reduced = if innermost {
         Reduced::Contiguous(count)
     } else if count <= MAX_LISTED_POSITIONS {
-        listed = offsets(&red_dims, &red_st, 0, count);
+        offsets(&red_dims, &red_st, 0, count, &mut listed);
         Reduced::Offsets(&listed)
     } else {
         return None;
@@ -67,15 +67,16 @@ pub(crate) fn eval(
             for (b, block) in chunk.chunks_mut(OUTPUT_BLOCK).enumerate() {
                 let first = range.start + b * OUTPUT_BLOCK;
                 kept.clear();
-                kept.extend(offsets(&kept_dims, &kept_st, first, block.len()));
+                offsets(&kept_dims, &kept_st, first, block.len(), &mut kept);
                 ordered_sums(&xs, &kept, reduced, mean, block);
             }
         })
     }))
 }
 
-/// Offsets (by `strides`) of positions `first..first + len` in row-major order over `dims`.
-fn offsets(dims: &[usize], strides: &[usize], first: usize, len: usize) -> Vec<usize> {
+/// Append to `out` the offsets (by `strides`) of positions `first..first + len` in row-major
+/// order over `dims`.
+fn offsets(dims: &[usize], strides: &[usize], first: usize, len: usize, out: &mut Vec<usize>) {
     let mut idx = vec![0usize; dims.len()];
     let mut rem = first;
     for d in (0..dims.len()).rev() {
@@ -83,7 +84,6 @@ fn offsets(dims: &[usize], strides: &[usize], first: usize, len: usize) -> Vec<u
         rem /= dims[d].max(1);
     }
     let mut at: usize = idx.iter().zip(strides).map(|(i, s)| i * s).sum();
-    let mut out = Vec::with_capacity(len);
     for _ in 0..len {
         out.push(at);
         // Advance the odometer.
@@ -97,5 +97,4 @@ fn offsets(dims: &[usize], strides: &[usize], first: usize, len: usize) -> Vec<u
             idx[d] = 0;
         }
     }
-    out
 }

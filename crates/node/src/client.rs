@@ -158,7 +158,7 @@ impl NodeClient {
 
     /// The signature headers for a request.
     pub fn auth_headers(&self, method: &Method, path: &str, body: &[u8]) -> Vec<(String, String)> {
-        self.auth_headers_hashed(method, path, &crate::digest::hash_parts(&[body]))
+        self.auth_headers_hashed(method, path, &crate::digest::hash(body))
     }
 
     /// [`NodeClient::auth_headers`] for a body whose hash is already known.
@@ -283,7 +283,7 @@ impl NodeClient {
     /// Upload `bytes` as a blob unless the node already has it.
     pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<BlobStored, ClientError> {
         let bytes = bytes.into();
-        let hash = crate::digest::hash_parts(&[&bytes]);
+        let hash = crate::digest::hash(&bytes);
         if self.has_blob(&hash).await?.is_some() {
             return Ok(BlobStored {
                 hash,
@@ -297,7 +297,7 @@ impl NodeClient {
     /// Upload `bytes` as a blob without asking first whether the node has it.
     pub async fn upload_blob(&self, bytes: impl Into<Bytes>) -> Result<BlobStored, ClientError> {
         let bytes = bytes.into();
-        let hash = crate::digest::hash_parts(&[&bytes]);
+        let hash = crate::digest::hash(&bytes);
         self.put_hashed(bytes, &hash).await
     }
 

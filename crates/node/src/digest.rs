@@ -14,6 +14,11 @@ const PARALLEL_MIN: usize = 1 << 20;
 /// Subtrees per blob handed to the worker pool: enough for two or four cores to share evenly.
 const BLOCKS_PER_BLOB: usize = 4;
 
+/// The blake3 hash of `bytes` (in parallel subtrees when large).
+pub fn hash(bytes: &[u8]) -> Hash {
+    hash_parts(&[bytes])
+}
+
 /// The blake3 hash of `parts` joined end to end (a tensor blob's header and its bytes, say),
 /// without joining them.
 pub fn hash_parts(parts: &[&[u8]]) -> Hash {

@@ -235,7 +235,7 @@ async fn read_body(
     node.metrics
         .bytes_in
         .fetch_add(buf.len() as u64, Ordering::Relaxed);
-    if crate::digest::hash_parts(&[&buf]) != auth.body_hash {
+    if crate::digest::hash(&buf) != auth.body_hash {
         return Err(ApiError::new(
             ErrorCode::BadSignature,
             "the body does not hash to the signed x-tenet-body-hash: it was altered or cut short",

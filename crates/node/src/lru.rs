@@ -43,9 +43,7 @@ impl<V> Lru<V> {
         if weight > self.capacity {
             return;
         }
-        if let Some((_, w, _)) = self.map.remove(&k) {
-            self.weight -= w;
-        }
+        self.remove(&k);
         while self.weight + weight > self.capacity {
             let Some(oldest) = self
                 .map
@@ -55,9 +53,7 @@ impl<V> Lru<V> {
             else {
                 break;
             };
-            if let Some((_, w, _)) = self.map.remove(&oldest) {
-                self.weight -= w;
-            }
+            self.remove(&oldest);
         }
         self.clock += 1;
         self.weight += weight;

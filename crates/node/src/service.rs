@@ -62,9 +62,13 @@ impl HeldOutput {
         self.header.clone().chain(self.data.clone())
     }
 
-    /// Whether the memory copy has done its job: fetched, and safe on disk for any later fetch.
-    fn done(&self) -> bool {
-        self.fetched.load(Ordering::SeqCst) && self.stored.load(Ordering::SeqCst)
+    /// Mark it `fetched` or `stored`, and drop it from `outputs` once it is both: fetched,
+    /// and safe on disk for any later fetch.
+    fn mark(&self, flag: &AtomicBool, outputs: &Mutex<Lru<HeldOutput>>, hash: &Hash) {
+        flag.store(true, Ordering::SeqCst);
+        if self.fetched.load(Ordering::SeqCst) && self.stored.load(Ordering::SeqCst) {
+            lock(outputs).remove(hash);
+        }
     }
 }
 
@@ -274,7 +278,7 @@ impl Node {
         let mut inline = HashMap::new();
         for (hash, hex) in &req.blobs {
             let bytes = hex_blob(hex, &format!("inline blob {}", hash.short()))?;
-            let actual = crate::digest::hash_parts(&[&bytes]);
+            let actual = crate::digest::hash(&bytes);
             if actual != *hash {
                 return Err(ApiError::new(
                     ErrorCode::HashMismatch,
@@ -517,10 +521,7 @@ impl Node {
                 .put_computed(&hash, &[&held.header, &held.data])
                 .is_ok()
             {
-                held.stored.store(true, Ordering::SeqCst);
-                if held.done() {
-                    lock(&outputs).remove(&hash);
-                }
+                held.mark(&held.stored, &outputs, &hash);
             }
         });
     }
@@ -530,10 +531,7 @@ impl Node {
         let held = lock(&self.outputs).get(hash);
         if let Some(held) = held {
             let blob = held.payload();
-            held.fetched.store(true, Ordering::SeqCst);
-            if held.done() {
-                lock(&self.outputs).remove(hash);
-            }
+            held.mark(&held.fetched, &self.outputs, hash);
             return Ok(blob);
         }
         self.store.get(hash).map(payload).map_err(store_error)
@@ -872,7 +870,7 @@ impl Node {
             .tensor_by_hash(hash)
             .await
             .map_err(|e| failed(format!("pulling {} from {peer}: {e}", hash.short())))?;
-        if crate::digest::hash_parts(&[&bytes]) != *hash {
+        if crate::digest::hash(&bytes) != *hash {
             return Err(failed(format!(
                 "peer {peer} sent bytes that do not hash to {hash}"
             )));
