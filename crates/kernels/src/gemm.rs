@@ -264,7 +264,8 @@ struct Config {
     /// The kernel for the first tile of a column of tiles, whose B panel is not in L1 yet
     /// (it comes from L2 or L3): the same chains, prefetching B ahead as it goes.
     kernel_first: Kernel,
-    /// Pack A's whole panels with AVX-512 register transposes.
+    /// Pack A's whole panels, and B's whole panels when its columns are contiguous, with
+    /// AVX-512 register transposes.
     pack_avx512: bool,
     /// `blocked::<MR, NR>` for this kernel's tile.
     run: Blocked,
@@ -365,6 +366,7 @@ fn pack_a<const MR: usize>(
 /// Pack `kc × cols` of B (from row `p0`, column `c0`) as panels of `NR` columns: within a
 /// panel, step `p` holds the `NR` values of row `p0 + p`. Columns past `cols` are zero.
 fn pack_b<const NR: usize>(
+    cfg: &Config,
     dst: &mut [f32],
     b: Strided<'_>,
     p0: usize,
@@ -389,6 +391,15 @@ fn pack_b<const NR: usize>(
             let j0 = c0 + q * NR;
             let valid = NR.min(cols - q * NR);
             let panel = &mut dst[q * NR * kc..(q + 1) * NR * kc];
+            #[cfg(target_arch = "x86_64")]
+            if cfg.pack_avx512 && valid == NR && NR % 16 == 0 {
+                let src: [&[f32]; NR] =
+                    std::array::from_fn(|j| &b.data[(j0 + j) * b.cs + p0..][..kc]);
+                // SAFETY: `pack_avx512` is set only in the AVX-512 configuration, which
+                // `sgemm` runs only on a CPU that has AVX-512F.
+                unsafe { x86::pack_b_panel_cols(&src, panel) };
+                continue;
+            }
             for j in 0..NR {
                 if j < valid {
                     let col = &b.data[(j0 + j) * b.cs + p0..][..kc];
@@ -507,7 +518,7 @@ fn blocked<const MR: usize, const NR: usize>(
             crate::parallel::for_each_piece(bp, &by_panels, |range, dst| {
                 let q0 = range.start / (NR * k);
                 let cols = (nc - q0 * NR).min(dst.len() / k);
-                pack_b::<NR>(dst, b, 0, k, jc + q0 * NR, cols);
+                pack_b::<NR>(cfg, dst, b, 0, k, jc + q0 * NR, cols);
             });
             let bp = &*bp;
             // Rows are final once the last chunk of columns has passed over them.
@@ -854,6 +865,37 @@ mod x86 {
         for p in p..kc {
             for (i, row) in src.iter().enumerate() {
                 panel[p * MR + i] = row[p];
+            }
+        }
+    }
+
+    /// One panel of `pack_b` from `NR` (a multiple of 16) columns, each contiguous along k:
+    /// 16 columns by 16 steps at a time are loaded whole, transposed in registers, and
+    /// stored as 16 steps' rows of the panel (instead of one scalar store per value).
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn pack_b_panel_cols<const NR: usize>(src: &[&[f32]; NR], panel: &mut [f32]) {
+        let kc = panel.len() / NR;
+        let mut p = 0;
+        while p + 16 <= kc {
+            for (g, cols) in src.chunks_exact(16).enumerate() {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (x, col) in r.iter_mut().zip(cols) {
+                    let seg = &col[p..p + 16];
+                    // SAFETY: `seg` holds the 16 values loaded.
+                    *x = unsafe { _mm512_loadu_ps(seg.as_ptr()) };
+                }
+                transpose16(&mut r);
+                for (t, &x) in r.iter().enumerate() {
+                    let out = &mut panel[(p + t) * NR + 16 * g..][..16];
+                    // SAFETY: `out` holds the 16 values stored.
+                    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), x) };
+                }
+            }
+            p += 16;
+        }
+        for p in p..kc {
+            for (j, col) in src.iter().enumerate() {
+                panel[p * NR + j] = col[p];
             }
         }
     }
