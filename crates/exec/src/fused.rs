@@ -8,7 +8,7 @@
 
 use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::vmath::Arith;
+use tenet_kernels::vmath::{Arith, ScalarSide};
 use tenet_reference::math::NAN;
 use tenet_reference::{binary_f32, unary_f32};
 
@@ -214,8 +214,6 @@ fn compute(
             }
         }
         Kind::Binary(op) => {
-            let a = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
-            let b = operand(&m.srcs[1], done, prior, start, len, out_dims, s1);
             let arith = match op {
                 BinaryOp::Add => Some(Arith::Add),
                 BinaryOp::Sub => Some(Arith::Sub),
@@ -223,6 +221,19 @@ fn compute(
                 BinaryOp::Div => Some(Arith::Div),
                 _ => None,
             };
+            // A single value on one side (a scale): no buffer of its copies.
+            let scalar = match (&m.srcs[0], &m.srcs[1]) {
+                (Src::Scalar(v), other) => Some((*v, ScalarSide::Left, other)),
+                (other, Src::Scalar(v)) => Some((*v, ScalarSide::Right, other)),
+                _ => None,
+            };
+            if let (Some(arith), Some((v, side, other))) = (arith, scalar) {
+                let x = operand(other, done, prior, start, len, out_dims, s0);
+                tenet_kernels::vmath::arith_scalar_slice(level, arith, x, v, side, dst);
+                return;
+            }
+            let a = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
+            let b = operand(&m.srcs[1], done, prior, start, len, out_dims, s1);
             match arith {
                 Some(arith) => tenet_kernels::vmath::arith_slice(level, arith, a, b, dst),
                 None => dst
@@ -246,8 +257,9 @@ pub(crate) fn eval_range(
 }
 
 /// [`eval_range`] over members from [`members_in_place`]: `inout` holds the prior values
-/// for `range` and receives the group's. Each chunk of the prior values is copied aside
-/// before the chunk is overwritten, so the bits are those of an evaluation out of place.
+/// for `range` and receives the group's. Earlier members read a chunk's prior values where
+/// they lie; only when the last member (which overwrites the chunk) reads them too are they
+/// copied aside first. Either way the bits are those of an evaluation out of place.
 pub(crate) fn eval_in_place(
     level: SimdLevel,
     members: &[Member<'_>],
@@ -267,24 +279,31 @@ fn eval(
     in_place: bool,
 ) {
     let last = members.len() - 1;
+    let copy_prior = in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
     let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; CHUNK]; last];
     let mut scratch = [Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK)];
-    let mut prior = Vec::with_capacity(if in_place { CHUNK } else { 0 });
+    let mut prior = Vec::with_capacity(if copy_prior { CHUNK } else { 0 });
     let mut start = range.start;
     while start < range.end {
         let len = CHUNK.min(range.end - start);
         let o = start - range.start;
-        if in_place {
+        if copy_prior {
             prior.clear();
             prior.extend_from_slice(&out[o..o + len]);
         }
+        // Until the last member writes the chunk, its prior values are still in place.
+        let before_last: &[f32] = if copy_prior || !in_place {
+            &prior
+        } else {
+            &out[o..o + len]
+        };
         for (mi, member) in members[..last].iter().enumerate() {
             let (done, rest) = bufs.split_at_mut(mi);
             compute(
                 level,
                 member,
                 done,
-                &prior,
+                before_last,
                 start,
                 out_dims,
                 &mut rest[0][..len],

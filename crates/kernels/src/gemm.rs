@@ -392,7 +392,7 @@ fn pack_b<const NR: usize>(
             let valid = NR.min(cols - q * NR);
             let panel = &mut dst[q * NR * kc..(q + 1) * NR * kc];
             #[cfg(target_arch = "x86_64")]
-            if cfg.pack_avx512 && valid == NR && NR % 16 == 0 {
+            if cfg.pack_avx512 && valid == NR && NR.is_multiple_of(16) {
                 let src: [&[f32]; NR] =
                     std::array::from_fn(|j| &b.data[(j0 + j) * b.cs + p0..][..kc]);
                 // SAFETY: `pack_avx512` is set only in the AVX-512 configuration, which

@@ -61,13 +61,39 @@ pub fn arith_slice(level: SimdLevel, op: Arith, a: &[f32], b: &[f32], out: &mut 
     }
 }
 
+/// One operand of [`arith_scalar_slice`] is a single value: `Left` computes `s op a[i]`,
+/// `Right` computes `a[i] op s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScalarSide {
+    Left,
+    Right,
+}
+
+/// [`arith_slice`] with one operand a single value broadcast over `a` (a scale, a constant
+/// offset), without a buffer filled with copies of it.
+pub fn arith_scalar_slice(
+    level: SimdLevel,
+    op: Arith,
+    a: &[f32],
+    s: f32,
+    side: ScalarSide,
+    out: &mut [f32],
+) {
+    assert_eq!(a.len(), out.len(), "operand and output differ in length");
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::arith_scalar_avx512(op, a, s, side, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::arith_scalar_avx2(op, a, s, side, out) },
+        _ => arith_scalar_lanes(op, a, s, side, out),
+    }
+}
+
 /// The loop every level compiles: plain Rust the compiler vectorises for the enabled features.
 #[inline(always)]
 fn arith_lanes(op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
-    #[inline(always)]
-    fn canon(v: f32) -> f32 {
-        if v.is_nan() { math::NAN } else { v }
-    }
     let it = out.iter_mut().zip(a.iter().zip(b));
     match op {
         Arith::Add => it.for_each(|(o, (&p, &q))| *o = canon(p + q)),
@@ -75,6 +101,26 @@ fn arith_lanes(op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
         Arith::Mul => it.for_each(|(o, (&p, &q))| *o = canon(p * q)),
         Arith::Div => it.for_each(|(o, (&p, &q))| *o = canon(p / q)),
     }
+}
+
+/// [`arith_lanes`] with one operand a single value. (Zipping with `iter::repeat` instead
+/// compiles to scalar code.)
+#[inline(always)]
+fn arith_scalar_lanes(op: Arith, a: &[f32], s: f32, side: ScalarSide, out: &mut [f32]) {
+    let it = out.iter_mut().zip(a);
+    match (op, side) {
+        (Arith::Add, _) => it.for_each(|(o, &x)| *o = canon(x + s)),
+        (Arith::Sub, ScalarSide::Left) => it.for_each(|(o, &x)| *o = canon(s - x)),
+        (Arith::Sub, ScalarSide::Right) => it.for_each(|(o, &x)| *o = canon(x - s)),
+        (Arith::Mul, _) => it.for_each(|(o, &x)| *o = canon(x * s)),
+        (Arith::Div, ScalarSide::Left) => it.for_each(|(o, &x)| *o = canon(s / x)),
+        (Arith::Div, ScalarSide::Right) => it.for_each(|(o, &x)| *o = canon(x / s)),
+    }
+}
+
+#[inline(always)]
+fn canon(v: f32) -> f32 {
+    if v.is_nan() { math::NAN } else { v }
 }
 
 /// The reference's gelu_erf, made canonical.
@@ -97,6 +143,30 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn arith_avx2(op: super::Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
         super::arith_lanes(op, a, b, out)
+    }
+
+    /// `arith_scalar_lanes` compiled with AVX-512 enabled.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn arith_scalar_avx512(
+        op: super::Arith,
+        a: &[f32],
+        s: f32,
+        side: super::ScalarSide,
+        out: &mut [f32],
+    ) {
+        super::arith_scalar_lanes(op, a, s, side, out)
+    }
+
+    /// `arith_scalar_lanes` compiled with AVX2 enabled.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn arith_scalar_avx2(
+        op: super::Arith,
+        a: &[f32],
+        s: f32,
+        side: super::ScalarSide,
+        out: &mut [f32],
+    ) {
+        super::arith_scalar_lanes(op, a, s, side, out)
     }
 
     use tenet_reference::math::{EXP_CLAMP, EXP_TAYLOR, LN2_HI, LN2_LO, LOG2E, NAN, ROUND_SHIFT};

@@ -7,7 +7,7 @@ use tenet_ir::BinaryOp;
 use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, TensorType};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::vmath::{Arith, arith_slice};
+use tenet_kernels::vmath::{Arith, ScalarSide, arith_scalar_slice, arith_slice};
 
 const OPS: [(Arith, BinaryOp); 4] = [
     (Arith::Add, BinaryOp::Add),
@@ -31,6 +31,36 @@ fn check(a: &[f32], b: &[f32]) {
             arith_slice(level, arith, a, b, &mut got);
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{level:?} {arith:?} len {}", a.len());
+        }
+    }
+    // Each value of `b` broadcast over `a`, on either side.
+    for (arith, op) in OPS {
+        for &s in b.iter().take(13) {
+            for side in [ScalarSide::Left, ScalarSide::Right] {
+                let want: Vec<u32> = a
+                    .iter()
+                    .map(|&x| {
+                        let (p, q) = if side == ScalarSide::Left {
+                            (s, x)
+                        } else {
+                            (x, s)
+                        };
+                        let v = tenet_reference::binary_f32(op, p, q);
+                        if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() }
+                    })
+                    .collect();
+                for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+                    let mut got = vec![0.0f32; a.len()];
+                    arith_scalar_slice(level, arith, a, s, side, &mut got);
+                    let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(
+                        got,
+                        want,
+                        "{level:?} {arith:?} {side:?} {s} len {}",
+                        a.len()
+                    );
+                }
+            }
         }
     }
 }
