@@ -338,10 +338,10 @@ fn pack_a<const MR: usize>(
             let src: [&[f32]; MR] =
                 std::array::from_fn(|i| &a.data[(r0 + q * MR + i) * a.rs + p0..][..kc]);
             #[cfg(target_arch = "x86_64")]
-            if cfg.pack_avx512 && MR <= 16 {
+            if cfg.pack_avx512 {
                 // SAFETY: `pack_avx512` is set only in the AVX-512 configuration, which
                 // `sgemm` runs only on a CPU that has AVX-512F.
-                unsafe { x86::pack_a_panel(&src, panel) };
+                unsafe { x86::pack_panel_transposed(&src, panel) };
                 continue;
             }
             for (p, out) in panel.chunks_exact_mut(MR).enumerate() {
@@ -392,12 +392,12 @@ fn pack_b<const NR: usize>(
             let valid = NR.min(cols - q * NR);
             let panel = &mut dst[q * NR * kc..(q + 1) * NR * kc];
             #[cfg(target_arch = "x86_64")]
-            if cfg.pack_avx512 && valid == NR && NR.is_multiple_of(16) {
+            if cfg.pack_avx512 && valid == NR {
                 let src: [&[f32]; NR] =
                     std::array::from_fn(|j| &b.data[(j0 + j) * b.cs + p0..][..kc]);
                 // SAFETY: `pack_avx512` is set only in the AVX-512 configuration, which
                 // `sgemm` runs only on a CPU that has AVX-512F.
-                unsafe { x86::pack_b_panel_cols(&src, panel) };
+                unsafe { x86::pack_panel_transposed(&src, panel) };
                 continue;
             }
             for j in 0..NR {
@@ -839,63 +839,36 @@ mod x86 {
         }
     }
 
-    /// One panel of `pack_a` from `MR` ≤ 16 rows, each contiguous along k: 16 steps at a
-    /// time, the rows' segments are loaded whole, transposed in registers, and each step's
-    /// `MR` values stored side by side (instead of `MR` scattered scalar reads per step).
+    /// One panel of `pack_a` or `pack_b` from sources each contiguous along k (A's rows, or
+    /// B's columns when B is a transposed matrix): step `p` of the panel holds value `p` of
+    /// every source side by side. Up to 16 sources × 16 steps at a time are loaded whole,
+    /// transposed in registers and stored as 16 steps, instead of one scalar copy per value.
     #[target_feature(enable = "avx512f")]
-    pub(super) fn pack_a_panel<const MR: usize>(src: &[&[f32]; MR], panel: &mut [f32]) {
-        let kc = panel.len() / MR;
-        let mask: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
+    pub(super) fn pack_panel_transposed<const W: usize>(src: &[&[f32]; W], panel: &mut [f32]) {
+        let width = W;
+        let kc = panel.len() / width;
         let mut p = 0;
         while p + 16 <= kc {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (x, row) in r.iter_mut().zip(src) {
-                let seg = &row[p..p + 16];
-                // SAFETY: `seg` holds the 16 values loaded.
-                *x = unsafe { _mm512_loadu_ps(seg.as_ptr()) };
-            }
-            transpose16(&mut r);
-            for (j, &x) in r.iter().enumerate() {
-                let out = &mut panel[(p + j) * MR..][..MR];
-                // SAFETY: the mask stores the first MR lanes, and `out` holds MR values.
-                unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, x) };
-            }
-            p += 16;
-        }
-        for p in p..kc {
-            for (i, row) in src.iter().enumerate() {
-                panel[p * MR + i] = row[p];
-            }
-        }
-    }
-
-    /// One panel of `pack_b` from `NR` (a multiple of 16) columns, each contiguous along k:
-    /// 16 columns by 16 steps at a time are loaded whole, transposed in registers, and
-    /// stored as 16 steps' rows of the panel (instead of one scalar store per value).
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn pack_b_panel_cols<const NR: usize>(src: &[&[f32]; NR], panel: &mut [f32]) {
-        let kc = panel.len() / NR;
-        let mut p = 0;
-        while p + 16 <= kc {
-            for (g, cols) in src.chunks_exact(16).enumerate() {
+            for (g, group) in src.chunks(16).enumerate() {
                 let mut r = [_mm512_setzero_ps(); 16];
-                for (x, col) in r.iter_mut().zip(cols) {
-                    let seg = &col[p..p + 16];
+                for (x, source) in r.iter_mut().zip(group) {
+                    let seg = &source[p..p + 16];
                     // SAFETY: `seg` holds the 16 values loaded.
                     *x = unsafe { _mm512_loadu_ps(seg.as_ptr()) };
                 }
                 transpose16(&mut r);
+                let mask: __mmask16 = ((1u32 << group.len()) - 1) as __mmask16;
                 for (t, &x) in r.iter().enumerate() {
-                    let out = &mut panel[(p + t) * NR + 16 * g..][..16];
-                    // SAFETY: `out` holds the 16 values stored.
-                    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), x) };
+                    let out = &mut panel[(p + t) * width + 16 * g..][..group.len()];
+                    // SAFETY: the mask stores the group's lanes, and `out` holds that many.
+                    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, x) };
                 }
             }
             p += 16;
         }
         for p in p..kc {
-            for (j, col) in src.iter().enumerate() {
-                panel[p * NR + j] = col[p];
+            for (i, source) in src.iter().enumerate() {
+                panel[p * width + i] = source[p];
             }
         }
     }
