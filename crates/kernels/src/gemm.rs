@@ -224,6 +224,7 @@ fn dot_rows(i: usize, j0: usize, k: usize, a: Strided<'_>, b: Strided<'_>, out: 
 type Kernel = unsafe fn(
     kc: usize,
     a: *const f32,
+    a_rs: usize,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -264,6 +265,8 @@ struct Config {
     /// The kernel for the first tile of a column of tiles, whose B panel is not in L1 yet
     /// (it comes from L2 or L3): the same chains, prefetching B ahead as it goes.
     kernel_first: Kernel,
+    /// Kernels that read A in place from a row-major operand (no packing), if the level has them.
+    direct: Option<(Kernel, Kernel)>,
     /// Pack A's whole panels, and B's whole panels when its columns are contiguous, with
     /// AVX-512 register transposes.
     pack_avx512: bool,
@@ -296,6 +299,10 @@ impl Config {
                 mc: 96,
                 kernel: x86::kernel_avx512::<12, 2, 0>,
                 kernel_first: x86::kernel_avx512::<12, 2, B_PREFETCH_STEPS>,
+                direct: Some((
+                    x86::kernel_avx512_direct::<false>,
+                    x86::kernel_avx512_direct::<true>,
+                )),
                 pack_avx512: true,
                 run: blocked::<12, 32>,
             },
@@ -305,6 +312,7 @@ impl Config {
                 mc: 120,
                 kernel: x86::kernel_avx2,
                 kernel_first: x86::kernel_avx2,
+                direct: None,
                 pack_avx512: false,
                 run: blocked::<6, 16>,
             },
@@ -313,6 +321,7 @@ impl Config {
                 mc: 64,
                 kernel: kernel_portable,
                 kernel_first: kernel_portable,
+                direct: None,
                 pack_avx512: false,
                 run: blocked::<PMR, PNR>,
             },
@@ -557,6 +566,9 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
 ) {
     let (mr, nr) = (MR, NR);
     let kc_max = cfg.kc.min(k);
+    // A row-major A needs no packing where the level has kernels that read it in place: in
+    // MiniLM's products that took the time of a batch from 413–425 to ~400 ms.
+    let direct = cfg.direct.filter(|_| a.cs == 1);
     let mut tile = vec![0.0f32; mr * nr];
     with_scratch(&SCRATCH_A, cfg.mc.min(m).div_ceil(mr) * mr * kc_max, |ap| {
         for ic in (0..m).step_by(cfg.mc) {
@@ -564,7 +576,10 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
             for pc in (0..k).step_by(cfg.kc) {
                 let kc = cfg.kc.min(k - pc);
                 let (load, last) = (pc > 0, pc + kc == k);
-                pack_a::<MR>(cfg, ap, a, ic, mc, pc, kc);
+                // Full row panels read A in place when the kernel can; a partial one is
+                // packed (zero rows below the end) into the first panel of `ap`.
+                let full_rows = if direct.is_some() { mc / mr * mr } else { 0 };
+                pack_a::<MR>(cfg, ap, a, ic + full_rows, mc - full_rows, pc, kc);
                 let panel_lines = (nr * kc).div_ceil(16);
                 let lines_per_tile = panel_lines.div_ceil(mc.div_ceil(mr));
                 for jr in (0..nc).step_by(nr) {
@@ -572,7 +587,20 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
                     let bpanel = &bp[(jr / nr) * nr * k + pc * nr..][..nr * kc];
                     for ir in (0..mc).step_by(mr) {
                         let rows = mr.min(mc - ir);
-                        let apanel = &ap[(ir / mr) * mr * kc..][..mr * kc];
+                        // This tile's A: in place (row stride a.rs) or a packed panel.
+                        let (kernel, kernel_first, a_ptr, a_rs) = match direct {
+                            Some((kd, kdf)) if rows == mr => {
+                                let first = (ic + ir) * a.rs + pc;
+                                // Rows ic+ir .. +mr, columns pc .. pc+kc: inside A.
+                                let rows_span = &a.data[first..(ic + ir + mr - 1) * a.rs + pc + kc];
+                                (kd, kdf, rows_span.as_ptr(), a.rs)
+                            }
+                            _ => {
+                                let q = if direct.is_some() { 0 } else { ir / mr };
+                                let apanel = &ap[q * mr * kc..][..mr * kc];
+                                (cfg.kernel, cfg.kernel_first, apanel.as_ptr(), 0)
+                            }
+                        };
                         let (row, col) = (ic + ir, jc + jr);
                         // The next full tile down this column of tiles, and this tile's
                         // share of the next column's B panel, for prefetching.
@@ -591,19 +619,18 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
                             // col..col+nr ≤ n, and C spans (m-1)·c_rs + n elements.
                             let base = row * c_rs + col;
                             debug_assert!(base + (mr - 1) * c_rs + nr <= c.len());
-                            // SAFETY: the kernel reads kc·mr values of `apanel` and kc·nr of
-                            // `bpanel` (both that long) and reads/writes mr rows of nr values at
+                            // SAFETY: the kernel reads mr rows of kc values from `a_ptr`, a
+                            // packed panel (kc·mr values) or rows of A at stride a_rs (the
+                            // slice taken above spans them), kc·nr of `bpanel` (that long),
+                            // and reads/writes mr rows of nr values at
                             // stride c_rs from `base`, all inside `c` as argued above; the CPU
                             // supports the kernel's instructions (checked in `sgemm`).
-                            let kernel = if ir == 0 {
-                                cfg.kernel_first
-                            } else {
-                                cfg.kernel
-                            };
+                            let kernel = if ir == 0 { kernel_first } else { kernel };
                             unsafe {
                                 kernel(
                                     kc,
-                                    apanel.as_ptr(),
+                                    a_ptr,
+                                    a_rs,
                                     bpanel.as_ptr(),
                                     c.as_mut_ptr().add(base),
                                     c_rs,
@@ -620,9 +647,10 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
                             }
                             // SAFETY: as above, with C replaced by `tile` (mr × nr, ldc = nr).
                             unsafe {
-                                (cfg.kernel)(
+                                kernel(
                                     kc,
-                                    apanel.as_ptr(),
+                                    a_ptr,
+                                    a_rs,
                                     bpanel.as_ptr(),
                                     tile.as_mut_ptr(),
                                     nr,
@@ -661,6 +689,7 @@ const PNR: usize = 4;
 unsafe fn kernel_portable(
     kc: usize,
     a: *const f32,
+    _a_rs: usize,
     b: *const f32,
     c: *mut f32,
     ldc: usize,
@@ -1019,6 +1048,7 @@ mod x86 {
     pub(super) unsafe fn kernel_avx512<const MR: usize, const NV: usize, const B_AHEAD: usize>(
         kc: usize,
         a: *const f32,
+        _a_rs: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
@@ -1094,6 +1124,92 @@ mod x86 {
         }
     }
 
+    /// The AVX-512 12×32 micro-kernel reading A in place: row `i` of the tile's A is at
+    /// `a + i·a_rs`, step `p` at offset `p` (a row-major operand, no packing). `FIRST` adds
+    /// the prefetch of B 16 steps ahead that the first tile of a column needs. The same fma
+    /// chains as `kernel_avx512`; the 4-step loops are written out in `gemm_direct`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; rows `0..12` of A hold `kc` values from `a` at stride
+    /// `a_rs`; `b` holds `kc·32` values and `c` 12 rows of 32 values at stride `ldc`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn kernel_avx512_direct<const FIRST: bool>(
+        kc: usize,
+        a: *const f32,
+        a_rs: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
+        last: bool,
+        ahead: super::Ahead,
+    ) {
+        use crate::gemm_direct as d;
+        const MR: usize = 12;
+        if !ahead.c.is_null() {
+            for i in 0..MR {
+                for v in 0..2 {
+                    // Prefetching never faults, wherever it points.
+                    let line = ahead.c.wrapping_add(i * ldc + 16 * v);
+                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+                }
+            }
+        }
+        let mut acc = [_mm512_setzero_ps(); 2 * MR];
+        if load {
+            for (t, x) in acc.iter_mut().enumerate() {
+                // SAFETY: row t/2, vector t%2 of the tile is inside `c`.
+                *x = unsafe { _mm512_loadu_ps(c.add((t / 2) * ldc + 16 * (t % 2))) };
+            }
+        }
+        let iters = kc / 4;
+        // Iterations that also fetch a line of the next column's B panel, then the rest.
+        let with_next = ahead.b_lines.min(iters);
+        let bases = |p: usize| -> [*const f32; 4] {
+            std::array::from_fn(|q| a.wrapping_add(3 * q * a_rs + p))
+        };
+        let lda = a_rs * 4;
+        // SAFETY: steps 0..4·iters read rows 0..12 of A and 32 values of B per step, inside
+        // the operands (the caller's guarantee); `with_next` lines from `ahead.b` are only
+        // prefetched.
+        unsafe {
+            if with_next > 0 {
+                if FIRST {
+                    d::steps_next_ahead(&mut acc, bases(0), lda, b, with_next, ahead.b);
+                } else {
+                    d::steps_next(&mut acc, bases(0), lda, b, with_next, ahead.b);
+                }
+            }
+            if iters > with_next {
+                let (p, bp) = (4 * with_next, b.add(4 * with_next * 32));
+                if FIRST {
+                    d::steps_ahead(&mut acc, bases(p), lda, bp, iters - with_next);
+                } else {
+                    d::steps(&mut acc, bases(p), lda, bp, iters - with_next);
+                }
+            }
+        }
+        for p in 4 * iters..kc {
+            // SAFETY: step p < kc of B and of rows 0..12 of A, as above.
+            unsafe {
+                let b0 = _mm512_loadu_ps(b.add(p * 32));
+                let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
+                for i in 0..MR {
+                    let ai = _mm512_set1_ps(*a.add(i * a_rs + p));
+                    acc[2 * i] = _mm512_fmadd_ps(ai, b0, acc[2 * i]);
+                    acc[2 * i + 1] = _mm512_fmadd_ps(ai, b1, acc[2 * i + 1]);
+                }
+            }
+        }
+        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
+        for (t, &x) in acc.iter().enumerate() {
+            let x = if last { canonical16(x, nan) } else { x };
+            // SAFETY: row t/2, vector t%2 of the tile is inside `c`.
+            unsafe { _mm512_storeu_ps(c.add((t / 2) * ldc + 16 * (t % 2)), x) };
+        }
+    }
+
     /// AVX2+FMA 6×16 micro-kernel: 12 accumulators, one fma chain per C element.
     ///
     /// # Safety
@@ -1104,6 +1220,7 @@ mod x86 {
     pub(super) unsafe fn kernel_avx2(
         kc: usize,
         a: *const f32,
+        _a_rs: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,

@@ -7,6 +7,9 @@
 //! are detected at run time; `TENET_SIMD=avx512|avx2|portable` forces a level (see `SimdLevel`).
 
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+#[rustfmt::skip]
+mod gemm_direct;
 pub mod memory;
 pub mod norm;
 pub mod parallel;

@@ -61,8 +61,38 @@ fn check_values(m: usize, n: usize, k: usize, a: &HostTensor, b: &HostTensor) {
             bt[j * k + p] = bv[p * n + j];
         }
     }
+    // A also with rows 5 apart beyond their length (a view into a wider tensor, read in place
+    // by the kernels that can) and column-major (packed from strided columns).
+    let a_padded: Vec<f32> = (0..m * (k + 5))
+        .map(|x| {
+            let (i, p) = (x / (k + 5), x % (k + 5));
+            if p < k { av[i * k + p] } else { f32::NAN }
+        })
+        .collect();
+    let mut at = vec![0.0f32; m * k];
+    for i in 0..m {
+        for p in 0..k {
+            at[p * m + i] = av[i * k + p];
+        }
+    }
+    let a_layouts = [
+        Strided::row_major(&av, k),
+        Strided {
+            data: &a_padded,
+            rs: k + 5,
+            cs: 1,
+        },
+        Strided {
+            data: &at,
+            rs: 1,
+            cs: m,
+        },
+    ];
     for level in levels() {
-        for threads in [1, 2, 3] {
+        for (threads, a) in [1, 2, 3]
+            .into_iter()
+            .flat_map(|t| a_layouts.map(|a| (t, a)))
+        {
             for transposed in [false, true] {
                 let bs = if transposed {
                     Strided {
@@ -76,25 +106,16 @@ fn check_values(m: usize, n: usize, k: usize, a: &HostTensor, b: &HostTensor) {
                 // C with a wider row stride and garbage in it: every element must be written.
                 let c_rs = n + 3;
                 let mut c = vec![f32::from_bits(0x7f80_0001); m.max(1) * c_rs];
-                sgemm(
-                    level,
-                    threads,
-                    m,
-                    n,
-                    k,
-                    Strided::row_major(&av, k),
-                    bs,
-                    &mut c,
-                    c_rs,
-                )
-                .unwrap();
+                sgemm(level, threads, m, n, k, a, bs, &mut c, c_rs).unwrap();
                 let got: Vec<u32> = (0..m)
                     .flat_map(|i| c[i * c_rs..i * c_rs + n].to_vec())
                     .map(|v| v.to_bits())
                     .collect();
                 assert_eq!(
-                    got, want,
-                    "{level:?} threads={threads} transposed={transposed} m={m} n={n} k={k}"
+                    got,
+                    want,
+                    "{level:?} threads={threads} a={:?} transposed={transposed} m={m} n={n} k={k}",
+                    (a.rs, a.cs)
                 );
             }
         }
