@@ -1,72 +1,120 @@
 #!/usr/bin/env python3
-"""Writes crates/kernels/src/gemm_direct.rs: the k-loops of the AVX-512 12x32 micro-kernel
-that reads A in place (4 steps per iteration), as inline assembly. Run from the repository
-root after changing the tile or the loop."""
+"""Writes crates/kernels/src/gemm_direct.rs: the k-loops of the AVX-512 micro-kernels that
+read A in place (MR rows x NV vectors of 16 columns, 4 steps per iteration), as inline
+assembly, for each tile in TILES. Run from the repository root after changing a tile or the
+loop: `python3 scripts/gen_direct_loops.py`."""
 import sys
-MR, NV, U = 12, 2, 4
-bases = ['a0', 'a3', 'a6', 'a9']
-def body(pf_next, b_ahead):
+
+# Every tile has 24 accumulators, so one loop signature serves both.
+TILES = [(8, 3), (12, 2)]
+U = 4  # steps per iteration
+
+
+def bases(mr):
+    # Rows 0, 3, 6, ... have a base register each; the two below each base are one and two
+    # strides from it (x86 addressing scales an index by 1, 2, 4 or 8).
+    return [f'a{3 * q}' for q in range((mr + 2) // 3)]
+
+
+def body(mr, nv, pf_next, b_ahead):
     l = ['"2:"']
     if pf_next:
         l.append('"prefetcht1 [{bn}]"')
     for u in range(U):
         if b_ahead:
-            for v in range(NV):
-                l.append(f'"prefetcht0 [{{b}} + {(u + 16) * NV * 64 + v * 64}]"')
-        for v in range(NV):
-            l.append(f'"vmovups {{b{v}}}, [{{b}} + {(u * NV + v) * 64}]"')
-        for i in range(MR):
+            for v in range(nv):
+                l.append(f'"prefetcht0 [{{b}} + {(u + 16) * nv * 64 + v * 64}]"')
+        for v in range(nv):
+            l.append(f'"vmovups {{b{v}}}, [{{b}} + {(u * nv + v) * 64}]"')
+        for i in range(mr):
             x = f'x{i % 2}'
-            base, j = bases[i // 3], i % 3
+            base, j = bases(mr)[i // 3], i % 3
             idx = '' if j == 0 else f' + {{lda}}*{j}'
             l.append(f'"vbroadcastss {{{x}}}, dword ptr [{{{base}}}{idx} + {u * 4}]"')
-            for v in range(NV):
-                l.append(f'"vfmadd231ps {{c{i * NV + v}}}, {{b{v}}}, {{{x}}}"')
-    for b in bases:
+            for v in range(nv):
+                l.append(f'"vfmadd231ps {{c{i * nv + v}}}, {{b{v}}}, {{{x}}}"')
+    for b in bases(mr):
         l.append(f'"add {{{b}}}, {U * 4}"')
-    l.append(f'"add {{b}}, {U * NV * 64}"')
+    l.append(f'"add {{b}}, {U * nv * 64}"')
     if pf_next:
         l.append('"add {bn}, 64"')
     l.append('"sub {n}, 1"')
     l.append('"jnz 2b"')
     return l
+
+
+def loop_fn(mr, nv, pf_next, b_ahead):
+    name = f"steps{'_next' if pf_next else ''}{'_ahead' if b_ahead else ''}"
+    assert mr * nv == 24 and 24 + nv + 2 <= 32
+    ops = [f'c{r} = inout(zmm_reg) c[{r}]' for r in range(24)]
+    ops += [f'b{v} = out(zmm_reg) _' for v in range(nv)]
+    ops += ['x0 = out(zmm_reg) _', 'x1 = out(zmm_reg) _']
+    ops += [f'{b} = inout(reg) a[{q}] => _' for q, b in enumerate(bases(mr))]
+    ops += ['lda = in(reg) lda_bytes', 'b = inout(reg) b => _', 'n = inout(reg) iters => _']
+    if pf_next:
+        ops += ['bn = inout(reg) next => _']
+    J = ',\n            '
+    what = "".join([
+        "; prefetches one line of `next` (into L2) per iteration" if pf_next else "",
+        "; prefetches B 16 steps ahead (into L1)" if b_ahead else "",
+    ])
+    return f'''
+    /// `iters` × 4 steps{what}.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `iters > 0`; for every step, row `i` of A at
+    /// `a[i / 3] + (i % 3)·lda_bytes` and {16 * nv} values of B are readable.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn {name}(c: &mut [__m512; 24], a: [*const f32; 4], lda_bytes: usize, b: *const f32, iters: usize, {'next' if pf_next else '_next'}: *const f32) {{
+        // SAFETY: the caller guarantees the reads; prefetches never fault.
+        unsafe {{
+            asm!(
+            {J.join(body(mr, nv, pf_next, b_ahead))},
+            {J.join(ops)},
+            options(nostack, readonly)
+            )
+        }};
+    }}'''
+
+
 out = []
-for pf_next in (False, True):
-    for b_ahead in (False, True):
-        name = f"steps{'_next' if pf_next else ''}{'_ahead' if b_ahead else ''}"
-        ops = []
-        ops += [f'c{r} = inout(zmm_reg) c[{r}]' for r in range(MR * NV)]
-        ops += ['b0 = out(zmm_reg) _', 'b1 = out(zmm_reg) _', 'x0 = out(zmm_reg) _', 'x1 = out(zmm_reg) _']
-        ops += ['a0 = inout(reg) a[0] => _', 'a3 = inout(reg) a[1] => _', 'a6 = inout(reg) a[2] => _', 'a9 = inout(reg) a[3] => _']
-        ops += ['lda = in(reg) lda_bytes', 'b = inout(reg) b => _', 'n = inout(reg) iters => _']
-        if pf_next:
-            ops += ['bn = inout(reg) next => _']
-        sig = 'c: &mut [__m512; 24], a: [*const f32; 4], lda_bytes: usize, b: *const f32, iters: usize' + (', next: *const f32' if pf_next else '')
-        J = ',\n        '
-        out.append(f'''
-/// `iters` × 4 steps{"; prefetches one line of `next` (into L2) per iteration" if pf_next else ""}{"; prefetches B 16 steps ahead (into L1)" if b_ahead else ""}.
-///
-/// # Safety
-/// The CPU supports AVX-512F; `iters > 0`; for every step, row `i` of A at `a[i / 3] + (i % 3)·lda_bytes` and 32 values of B are readable.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn {name}({sig}) {{
-    // SAFETY: the caller guarantees the reads; prefetches never fault.
-    unsafe {{
-        asm!(
-        {J.join(body(pf_next, b_ahead))},
-        {J.join(ops)},
-        options(nostack, readonly)
-        )
+for mr, nv in TILES:
+    fns = ''.join(loop_fn(mr, nv, p, b) for p in (False, True) for b in (False, True))
+    out.append(f'''
+/// The {mr}×{16 * nv} tile: {nv} B loads, {mr} broadcasts and 24 fmas per step.
+pub(crate) mod t{mr}x{16 * nv} {{
+    use std::arch::asm;
+    use std::arch::x86_64::__m512;
+
+    /// This tile's loops.
+    pub(crate) const LOOPS: super::Loops = super::Loops {{
+        steps,
+        steps_ahead,
+        steps_next,
+        steps_next_ahead,
     }};
+{fns}
 }}''')
 hdr = '''//! Generated by `scripts/gen_direct_loops.py`: do not edit by hand.
 //!
-//! The k-loops of the AVX-512 12×32 micro-kernel that reads A in place (rows `lda_bytes`
-//! apart, four base pointers for rows 0, 3, 6 and 9, rows between them at one and two
-//! strides): the compiler spills accumulators when twelve row pointers are live, so the loop
-//! is written out. Each step is two B loads, twelve broadcasts and 24 fmas, in that order
-//! per row: the same fma chains as the packed kernel.
-use std::arch::asm;
+//! The k-loops of the AVX-512 micro-kernels that read A in place (rows `lda_bytes` apart, a
+//! base pointer for every third row, rows between them at one and two strides): the compiler
+//! spills accumulators when a pointer per row is live, so the loops are written out. Each
+//! step loads B's vectors, then per row broadcasts A's value and runs its fmas: the same fma
+//! chains as the packed kernel.
 use std::arch::x86_64::__m512;
+
+/// One k-loop: 24 accumulators, A's row bases, A's row stride in bytes, B, iterations of 4
+/// steps, and the next panel's lines to prefetch (ignored by the loops that do not).
+pub(crate) type Loop = unsafe fn(&mut [__m512; 24], [*const f32; 4], usize, *const f32, usize, *const f32);
+
+/// A tile's loops, with and without each prefetch.
+pub(crate) struct Loops {
+    pub steps: Loop,
+    pub steps_ahead: Loop,
+    pub steps_next: Loop,
+    pub steps_next_ahead: Loop,
+}
 '''
-open(sys.argv[1] if len(sys.argv) > 1 else 'crates/kernels/src/gemm_direct.rs', 'w').write(hdr + '\n'.join(out) + '\n')
+path = sys.argv[1] if len(sys.argv) > 1 else 'crates/kernels/src/gemm_direct.rs'
+open(path, 'w').write(hdr + '\n'.join(out) + '\n')

@@ -141,7 +141,7 @@ pub fn sgemm_then(
         whole(c);
         return Ok(());
     }
-    let cfg = Config::for_level(level);
+    let cfg = Config::for_level(level, n);
     (cfg.run)(&cfg, threads, m, n, k, a, b, c, c_rs, epilogue);
     Ok(())
 }
@@ -218,7 +218,9 @@ fn dot_rows(i: usize, j0: usize, k: usize, a: Strided<'_>, b: Strided<'_>, out: 
 }
 
 /// A micro-kernel: `C[MR × NR] (+)= Apanel · Bpanel` over `kc` steps, where the panels are
-/// packed (`a[p * MR + i]`, `b[p * NR + j]`), `load` says whether C holds a partial chain, and
+/// packed (`a[p * MR + i]`, `b[p * NR + j]`; a kernel that reads A in place takes
+/// `a[i * a_rs + p]` instead, and the others ignore `a_rs`), `load` says whether C holds a
+/// partial chain, and
 /// `last` that this is the final k-block, whose NaN results are stored as the canonical NaN.
 /// `ahead` says what to prefetch for the calls that follow.
 type Kernel = unsafe fn(
@@ -288,23 +290,47 @@ type Blocked = fn(
 );
 
 impl Config {
-    fn for_level(level: SimdLevel) -> Config {
+    /// The configuration for `level` and products `n` columns wide.
+    fn for_level(level: SimdLevel, n: usize) -> Config {
         match level {
+            // 12×32 tiles where 48-column panels would pad the product by more than 1/16 and
+            // 32-column ones less (attention's 32 and 128 columns: 16 of every 48 or 144
+            // computed for nothing; 2048 columns pad to 2064 and stay with 8×48).
             #[cfg(target_arch = "x86_64")]
-            // 12×32 tiles: 24 zmm accumulators. KC·NR·4 = 32 KiB of B stays in L1 across a
-            // column of tiles; MC·KC·4 = 96 KiB of A and MC rows of C stay in L2. KC 128/256/384
-            // × MC 48/96/240 all measured 126–141 GFLOP/s (2048², 1 thread, Xeon): within noise.
+            SimdLevel::Avx512
+                if (n.next_multiple_of(48) - n) * 16 > n
+                    && n.next_multiple_of(32) - n < n.next_multiple_of(48) - n =>
+            {
+                Config {
+                    kc: 1024,
+                    mc: 96,
+                    kernel: x86::kernel_avx512::<12, 2, 0>,
+                    kernel_first: x86::kernel_avx512::<12, 2, B_PREFETCH_STEPS>,
+                    direct: Some((
+                        x86::kernel_avx512_direct::<12, 2, false>,
+                        x86::kernel_avx512_direct::<12, 2, true>,
+                    )),
+                    pack_avx512: true,
+                    run: blocked::<12, 32>,
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            // 8×48 tiles: 24 zmm accumulators, 3 B loads and 8 broadcasts per 24 fmas (0.91
+            // of the one-core peak with A and B in cache here; 12×32 0.85). KC 1024: the B
+            // panel (192 KiB) and MC rows of A (384 KiB) stream from L2, and C goes through
+            // the registers once per 1024 steps. 2048² with 2 threads: KC 128 60.6 ms, 256
+            // 56.6, 512 52.9, 1024 51.7, 2048 51.5; MC 48 54.7, 96 51.7, 192 52.7.
             SimdLevel::Avx512 => Config {
-                kc: 256,
+                kc: 1024,
                 mc: 96,
-                kernel: x86::kernel_avx512::<12, 2, 0>,
-                kernel_first: x86::kernel_avx512::<12, 2, B_PREFETCH_STEPS>,
+                kernel: x86::kernel_avx512::<8, 3, 0>,
+                kernel_first: x86::kernel_avx512::<8, 3, B_PREFETCH_STEPS>,
                 direct: Some((
-                    x86::kernel_avx512_direct::<false>,
-                    x86::kernel_avx512_direct::<true>,
+                    x86::kernel_avx512_direct::<8, 3, false>,
+                    x86::kernel_avx512_direct::<8, 3, true>,
                 )),
                 pack_avx512: true,
-                run: blocked::<12, 32>,
+                run: blocked::<8, 48>,
             },
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => Config {
@@ -1124,17 +1150,21 @@ mod x86 {
         }
     }
 
-    /// The AVX-512 12×32 micro-kernel reading A in place: row `i` of the tile's A is at
-    /// `a + i·a_rs`, step `p` at offset `p` (a row-major operand, no packing). `FIRST` adds
-    /// the prefetch of B 16 steps ahead that the first tile of a column needs. The same fma
-    /// chains as `kernel_avx512`; the 4-step loops are written out in `gemm_direct`.
+    /// The AVX-512 `MR`×`16·NV` micro-kernel (8×48 or 12×32) reading A in place: row `i` of the tile's A is
+    /// at `a + i·a_rs`, step `p` at offset `p` (a row-major operand, no packing). `FIRST`
+    /// adds the prefetch of B 16 steps ahead that the first tile of a column needs. The same
+    /// fma chains as `kernel_avx512`; the 4-step loops are written out in `gemm_direct`.
     ///
     /// # Safety
-    /// The CPU supports AVX-512F; rows `0..12` of A hold `kc` values from `a` at stride
-    /// `a_rs`; `b` holds `kc·32` values and `c` 12 rows of 32 values at stride `ldc`.
+    /// The CPU supports AVX-512F; rows `0..MR` of A hold `kc` values from `a` at stride
+    /// `a_rs`; `b` holds `kc·16·NV` values and `c` `MR` rows of `16·NV` values at stride `ldc`.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn kernel_avx512_direct<const FIRST: bool>(
+    pub(super) unsafe fn kernel_avx512_direct<
+        const MR: usize,
+        const NV: usize,
+        const FIRST: bool,
+    >(
         kc: usize,
         a: *const f32,
         a_rs: usize,
@@ -1145,68 +1175,77 @@ mod x86 {
         last: bool,
         ahead: super::Ahead,
     ) {
-        use crate::gemm_direct as d;
-        const MR: usize = 12;
+        const { assert!(MR * NV == 24 && (MR == 8 || MR == 12)) };
+        let d = if MR == 8 {
+            &crate::gemm_direct::t8x48::LOOPS
+        } else {
+            &crate::gemm_direct::t12x32::LOOPS
+        };
+        let nr = 16 * NV;
+        // Accumulator t is row t / NV, vector t % NV of the tile.
+        let at = |t: usize| (t / NV) * ldc + 16 * (t % NV);
         if !ahead.c.is_null() {
-            for i in 0..MR {
-                for v in 0..2 {
-                    // Prefetching never faults, wherever it points.
-                    let line = ahead.c.wrapping_add(i * ldc + 16 * v);
-                    _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
-                }
+            for t in 0..MR * NV {
+                // Prefetching never faults, wherever it points.
+                _mm_prefetch::<_MM_HINT_T0>(ahead.c.wrapping_add(at(t)) as *const i8);
             }
         }
-        let mut acc = [_mm512_setzero_ps(); 2 * MR];
+        let mut acc = [_mm512_setzero_ps(); 24];
         if load {
             for (t, x) in acc.iter_mut().enumerate() {
-                // SAFETY: row t/2, vector t%2 of the tile is inside `c`.
-                *x = unsafe { _mm512_loadu_ps(c.add((t / 2) * ldc + 16 * (t % 2))) };
+                // SAFETY: accumulator t's vector of the tile is inside `c`.
+                *x = unsafe { _mm512_loadu_ps(c.add(at(t))) };
             }
         }
         let iters = kc / 4;
         // Iterations that also fetch a line of the next column's B panel, then the rest.
         let with_next = ahead.b_lines.min(iters);
-        let bases = |p: usize| -> [*const f32; 4] {
-            std::array::from_fn(|q| a.wrapping_add(3 * q * a_rs + p))
-        };
+        // Rows 0, 3, 6 and 9 (the 8-row tile ignores the last).
+        let bases = |p: usize| std::array::from_fn(|q| a.wrapping_add(3 * q * a_rs + p));
         let lda = a_rs * 4;
-        // SAFETY: steps 0..4·iters read rows 0..12 of A and 32 values of B per step, inside
+        // SAFETY: steps 0..4·iters read rows 0..MR of A and nr values of B per step, inside
         // the operands (the caller's guarantee); `with_next` lines from `ahead.b` are only
         // prefetched.
         unsafe {
             if with_next > 0 {
-                if FIRST {
-                    d::steps_next_ahead(&mut acc, bases(0), lda, b, with_next, ahead.b);
+                let f = if FIRST {
+                    d.steps_next_ahead
                 } else {
-                    d::steps_next(&mut acc, bases(0), lda, b, with_next, ahead.b);
-                }
+                    d.steps_next
+                };
+                f(&mut acc, bases(0), lda, b, with_next, ahead.b);
             }
             if iters > with_next {
-                let (p, bp) = (4 * with_next, b.add(4 * with_next * 32));
-                if FIRST {
-                    d::steps_ahead(&mut acc, bases(p), lda, bp, iters - with_next);
-                } else {
-                    d::steps(&mut acc, bases(p), lda, bp, iters - with_next);
-                }
+                let (p, bp) = (4 * with_next, b.add(4 * with_next * nr));
+                let f = if FIRST { d.steps_ahead } else { d.steps };
+                f(
+                    &mut acc,
+                    bases(p),
+                    lda,
+                    bp,
+                    iters - with_next,
+                    std::ptr::null(),
+                );
             }
         }
         for p in 4 * iters..kc {
-            // SAFETY: step p < kc of B and of rows 0..12 of A, as above.
+            // SAFETY: step p < kc of B and of rows 0..MR of A, as above.
             unsafe {
-                let b0 = _mm512_loadu_ps(b.add(p * 32));
-                let b1 = _mm512_loadu_ps(b.add(p * 32 + 16));
+                let bv: [__m512; NV] =
+                    std::array::from_fn(|v| _mm512_loadu_ps(b.add(p * nr + 16 * v)));
                 for i in 0..MR {
                     let ai = _mm512_set1_ps(*a.add(i * a_rs + p));
-                    acc[2 * i] = _mm512_fmadd_ps(ai, b0, acc[2 * i]);
-                    acc[2 * i + 1] = _mm512_fmadd_ps(ai, b1, acc[2 * i + 1]);
+                    for (v, &bvv) in bv.iter().enumerate() {
+                        acc[i * NV + v] = _mm512_fmadd_ps(ai, bvv, acc[i * NV + v]);
+                    }
                 }
             }
         }
         let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         for (t, &x) in acc.iter().enumerate() {
             let x = if last { canonical16(x, nan) } else { x };
-            // SAFETY: row t/2, vector t%2 of the tile is inside `c`.
-            unsafe { _mm512_storeu_ps(c.add((t / 2) * ldc + 16 * (t % 2)), x) };
+            // SAFETY: accumulator t's vector of the tile is inside `c`.
+            unsafe { _mm512_storeu_ps(c.add(at(t)), x) };
         }
     }
 
