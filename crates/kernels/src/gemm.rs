@@ -290,6 +290,30 @@ type Blocked = fn(
 );
 
 impl Config {
+    /// The AVX-512 configuration for an `MR`×`NR` tile (`NR` = 16·`NV`).
+    ///
+    /// 8×48 tiles: 24 zmm accumulators, 3 B loads and 8 broadcasts per 24 fmas (0.91 of the
+    /// one-core peak with A and B in cache here; 12×32 0.85). KC 1024: the B panel (192 KiB
+    /// at 8×48) and MC rows of A (384 KiB) stream from L2, and C goes through the registers
+    /// once per 1024 steps. 2048² with 2 threads: KC 128 60.6 ms, 256 56.6, 512 52.9, 1024
+    /// 51.7, 2048 51.5; MC 48 54.7, 96 51.7, 192 52.7.
+    #[cfg(target_arch = "x86_64")]
+    fn avx512<const MR: usize, const NV: usize, const NR: usize>() -> Config {
+        const { assert!(NR == 16 * NV) };
+        Config {
+            kc: 1024,
+            mc: 96,
+            kernel: x86::kernel_avx512::<MR, NV, 0>,
+            kernel_first: x86::kernel_avx512::<MR, NV, B_PREFETCH_STEPS>,
+            direct: Some((
+                x86::kernel_avx512_direct::<MR, NV, false>,
+                x86::kernel_avx512_direct::<MR, NV, true>,
+            )),
+            pack_avx512: true,
+            run: blocked::<MR, NR>,
+        }
+    }
+
     /// The configuration for `level` and products `n` columns wide.
     fn for_level(level: SimdLevel, n: usize) -> Config {
         match level {
@@ -301,37 +325,10 @@ impl Config {
                 if (n.next_multiple_of(48) - n) * 16 > n
                     && n.next_multiple_of(32) - n < n.next_multiple_of(48) - n =>
             {
-                Config {
-                    kc: 1024,
-                    mc: 96,
-                    kernel: x86::kernel_avx512::<12, 2, 0>,
-                    kernel_first: x86::kernel_avx512::<12, 2, B_PREFETCH_STEPS>,
-                    direct: Some((
-                        x86::kernel_avx512_direct::<12, 2, false>,
-                        x86::kernel_avx512_direct::<12, 2, true>,
-                    )),
-                    pack_avx512: true,
-                    run: blocked::<12, 32>,
-                }
+                Config::avx512::<12, 2, 32>()
             }
             #[cfg(target_arch = "x86_64")]
-            // 8×48 tiles: 24 zmm accumulators, 3 B loads and 8 broadcasts per 24 fmas (0.91
-            // of the one-core peak with A and B in cache here; 12×32 0.85). KC 1024: the B
-            // panel (192 KiB) and MC rows of A (384 KiB) stream from L2, and C goes through
-            // the registers once per 1024 steps. 2048² with 2 threads: KC 128 60.6 ms, 256
-            // 56.6, 512 52.9, 1024 51.7, 2048 51.5; MC 48 54.7, 96 51.7, 192 52.7.
-            SimdLevel::Avx512 => Config {
-                kc: 1024,
-                mc: 96,
-                kernel: x86::kernel_avx512::<8, 3, 0>,
-                kernel_first: x86::kernel_avx512::<8, 3, B_PREFETCH_STEPS>,
-                direct: Some((
-                    x86::kernel_avx512_direct::<8, 3, false>,
-                    x86::kernel_avx512_direct::<8, 3, true>,
-                )),
-                pack_avx512: true,
-                run: blocked::<8, 48>,
-            },
+            SimdLevel::Avx512 => Config::avx512::<8, 3, 48>(),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => Config {
                 kc: 256,
@@ -595,8 +592,14 @@ fn rows_of_chunk<const MR: usize, const NR: usize>(
     // A row-major A needs no packing where the level has kernels that read it in place: in
     // MiniLM's products that took the time of a batch from 413–425 to ~400 ms.
     let direct = cfg.direct.filter(|_| a.cs == 1);
+    // Packed panels per block of rows: all of them, or only a partial last one.
+    let panels = if direct.is_some() {
+        1
+    } else {
+        cfg.mc.min(m).div_ceil(mr)
+    };
     let mut tile = vec![0.0f32; mr * nr];
-    with_scratch(&SCRATCH_A, cfg.mc.min(m).div_ceil(mr) * mr * kc_max, |ap| {
+    with_scratch(&SCRATCH_A, panels * mr * kc_max, |ap| {
         for ic in (0..m).step_by(cfg.mc) {
             let mc = cfg.mc.min(m - ic);
             for pc in (0..k).step_by(cfg.kc) {

@@ -125,8 +125,7 @@ fn canon(v: f32) -> f32 {
 
 /// The reference's gelu_erf, made canonical.
 fn scalar_gelu(v: f32) -> f32 {
-    let y = tenet_reference::unary_f32(tenet_ir::UnaryOp::GeluErf, v);
-    if y.is_nan() { math::NAN } else { y }
+    canon(tenet_reference::unary_f32(tenet_ir::UnaryOp::GeluErf, v))
 }
 
 #[cfg(target_arch = "x86_64")]
