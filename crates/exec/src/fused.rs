@@ -143,43 +143,187 @@ fn operand<'b>(
             scratch
         }
         Src::Broadcast { data, strides } => {
+            // A slice copy where the operand is contiguous along the last axis, a fill where
+            // it is broadcast there.
             scratch.clear();
-            // The output multi-index of `start`, then whole runs along the last axis: a slice
-            // copy where the operand is contiguous there, a fill where it is broadcast.
-            let rank = out_dims.len();
-            let mut idx = vec![0usize; rank];
-            let (mut rem, mut at) = (start, 0usize);
-            for d in (0..rank).rev() {
-                idx[d] = rem % out_dims[d];
-                rem /= out_dims[d];
-                at += idx[d] * strides[d];
-            }
-            let (last, inner) = (rank - 1, out_dims[rank - 1]);
-            while scratch.len() < len {
-                let run = (inner - idx[last]).min(len - scratch.len());
+            let last = strides.len() - 1;
+            for_runs(start, len, out_dims, strides, |_, at, run| {
                 match strides[last] {
                     0 => scratch.extend(std::iter::repeat_n(data[at], run)),
                     1 => scratch.extend_from_slice(&data[at..at + run]),
                     s => scratch.extend((0..run).map(|j| data[at + j * s])),
                 }
-                // Step to the start of the next run.
-                at += run * strides[last];
-                idx[last] += run;
-                let mut d = last;
-                while idx[d] >= out_dims[d] && d > 0 {
-                    at -= strides[d] * idx[d];
-                    idx[d] = 0;
-                    d -= 1;
-                    idx[d] += 1;
-                    at += strides[d];
-                }
-            }
+            });
             scratch
         }
     }
 }
 
-/// Compute one member for `len` elements starting at `start` into `dst`.
+/// Walk output elements `start..start + len` in runs along the last axis: `f(offset in the
+/// range, flat index into the broadcast operand at the run's start, run length)`.
+fn for_runs(
+    start: usize,
+    len: usize,
+    out_dims: &[usize],
+    strides: &[usize],
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    // The output multi-index of `start`.
+    let rank = out_dims.len();
+    let mut idx = vec![0usize; rank];
+    let (mut rem, mut at) = (start, 0usize);
+    for d in (0..rank).rev() {
+        idx[d] = rem % out_dims[d];
+        rem /= out_dims[d];
+        at += idx[d] * strides[d];
+    }
+    let (last, inner) = (rank - 1, out_dims[rank - 1]);
+    let mut done = 0;
+    while done < len {
+        let run = (inner - idx[last]).min(len - done);
+        f(done, at, run);
+        done += run;
+        // Step to the start of the next run.
+        at += run * strides[last];
+        idx[last] += run;
+        let mut d = last;
+        while idx[d] >= out_dims[d] && d > 0 {
+            at -= strides[d] * idx[d];
+            idx[d] = 0;
+            d -= 1;
+            idx[d] += 1;
+            at += strides[d];
+        }
+    }
+}
+
+/// Runs shorter than this are copied into a buffer first: a kernel call per run would cost
+/// more than the copy.
+const MIN_DIRECT_RUN: usize = 64;
+
+/// An operand of an arithmetic member over one chunk, without copies where it can be read
+/// where it lies.
+enum Arg<'b> {
+    Slice(&'b [f32]),
+    Scalar(f32),
+    /// The chunk being written, which holds the prior values (the last member in place).
+    Dst,
+    /// A broadcast tensor contiguous (stride 1) or constant (stride 0) along runs of the
+    /// last axis.
+    Runs {
+        data: &'b [f32],
+        strides: &'b [usize],
+    },
+}
+
+/// What resolving a member's operands for one chunk needs.
+struct Env<'e> {
+    done: &'e [Vec<f32>],
+    prior: &'e [f32],
+    start: usize,
+    len: usize,
+    out_dims: &'e [usize],
+    dst_is_prior: bool,
+}
+
+impl<'e> Env<'e> {
+    fn arg<'b>(&self, src: &'b Src<'_>, runs: bool, scratch: &'b mut Vec<f32>) -> Arg<'b>
+    where
+        'e: 'b,
+    {
+        match src {
+            Src::Scalar(v) => Arg::Scalar(*v),
+            Src::Prior if self.dst_is_prior => Arg::Dst,
+            Src::Broadcast { data, strides } if runs => Arg::Runs { data, strides },
+            _ => Arg::Slice(operand(
+                src,
+                self.done,
+                self.prior,
+                self.start,
+                self.len,
+                self.out_dims,
+                scratch,
+            )),
+        }
+    }
+}
+
+/// One run of an [`Arg`].
+#[derive(Clone, Copy)]
+enum Piece<'b> {
+    Slice(&'b [f32]),
+    Scalar(f32),
+    Dst,
+}
+
+impl<'b> Arg<'b> {
+    fn piece(&self, offset: usize, at: usize, run: usize) -> Piece<'b> {
+        match *self {
+            Arg::Slice(s) => Piece::Slice(&s[offset..offset + run]),
+            Arg::Scalar(v) => Piece::Scalar(v),
+            Arg::Dst => Piece::Dst,
+            Arg::Runs { data, strides } => match strides[strides.len() - 1] {
+                0 => Piece::Scalar(data[at]),
+                _ => Piece::Slice(&data[at..at + run]),
+            },
+        }
+    }
+}
+
+/// `dst = a op b` for one run, each side a slice, a single value, or `dst` itself.
+fn arith_piece(
+    level: SimdLevel,
+    op: BinaryOp,
+    arith: Arith,
+    a: Piece<'_>,
+    b: Piece<'_>,
+    dst: &mut [f32],
+) {
+    use tenet_kernels::vmath as vm;
+    match (a, b) {
+        (Piece::Slice(x), Piece::Slice(y)) => vm::arith_slice(level, arith, x, y, dst),
+        (Piece::Slice(x), Piece::Scalar(v)) => {
+            vm::arith_scalar_slice(level, arith, x, v, ScalarSide::Right, dst)
+        }
+        (Piece::Scalar(v), Piece::Slice(y)) => {
+            vm::arith_scalar_slice(level, arith, y, v, ScalarSide::Left, dst)
+        }
+        (Piece::Dst, Piece::Slice(y)) => vm::arith_assign(level, arith, dst, y, ScalarSide::Right),
+        (Piece::Slice(x), Piece::Dst) => vm::arith_assign(level, arith, dst, x, ScalarSide::Left),
+        (Piece::Dst, Piece::Scalar(v)) => {
+            vm::arith_scalar_assign(level, arith, dst, v, ScalarSide::Right)
+        }
+        (Piece::Scalar(v), Piece::Dst) => {
+            vm::arith_scalar_assign(level, arith, dst, v, ScalarSide::Left)
+        }
+        (Piece::Scalar(p), Piece::Scalar(q)) => dst.fill(canon(binary_f32(op, p, q))),
+        (Piece::Dst, Piece::Dst) => {
+            unreachable!("a member reading the prior twice is not run in place")
+        }
+    }
+}
+
+/// Whether the last member can be computed over the prior values where they lie: an
+/// arithmetic op that reads them once.
+fn reads_prior_once_in_place(m: &Member<'_>) -> bool {
+    matches!(
+        m.kind,
+        Kind::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div)
+    ) && m.srcs.iter().filter(|s| matches!(s, Src::Prior)).count() == 1
+}
+
+fn arith_of(op: BinaryOp) -> Option<Arith> {
+    match op {
+        BinaryOp::Add => Some(Arith::Add),
+        BinaryOp::Sub => Some(Arith::Sub),
+        BinaryOp::Mul => Some(Arith::Mul),
+        BinaryOp::Div => Some(Arith::Div),
+        _ => None,
+    }
+}
+
+/// Compute one member for `len` elements starting at `start` into `dst`. With `dst_is_prior`
+/// the member's `Prior` operand is `dst` itself (see [`reads_prior_once_in_place`]).
 #[allow(clippy::too_many_arguments)]
 fn compute(
     level: SimdLevel,
@@ -189,6 +333,7 @@ fn compute(
     start: usize,
     out_dims: &[usize],
     dst: &mut [f32],
+    dst_is_prior: bool,
     scratch: &mut [Vec<f32>; 2],
 ) {
     let len = dst.len();
@@ -214,32 +359,51 @@ fn compute(
             }
         }
         Kind::Binary(op) => {
-            let arith = match op {
-                BinaryOp::Add => Some(Arith::Add),
-                BinaryOp::Sub => Some(Arith::Sub),
-                BinaryOp::Mul => Some(Arith::Mul),
-                BinaryOp::Div => Some(Arith::Div),
-                _ => None,
-            };
-            // A single value on one side (a scale): no buffer of its copies.
-            let scalar = match (&m.srcs[0], &m.srcs[1]) {
-                (Src::Scalar(v), other) => Some((*v, ScalarSide::Left, other)),
-                (other, Src::Scalar(v)) => Some((*v, ScalarSide::Right, other)),
-                _ => None,
-            };
-            if let (Some(arith), Some((v, side, other))) = (arith, scalar) {
-                let x = operand(other, done, prior, start, len, out_dims, s0);
-                tenet_kernels::vmath::arith_scalar_slice(level, arith, x, v, side, dst);
-                return;
-            }
-            let a = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
-            let b = operand(&m.srcs[1], done, prior, start, len, out_dims, s1);
-            match arith {
-                Some(arith) => tenet_kernels::vmath::arith_slice(level, arith, a, b, dst),
-                None => dst
-                    .iter_mut()
+            let Some(arith) = arith_of(*op) else {
+                let a = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
+                let b = operand(&m.srcs[1], done, prior, start, len, out_dims, s1);
+                dst.iter_mut()
                     .zip(a.iter().zip(b))
-                    .for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q))),
+                    .for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q)));
+                return;
+            };
+            let inner = out_dims.last().copied().unwrap_or(1);
+            let direct = |src: &Src<'_>| match src {
+                Src::Broadcast { strides, .. } => {
+                    inner >= MIN_DIRECT_RUN && strides[strides.len() - 1] <= 1
+                }
+                _ => false,
+            };
+            // At most one operand is walked in runs; another broadcast one is copied.
+            let runs_a = direct(&m.srcs[0]);
+            let runs_b = !runs_a && direct(&m.srcs[1]);
+            let env = Env {
+                done,
+                prior,
+                start,
+                len,
+                out_dims,
+                dst_is_prior,
+            };
+            let a = env.arg(&m.srcs[0], runs_a, s0);
+            let b = env.arg(&m.srcs[1], runs_b, s1);
+            let strides = match (&a, &b) {
+                (Arg::Runs { strides, .. }, _) | (_, Arg::Runs { strides, .. }) => Some(*strides),
+                _ => None,
+            };
+            match strides {
+                None => arith_piece(
+                    level,
+                    *op,
+                    arith,
+                    a.piece(0, 0, len),
+                    b.piece(0, 0, len),
+                    dst,
+                ),
+                Some(strides) => for_runs(start, len, out_dims, strides, |offset, at, run| {
+                    let (pa, pb) = (a.piece(offset, at, run), b.piece(offset, at, run));
+                    arith_piece(level, *op, arith, pa, pb, &mut dst[offset..offset + run]);
+                }),
             }
         }
     }
@@ -279,7 +443,9 @@ fn eval(
     in_place: bool,
 ) {
     let last = members.len() - 1;
-    let copy_prior = in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
+    let last_in_place = in_place && reads_prior_once_in_place(&members[last]);
+    let copy_prior =
+        in_place && !last_in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
     let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; CHUNK]; last];
     let mut scratch = [Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK)];
     let mut prior = Vec::with_capacity(if copy_prior { CHUNK } else { 0 });
@@ -307,6 +473,7 @@ fn eval(
                 start,
                 out_dims,
                 &mut rest[0][..len],
+                false,
                 &mut scratch,
             );
         }
@@ -318,6 +485,7 @@ fn eval(
             start,
             out_dims,
             &mut out[o..o + len],
+            last_in_place,
             &mut scratch,
         );
         start += len;

@@ -342,6 +342,57 @@ fn attention_folded_into_one_step_keeps_the_bits() {
 }
 
 #[test]
+fn epilogues_rewriting_the_product_in_place_keep_the_bits() {
+    // Epilogues whose last op reads the product once are computed where it lies: the other
+    // operand on either side, a single value, a row broadcast walked in runs (wide rows) or
+    // copied (narrow ones), a column broadcast, and a product read twice (copied aside).
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[70, 48]);
+    let w = g.input("w", DType::F32, &[48, 130]);
+    let narrow = g.input("narrow", DType::F32, &[48, 9]);
+    let bias = g.input("bias", DType::F32, &[130]);
+    let nbias = g.input("nbias", DType::F32, &[9]);
+    let col = g.input("col", DType::F32, &[70, 1]);
+    let full = g.input("full", DType::F32, &[70, 130]);
+    let p = || x.matmul(&w);
+    let outs = [
+        ("right", p() - &bias),
+        ("left", &bias / p()),
+        ("scalar_left", 3.0 - p()),
+        ("scalar_right", p() / 0.0),
+        ("column", &col - p()),
+        ("full_left", &full / p()),
+        ("narrow_rows", &nbias - x.matmul(&narrow)),
+        ("twice", {
+            let q = p();
+            &q * &q
+        }),
+        ("chain", (p() * 0.5 - &bias) / &col),
+    ];
+    let named: Vec<(&str, &tenet_ir::Tensor)> = outs.iter().map(|(n, t)| (*n, t)).collect();
+    let graph = g.finish(&named).unwrap();
+    let (mut inputs, weights) = random_io(&graph, 43);
+    // Zeros and infinities in the divisors' paths.
+    let mut c = inputs["col"].to_f32_vec();
+    c[3] = 0.0;
+    c[4] = f32::INFINITY;
+    c[5] = f32::NAN;
+    inputs.insert("col".into(), HostTensor::from_f32(&[70, 1], &c).unwrap());
+    let profile = CpuBackend::new(2, SimdLevel::detect())
+        .prepare(&graph)
+        .unwrap()
+        .run_with_stats(&inputs, &weights, 0)
+        .unwrap()
+        .1;
+    assert!(
+        profile.time_by_kind.iter().all(|t| t.kind != "fused"),
+        "every elementwise group ran inside its GEMM: {:?}",
+        profile.time_by_kind
+    );
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
+
+#[test]
 fn epilogues_folded_into_gemm_keep_the_bits() {
     let g = GraphBuilder::new();
     // A linear layer with bias and GELU (MiniLM's FFN), a batched product with a bias, a

@@ -91,6 +91,35 @@ pub fn arith_scalar_slice(
     }
 }
 
+/// In-place [`arith_slice`]: `acc[i] = acc[i] op b[i]` with `b` on the `Right`, or
+/// `b[i] op acc[i]` with it on the `Left` — for a result rewritten where it lies (a GEMM's
+/// bias), with no copy of it aside.
+pub fn arith_assign(level: SimdLevel, op: Arith, acc: &mut [f32], b: &[f32], b_side: ScalarSide) {
+    assert_eq!(acc.len(), b.len(), "operands differ in length");
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::assign_avx512(op, acc, b, b_side) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::assign_avx2(op, acc, b, b_side) },
+        _ => assign_lanes(op, acc, b, b_side),
+    }
+}
+
+/// In-place [`arith_scalar_slice`]: `acc[i] = acc[i] op s` (`Right`) or `s op acc[i]` (`Left`).
+pub fn arith_scalar_assign(level: SimdLevel, op: Arith, acc: &mut [f32], s: f32, side: ScalarSide) {
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::scalar_assign_avx512(op, acc, s, side) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::scalar_assign_avx2(op, acc, s, side) },
+        _ => scalar_assign_lanes(op, acc, s, side),
+    }
+}
+
 /// The loop every level compiles: plain Rust the compiler vectorises for the enabled features.
 #[inline(always)]
 fn arith_lanes(op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -118,6 +147,35 @@ fn arith_scalar_lanes(op: Arith, a: &[f32], s: f32, side: ScalarSide, out: &mut 
     }
 }
 
+/// [`arith_lanes`] in place (IEEE addition and multiplication commute, NaN payloads aside,
+/// and computed NaNs are made canonical: only subtraction and division care about the side).
+#[inline(always)]
+fn assign_lanes(op: Arith, acc: &mut [f32], b: &[f32], side: ScalarSide) {
+    let it = acc.iter_mut().zip(b);
+    match (op, side) {
+        (Arith::Add, _) => it.for_each(|(o, &q)| *o = canon(*o + q)),
+        (Arith::Sub, ScalarSide::Left) => it.for_each(|(o, &q)| *o = canon(q - *o)),
+        (Arith::Sub, ScalarSide::Right) => it.for_each(|(o, &q)| *o = canon(*o - q)),
+        (Arith::Mul, _) => it.for_each(|(o, &q)| *o = canon(*o * q)),
+        (Arith::Div, ScalarSide::Left) => it.for_each(|(o, &q)| *o = canon(q / *o)),
+        (Arith::Div, ScalarSide::Right) => it.for_each(|(o, &q)| *o = canon(*o / q)),
+    }
+}
+
+/// [`arith_scalar_lanes`] in place.
+#[inline(always)]
+fn scalar_assign_lanes(op: Arith, acc: &mut [f32], s: f32, side: ScalarSide) {
+    let it = acc.iter_mut();
+    match (op, side) {
+        (Arith::Add, _) => it.for_each(|o| *o = canon(*o + s)),
+        (Arith::Sub, ScalarSide::Left) => it.for_each(|o| *o = canon(s - *o)),
+        (Arith::Sub, ScalarSide::Right) => it.for_each(|o| *o = canon(*o - s)),
+        (Arith::Mul, _) => it.for_each(|o| *o = canon(*o * s)),
+        (Arith::Div, ScalarSide::Left) => it.for_each(|o| *o = canon(s / *o)),
+        (Arith::Div, ScalarSide::Right) => it.for_each(|o| *o = canon(*o / s)),
+    }
+}
+
 #[inline(always)]
 fn canon(v: f32) -> f32 {
     if v.is_nan() { math::NAN } else { v }
@@ -136,6 +194,50 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(crate) fn arith_avx512(op: super::Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
         super::arith_lanes(op, a, b, out)
+    }
+
+    /// `assign_lanes` compiled with AVX-512 enabled.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn assign_avx512(
+        op: super::Arith,
+        acc: &mut [f32],
+        b: &[f32],
+        side: super::ScalarSide,
+    ) {
+        super::assign_lanes(op, acc, b, side)
+    }
+
+    /// `assign_lanes` compiled with AVX2 enabled.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn assign_avx2(
+        op: super::Arith,
+        acc: &mut [f32],
+        b: &[f32],
+        side: super::ScalarSide,
+    ) {
+        super::assign_lanes(op, acc, b, side)
+    }
+
+    /// `scalar_assign_lanes` compiled with AVX-512 enabled.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn scalar_assign_avx512(
+        op: super::Arith,
+        acc: &mut [f32],
+        s: f32,
+        side: super::ScalarSide,
+    ) {
+        super::scalar_assign_lanes(op, acc, s, side)
+    }
+
+    /// `scalar_assign_lanes` compiled with AVX2 enabled.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn scalar_assign_avx2(
+        op: super::Arith,
+        acc: &mut [f32],
+        s: f32,
+        side: super::ScalarSide,
+    ) {
+        super::scalar_assign_lanes(op, acc, s, side)
     }
 
     /// `arith_lanes` compiled with AVX2 enabled.
@@ -189,13 +291,10 @@ pub(crate) mod x86 {
         for &c in &EXP_TAYLOR[1..] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
-        let ki = _mm512_cvtps_epi32(k);
-        let k1 = _mm512_srai_epi32::<1>(ki);
-        let k2 = _mm512_sub_epi32(ki, k1);
-        let bias = _mm512_set1_epi32(127);
-        let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k1, bias)));
-        let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k2, bias)));
-        let y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+        // The reference scales by 2^k in two exact-power steps, p·2^⌊k/2⌋ then ·2^⌈k/2⌉. With
+        // k ∈ [−150, 128] (the clamp) and p ∈ (0.7, 1.5) the first product is a normal number,
+        // hence exact, so the result is p·2^k rounded once — which is what vscalefps computes.
+        let y = _mm512_scalef_ps(p, k);
         _mm512_mask_blend_ps(nan_mask, y, _mm512_set1_ps(NAN))
     }
 

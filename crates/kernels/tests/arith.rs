@@ -7,7 +7,9 @@ use tenet_ir::BinaryOp;
 use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, TensorType};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::vmath::{Arith, ScalarSide, arith_scalar_slice, arith_slice};
+use tenet_kernels::vmath::{
+    Arith, ScalarSide, arith_assign, arith_scalar_assign, arith_scalar_slice, arith_slice,
+};
 
 const OPS: [(Arith, BinaryOp); 4] = [
     (Arith::Add, BinaryOp::Add),
@@ -31,6 +33,25 @@ fn check(a: &[f32], b: &[f32]) {
             arith_slice(level, arith, a, b, &mut got);
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{level:?} {arith:?} len {}", a.len());
+            // In place, over either operand.
+            let mut acc = a.to_vec();
+            arith_assign(level, arith, &mut acc, b, ScalarSide::Right);
+            let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                got,
+                want,
+                "{level:?} {arith:?} in place over a, len {}",
+                a.len()
+            );
+            let mut acc = b.to_vec();
+            arith_assign(level, arith, &mut acc, a, ScalarSide::Left);
+            let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(
+                got,
+                want,
+                "{level:?} {arith:?} in place over b, len {}",
+                a.len()
+            );
         }
     }
     // Each value of `b` broadcast over `a`, on either side.
@@ -59,6 +80,10 @@ fn check(a: &[f32], b: &[f32]) {
                         "{level:?} {arith:?} {side:?} {s} len {}",
                         a.len()
                     );
+                    let mut acc = a.to_vec();
+                    arith_scalar_assign(level, arith, &mut acc, s, side);
+                    let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "in place {level:?} {arith:?} {side:?} {s}");
                 }
             }
         }
