@@ -354,8 +354,8 @@ impl CpuPrepared {
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
                         let log = *op == NormOp::LogSoftmax;
-                        rows(pool, &node.ty, &x, n, threads, |row, out| {
-                            tenet_kernels::softmax::softmax_rows(level, log, row, row.len(), out)
+                        rows(pool, &node.ty, &x, n, threads, |x, out| {
+                            tenet_kernels::softmax::softmax_rows(level, log, x, n, out)
                         })
                     }
                     Op::LayerNorm {
@@ -371,9 +371,10 @@ impl CpuPrepared {
                             gamma: gm.as_deref(),
                             beta: bt.as_deref(),
                         };
-                        rows(pool, &node.ty, &x, n, threads, |row, out| {
-                            norm::layer_norm_row(level, row, affine, eps, out);
-                            canonical_nans(out)
+                        rows(pool, &node.ty, &x, n, threads, |x, out| {
+                            for (row, out) in x.chunks(n).zip(out.chunks_mut(n)) {
+                                norm::layer_norm_row(level, row, affine, eps, out);
+                            }
                         })
                     }
                     Op::RmsNorm {
@@ -381,9 +382,10 @@ impl CpuPrepared {
                     } => {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
-                        rows(pool, &node.ty, &x, n, threads, |row, out| {
-                            norm::rms_norm_row(level, row, gm.as_deref(), eps, out);
-                            canonical_nans(out)
+                        rows(pool, &node.ty, &x, n, threads, |x, out| {
+                            for (row, out) in x.chunks(n).zip(out.chunks_mut(n)) {
+                                norm::rms_norm_row(level, row, gm.as_deref(), eps, out);
+                            }
                         })
                     }
                     _ => unreachable!("the planner only marks normalisations as rows"),
@@ -575,11 +577,7 @@ impl CpuPrepared {
                             &mut s,
                         );
                     }
-                    if n1 > 0 {
-                        for (row, out) in s.chunks(n1).zip(p.chunks_mut(n1)) {
-                            tenet_kernels::softmax::softmax_rows(level, log, row, n1, out);
-                        }
-                    }
+                    tenet_kernels::softmax::softmax_rows(level, log, &s, n1, &mut p);
                     let probs = Strided::row_major(&p, n1);
                     if let Err(e) = sgemm(level, 1, m, n2, n1, probs, pv.b(at), c, n2) {
                         return fail(o_id, e);
@@ -612,13 +610,6 @@ impl CpuPrepared {
             }
         }
     }
-}
-
-/// Make computed NaNs canonical (docs/OPS.md), as the reference encodes them.
-fn canonical_nans(o: &mut [f32]) {
-    o.iter_mut()
-        .filter(|v| v.is_nan())
-        .for_each(|v| *v = tenet_reference::math::NAN);
 }
 
 /// A tensor type's dimensions as sizes.
@@ -686,8 +677,8 @@ enum RowsInput<'a> {
 /// Elements of a fused prologue computed at once: a block of rows that stays in L2.
 const PROLOGUE_BLOCK: usize = 8 * fused::CHUNK;
 
-/// Apply a row function over the last axis (`n` elements per row) on several threads. The
-/// function must leave computed NaNs canonical.
+/// Apply a row function over the last axis (`n` elements per row) on several threads: `f`
+/// gets blocks of whole rows and their outputs, and must leave computed NaNs canonical.
 fn rows(
     pool: &Pool,
     ty: &tenet_ir::TensorType,
@@ -701,11 +692,7 @@ fn rows(
             return;
         }
         par_chunks(out, threads, n, |range, chunk| match x {
-            RowsInput::Tensor(x) => {
-                for (row, o) in x[range].chunks(n).zip(chunk.chunks_mut(n)) {
-                    f(row, o);
-                }
-            }
+            RowsInput::Tensor(x) => f(&x[range], chunk),
             RowsInput::Fused {
                 level,
                 members,
@@ -717,9 +704,7 @@ fn rows(
                     let start = range.start + b * block;
                     let input = &mut input[..o.len()];
                     fused::eval_range(*level, members, dims, start..start + o.len(), input);
-                    for (row, o) in input.chunks(n).zip(o.chunks_mut(n)) {
-                        f(row, o);
-                    }
+                    f(input, o);
                 }
             }
         })

@@ -3,8 +3,8 @@
 //! Both sums follow the reference's 16-lane order (one AVX-512 register accumulated front to
 //! back, the last block masked, then folded 8, 4, 2, 1); the per-element finish is the same
 //! sequence of IEEE operations as `tenet_reference::layer_norm_row` / `rms_norm_row`, lane by
-//! lane. Computed NaNs are left as they fall: the caller makes them canonical. Below AVX-512
-//! the rows run on the reference's own code.
+//! lane. Computed NaNs are stored canonical (docs/OPS.md). Below AVX-512 the rows run on the
+//! reference's own code.
 
 use crate::SimdLevel;
 
@@ -28,7 +28,10 @@ pub fn layer_norm_row(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` returned a level this CPU has; the lengths were checked.
         SimdLevel::Avx512 => unsafe { x86::layer_norm(row, affine, eps, out) },
-        _ => tenet_reference::layer_norm_row(row, affine.gamma, affine.beta, eps, out),
+        _ => {
+            tenet_reference::layer_norm_row(row, affine.gamma, affine.beta, eps, out);
+            canonical_nans(out);
+        }
     }
 }
 
@@ -45,7 +48,18 @@ pub fn rms_norm_row(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::Avx512 => unsafe { x86::rms_norm(row, gamma, eps, out) },
-        _ => tenet_reference::rms_norm_row(row, gamma, eps, out),
+        _ => {
+            tenet_reference::rms_norm_row(row, gamma, eps, out);
+            canonical_nans(out);
+        }
+    }
+}
+
+fn canonical_nans(out: &mut [f32]) {
+    for v in out {
+        if v.is_nan() {
+            *v = tenet_reference::math::NAN;
+        }
     }
 }
 
@@ -89,14 +103,19 @@ mod x86 {
         tenet_reference::fold_lanes(lanes)
     }
 
-    /// `out_j = g((x_j), j)` over the row, 16 lanes at a time; `g` gets the block's start.
+    /// `out_j = g((x_j), j)` over the row, 16 lanes at a time, computed NaNs canonical; `g`
+    /// gets the block's start.
     #[target_feature(enable = "avx512f")]
     fn map(row: &[f32], out: &mut [f32], g: impl Fn(__m512, usize, __mmask16) -> __m512) {
+        let canonical = _mm512_set1_ps(tenet_reference::math::NAN);
         for j in (0..row.len()).step_by(16) {
             // SAFETY: `row.len() - j` floats from `j` are inside `row` and `out` (same length).
             unsafe {
                 let (mask, v) = block(row.as_ptr().add(j), row.len() - j);
-                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), mask, g(v, j, mask));
+                let y = g(v, j, mask);
+                let y =
+                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y), y, canonical);
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), mask, y);
             }
         }
     }

@@ -17,11 +17,22 @@ pub fn softmax_rows(level: SimdLevel, log: bool, x: &[f32], n: usize, out: &mut 
         return;
     }
     // Every path stores computed NaNs as the canonical NaN (docs/OPS.md).
+    #[cfg(target_arch = "x86_64")]
+    if !log && level.or_supported() == SimdLevel::Avx512 {
+        assert_eq!(
+            x.len() % n,
+            0,
+            "softmax rows of {n} elements, and a partial one"
+        );
+        // SAFETY: the CPU has AVX-512F; `x` and `out` have the same length, a multiple of `n`.
+        unsafe { x86::rows_pipelined_avx512(x, n, out) };
+        return;
+    }
     for (row, o) in x.chunks(n).zip(out.chunks_mut(n)) {
         match level.or_supported() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `or_supported` returned a level this CPU has.
-            SimdLevel::Avx512 => unsafe { x86::row_avx512(log, row, o) },
+            SimdLevel::Avx512 => unsafe { x86::log_row_avx512(row, o) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             SimdLevel::Avx2 => unsafe { x86::row_avx2(log, row, o) },
@@ -78,72 +89,158 @@ mod x86 {
         unsafe { _mm512_mask_loadu_ps(fill, mask, p) }
     }
 
+    /// Log-softmax of one row (softmax rows go through `rows_pipelined_avx512`).
+    ///
     /// # Safety
-    /// The CPU supports AVX-512F.
+    /// The CPU supports AVX-512F; `row` and `out` have the same length.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn row_avx512(log: bool, row: &[f32], out: &mut [f32]) {
+    pub(super) unsafe fn log_row_avx512(row: &[f32], out: &mut [f32]) {
         let n = row.len();
         // 1. The maximum under fmax's rules: any NaN → NaN; otherwise the total-order maximum.
         let (mut best, mut any_nan) = (_mm512_set1_epi32(i32::MIN), 0u16);
         for j in (0..n).step_by(16) {
-            let len = (n - j).min(16);
-            // SAFETY: `len` floats from `j` are inside `row`.
-            let v = unsafe { load(row.as_ptr().add(j), len, _mm512_setzero_ps()) };
-            let lanes: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
-            let nan = _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(lanes, v, v);
-            any_nan |= nan;
-            best = _mm512_mask_max_epi32(best, lanes & !nan, best, key(_mm512_castps_si512(v)));
-        }
-        let m = if any_nan != 0 {
-            NAN
-        } else {
-            let mut lanes = [0i32; 16];
-            // SAFETY: `lanes` holds 16 i32.
+            // SAFETY: `min(16, n − j)` floats from `j` are inside `row`.
             unsafe {
-                _mm512_storeu_si512(
-                    lanes.as_mut_ptr().cast(),
-                    key(_mm512_set1_epi32(_mm512_reduce_max_epi32(best))),
+                max_step(
+                    row.as_ptr().add(j),
+                    (n - j).min(16),
+                    &mut best,
+                    &mut any_nan,
                 )
             };
-            f32::from_bits(lanes[0] as u32)
-        };
-        // 2. e_j = exp(x_j − m) into `out`, summed in the 16-lane order.
+        }
+        let m = max_finish(best, any_nan);
+        // 2. e_j = exp(x_j − m), summed in the 16-lane order (only the sum is kept).
         let mv = _mm512_set1_ps(m);
         let mut acc = _mm512_setzero_ps();
         for j in (0..n).step_by(16) {
             let len = (n - j).min(16);
-            let lanes: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
-            // SAFETY: `len` floats from `j` are inside `row` and `out`.
-            unsafe {
-                let e = exp16(_mm512_sub_ps(
-                    load(row.as_ptr().add(j), len, _mm512_setzero_ps()),
-                    mv,
-                ));
-                _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, e);
-                acc = _mm512_mask_add_ps(acc, lanes, acc, e);
-            }
+            // SAFETY: `len` floats from `j` are inside `row`.
+            let v = unsafe { load(row.as_ptr().add(j), len, _mm512_setzero_ps()) };
+            acc = _mm512_mask_add_ps(acc, lanes(len), acc, exp16(_mm512_sub_ps(v, mv)));
         }
-        let mut a = [0.0f32; 16];
-        // SAFETY: `a` holds 16 floats.
-        unsafe { _mm512_storeu_ps(a.as_mut_ptr(), acc) };
-        let s = tenet_reference::fold_lanes(a);
-        // 3. Normalise.
-        if log {
-            log_softmax_tail(row, m, s, out);
-        } else {
-            let sv = _mm512_set1_ps(s);
+        // 3. (x − m) − log(sum).
+        log_softmax_tail(row, m, fold16(acc), out);
+    }
+
+    /// The reference's fold of 16 lane sums (`l += l + 8`, then 4, 2, 1), in registers.
+    #[target_feature(enable = "avx512f")]
+    fn fold16(acc: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(acc);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+        let v8 = _mm256_add_ps(lo, hi);
+        let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
+        let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+        _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps::<1>(v2, v2)))
+    }
+
+    /// Lanes `0..len` of a 16-lane block as a mask.
+    fn lanes(len: usize) -> __mmask16 {
+        if len >= 16 { 0xffff } else { (1u16 << len) - 1 }
+    }
+
+    /// One block of a row maximum under fmax's rules (any NaN → NaN, otherwise the
+    /// total-order maximum), at `p`.
+    ///
+    /// # Safety
+    /// `p` points at `len ≤ 16` readable floats.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn max_step(p: *const f32, len: usize, best: &mut __m512i, any_nan: &mut u16) {
+        let mask = lanes(len);
+        // SAFETY: as the caller guarantees.
+        let v = unsafe { load(p, len, _mm512_setzero_ps()) };
+        let nan = _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(mask, v, v);
+        *any_nan |= nan;
+        *best = _mm512_mask_max_epi32(*best, mask & !nan, *best, key(_mm512_castps_si512(v)));
+    }
+
+    /// The row maximum from `max_step`'s state: NaN if any lane saw one.
+    #[target_feature(enable = "avx512f")]
+    fn max_finish(best: __m512i, any_nan: u16) -> f32 {
+        if any_nan != 0 {
+            return NAN;
+        }
+        let b = _mm512_reduce_max_epi32(best);
+        // `key` on one lane: the map is its own inverse.
+        f32::from_bits((b ^ (((b >> 31) as u32) >> 1) as i32) as u32)
+    }
+
+    /// Softmax of every `n`-element row of `x`, software-pipelined over rows: one pass over
+    /// the columns finds row t+1's maximum, row t's exponentials and their sum, and divides
+    /// row t−1 by its sum, so the divider (the slowest unit here) runs beside the
+    /// exponentials' multiply-adds instead of after them. Each row's bits are the reference's.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F; `x` and `out` have the same length, a multiple of `n > 0`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn rows_pipelined_avx512(x: &[f32], n: usize, out: &mut [f32]) {
+        let rows = x.len() / n;
+        if rows == 0 {
+            return;
+        }
+        let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
+        let mut m_next = {
+            let (mut best, mut any_nan) = (_mm512_set1_epi32(i32::MIN), 0u16);
+            for j in (0..n).step_by(16) {
+                // SAFETY: row 0's block at j holds min(16, n − j) floats.
+                unsafe { max_step(xp.add(j), (n - j).min(16), &mut best, &mut any_nan) };
+            }
+            max_finish(best, any_nan)
+        };
+        // The sum of the row before, whose division is still to come.
+        let mut pending: Option<f32> = None;
+        for t in 0..rows {
+            let mv = _mm512_set1_ps(m_next);
+            let next = t + 1 < rows;
+            let (mut best, mut any_nan) = (_mm512_set1_epi32(i32::MIN), 0u16);
+            let mut acc = _mm512_setzero_ps();
+            let sv = _mm512_set1_ps(pending.unwrap_or(1.0));
             for j in (0..n).step_by(16) {
                 let len = (n - j).min(16);
-                let lanes: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
-                // SAFETY: `len` floats from `j` are inside `out`.
+                let mask = lanes(len);
+                // SAFETY: rows t − 1, t and t + 1 (when they exist) have `len` floats at j, in
+                // `x` and `out` alike.
                 unsafe {
-                    let e = load(out.as_ptr().add(j), len, _mm512_set1_ps(1.0));
-                    let y = _mm512_div_ps(e, sv);
-                    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
-                    let y = _mm512_mask_blend_ps(nan, y, _mm512_set1_ps(NAN));
-                    _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), lanes, y);
+                    if next {
+                        max_step(xp.add((t + 1) * n + j), len, &mut best, &mut any_nan);
+                    }
+                    let at = t * n + j;
+                    let e = exp16(_mm512_sub_ps(
+                        load(xp.add(at), len, _mm512_setzero_ps()),
+                        mv,
+                    ));
+                    _mm512_mask_storeu_ps(op.add(at), mask, e);
+                    acc = _mm512_mask_add_ps(acc, mask, acc, e);
+                    if pending.is_some() {
+                        divide_step(op.add(at - n), len, sv);
+                    }
                 }
             }
+            if next {
+                m_next = max_finish(best, any_nan);
+            }
+            pending = Some(fold16(acc));
+        }
+        let sv = _mm512_set1_ps(pending.unwrap_or(1.0));
+        for j in (0..n).step_by(16) {
+            // SAFETY: the last row has min(16, n − j) floats at j.
+            unsafe { divide_step(op.add((rows - 1) * n + j), (n - j).min(16), sv) };
+        }
+    }
+
+    /// `p[i] /= s` over one block, computed NaNs canonical.
+    ///
+    /// # Safety
+    /// `p` points at `len ≤ 16` readable and writable floats.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn divide_step(p: *mut f32, len: usize, sv: __m512) {
+        let mask = lanes(len);
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let y = _mm512_div_ps(load(p, len, _mm512_set1_ps(1.0)), sv);
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
+            let y = _mm512_mask_blend_ps(nan, y, _mm512_set1_ps(NAN));
+            _mm512_mask_storeu_ps(p, mask, y);
         }
     }
 
@@ -153,7 +250,7 @@ mod x86 {
         _mm256_xor_si256(v, _mm256_srli_epi32::<1>(_mm256_srai_epi32::<31>(v)))
     }
 
-    /// The same row as `row_avx512`, 8 lanes at a time: the 16 summation lanes are two
+    /// The reference's softmax or log-softmax row, 8 lanes at a time: the 16 summation lanes are two
     /// registers, and elements past the last full block of 16 finish in scalar lanes.
     ///
     /// # Safety

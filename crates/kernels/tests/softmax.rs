@@ -14,29 +14,7 @@ fn check(rows: usize, n: usize, seed: u64, scale: f32) {
         .into_iter()
         .map(|v| v * scale)
         .collect();
-    for log in [false, true] {
-        let op = if log {
-            NormOp::LogSoftmax
-        } else {
-            NormOp::Softmax
-        };
-        let mut want = vec![0.0f32; x.len()];
-        if n > 0 {
-            for (r, o) in x.chunks(n).zip(want.chunks_mut(n)) {
-                tenet_reference::softmax_row(op, r, o);
-            }
-        }
-        let want: Vec<u32> = want
-            .iter()
-            .map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() })
-            .collect();
-        for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
-            let mut got = vec![0.0f32; x.len()];
-            softmax_rows(level, log, &x, n, &mut got);
-            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(got, want, "{level:?} log={log} rows={rows} n={n}");
-        }
-    }
+    check_rows(&x, n);
 }
 
 #[test]
@@ -80,6 +58,49 @@ fn special_rows() {
                     "{level:?} log={log} {row:?}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn special_rows_side_by_side() {
+    // Rows with NaN, infinities and signed zeros next to ordinary ones in one call: a row's
+    // maximum, sum or NaN must never leak into its neighbours'.
+    let n = 19;
+    let mut rng = Rng(21);
+    let mut x: Vec<f32> = (0..n * 9)
+        .map(|_| rng.next_u64() as i32 as f32 / 4e8)
+        .collect();
+    x[n + 3] = f32::NAN;
+    x[3 * n..4 * n].fill(f32::NEG_INFINITY);
+    x[5 * n + 18] = f32::INFINITY;
+    x[6 * n..7 * n].fill(-0.0);
+    x[8 * n] = f32::from_bits(0xffc0_1234);
+    check_rows(&x, n);
+}
+
+fn check_rows(x: &[f32], n: usize) {
+    for log in [false, true] {
+        let op = if log {
+            NormOp::LogSoftmax
+        } else {
+            NormOp::Softmax
+        };
+        let mut want = vec![0.0f32; x.len()];
+        if n > 0 {
+            for (r, o) in x.chunks(n).zip(want.chunks_mut(n)) {
+                tenet_reference::softmax_row(op, r, o);
+            }
+        }
+        let want: Vec<u32> = want
+            .iter()
+            .map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() })
+            .collect();
+        for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+            let mut got = vec![0.0f32; x.len()];
+            softmax_rows(level, log, x, n, &mut got);
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{level:?} log={log} rows of {n}");
         }
     }
 }
