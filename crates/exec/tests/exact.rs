@@ -341,6 +341,25 @@ fn attention_folded_into_one_step_keeps_the_bits() {
     }
 }
 
+/// The graph's elementwise groups all ran as GEMM epilogues (no step of their own).
+fn assert_every_group_in_a_gemm(
+    graph: &Graph,
+    inputs: &HashMap<String, HostTensor>,
+    weights: &Weights,
+) {
+    let profile = CpuBackend::new(2, SimdLevel::detect())
+        .prepare(graph)
+        .unwrap()
+        .run_with_stats(inputs, weights, 0)
+        .unwrap()
+        .1;
+    assert!(
+        profile.time_by_kind.iter().all(|t| t.kind != "fused"),
+        "every elementwise group ran inside its GEMM: {:?}",
+        profile.time_by_kind
+    );
+}
+
 #[test]
 fn epilogues_rewriting_the_product_in_place_keep_the_bits() {
     // Epilogues whose last op reads the product once are computed where it lies: the other
@@ -378,17 +397,7 @@ fn epilogues_rewriting_the_product_in_place_keep_the_bits() {
     c[4] = f32::INFINITY;
     c[5] = f32::NAN;
     inputs.insert("col".into(), HostTensor::from_f32(&[70, 1], &c).unwrap());
-    let profile = CpuBackend::new(2, SimdLevel::detect())
-        .prepare(&graph)
-        .unwrap()
-        .run_with_stats(&inputs, &weights, 0)
-        .unwrap()
-        .1;
-    assert!(
-        profile.time_by_kind.iter().all(|t| t.kind != "fused"),
-        "every elementwise group ran inside its GEMM: {:?}",
-        profile.time_by_kind
-    );
+    assert_every_group_in_a_gemm(&graph, &inputs, &weights);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
 
@@ -425,16 +434,6 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
         ])
         .unwrap();
     let (inputs, weights) = random_io(&graph, 41);
-    let profile = CpuBackend::new(2, SimdLevel::detect())
-        .prepare(&graph)
-        .unwrap()
-        .run_with_stats(&inputs, &weights, 0)
-        .unwrap()
-        .1;
-    assert!(
-        profile.time_by_kind.iter().all(|t| t.kind != "fused"),
-        "every elementwise group ran inside its GEMM: {:?}",
-        profile.time_by_kind
-    );
+    assert_every_group_in_a_gemm(&graph, &inputs, &weights);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }

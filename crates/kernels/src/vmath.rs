@@ -190,85 +190,33 @@ fn scalar_gelu(v: f32) -> f32 {
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
-    /// `arith_lanes` compiled with AVX-512 enabled.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) fn arith_avx512(op: super::Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
-        super::arith_lanes(op, a, b, out)
+    /// `$avx512` and `$avx2`: the portable loop `$lanes` compiled with each level's features
+    /// enabled, which is all the vectorising these loops need.
+    macro_rules! compiled_per_level {
+        ($lanes:ident => $avx512:ident, $avx2:ident ($($arg:ident: $ty:ty),*)) => {
+            #[doc = concat!("`", stringify!($lanes), "` compiled with AVX-512 enabled.")]
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            pub(crate) fn $avx512($($arg: $ty),*) {
+                super::$lanes($($arg),*)
+            }
+
+            #[doc = concat!("`", stringify!($lanes), "` compiled with AVX2 enabled.")]
+            #[target_feature(enable = "avx2,fma")]
+            pub(crate) fn $avx2($($arg: $ty),*) {
+                super::$lanes($($arg),*)
+            }
+        };
     }
 
-    /// `assign_lanes` compiled with AVX-512 enabled.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) fn assign_avx512(
-        op: super::Arith,
-        acc: &mut [f32],
-        b: &[f32],
-        side: super::ScalarSide,
-    ) {
-        super::assign_lanes(op, acc, b, side)
-    }
-
-    /// `assign_lanes` compiled with AVX2 enabled.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn assign_avx2(
-        op: super::Arith,
-        acc: &mut [f32],
-        b: &[f32],
-        side: super::ScalarSide,
-    ) {
-        super::assign_lanes(op, acc, b, side)
-    }
-
-    /// `scalar_assign_lanes` compiled with AVX-512 enabled.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) fn scalar_assign_avx512(
-        op: super::Arith,
-        acc: &mut [f32],
-        s: f32,
-        side: super::ScalarSide,
-    ) {
-        super::scalar_assign_lanes(op, acc, s, side)
-    }
-
-    /// `scalar_assign_lanes` compiled with AVX2 enabled.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn scalar_assign_avx2(
-        op: super::Arith,
-        acc: &mut [f32],
-        s: f32,
-        side: super::ScalarSide,
-    ) {
-        super::scalar_assign_lanes(op, acc, s, side)
-    }
-
-    /// `arith_lanes` compiled with AVX2 enabled.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn arith_avx2(op: super::Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
-        super::arith_lanes(op, a, b, out)
-    }
-
-    /// `arith_scalar_lanes` compiled with AVX-512 enabled.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) fn arith_scalar_avx512(
-        op: super::Arith,
-        a: &[f32],
-        s: f32,
-        side: super::ScalarSide,
-        out: &mut [f32],
-    ) {
-        super::arith_scalar_lanes(op, a, s, side, out)
-    }
-
-    /// `arith_scalar_lanes` compiled with AVX2 enabled.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn arith_scalar_avx2(
-        op: super::Arith,
-        a: &[f32],
-        s: f32,
-        side: super::ScalarSide,
-        out: &mut [f32],
-    ) {
-        super::arith_scalar_lanes(op, a, s, side, out)
-    }
+    use super::{Arith, ScalarSide};
+    compiled_per_level!(arith_lanes => arith_avx512, arith_avx2
+        (op: Arith, a: &[f32], b: &[f32], out: &mut [f32]));
+    compiled_per_level!(arith_scalar_lanes => arith_scalar_avx512, arith_scalar_avx2
+        (op: Arith, a: &[f32], s: f32, side: ScalarSide, out: &mut [f32]));
+    compiled_per_level!(assign_lanes => assign_avx512, assign_avx2
+        (op: Arith, acc: &mut [f32], b: &[f32], side: ScalarSide));
+    compiled_per_level!(scalar_assign_lanes => scalar_assign_avx512, scalar_assign_avx2
+        (op: Arith, acc: &mut [f32], s: f32, side: ScalarSide));
 
     use tenet_reference::math::{EXP_CLAMP, EXP_TAYLOR, LN2_HI, LN2_LO, LOG2E, NAN, ROUND_SHIFT};
 
