@@ -83,7 +83,7 @@ mod x86 {
     /// `p` points at `len.min(16)` readable floats.
     #[target_feature(enable = "avx512f")]
     unsafe fn block(p: *const f32, len: usize) -> (__mmask16, __m512) {
-        let mask: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
+        let mask = crate::simd::mask16(len);
         // SAFETY: the mask enables only the lanes the caller guarantees readable.
         (mask, unsafe { _mm512_maskz_loadu_ps(mask, p) })
     }

@@ -98,6 +98,13 @@ impl SimdLevel {
     }
 }
 
+/// The mask of lanes `0..len` of a 16-lane register (all of them from 16 up): the lanes a
+/// row's last, partial block may touch.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn mask16(len: usize) -> u16 {
+    if len >= 16 { 0xffff } else { (1u16 << len) - 1 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,6 +69,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::*;
+    use crate::simd::mask16 as lanes;
     use crate::vmath::x86::{exp8, exp16};
 
     /// Signed total-order key of float bits: negative floats flip their low 31 bits, so that
@@ -84,7 +85,7 @@ mod x86 {
     /// `p` points at `len ≤ 16` readable floats.
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const f32, len: usize, fill: __m512) -> __m512 {
-        let mask: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
+        let mask = lanes(len);
         // SAFETY: the mask enables only the `len` lanes the caller guarantees readable.
         unsafe { _mm512_mask_loadu_ps(fill, mask, p) }
     }
@@ -132,11 +133,6 @@ mod x86 {
         let v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps::<1>(v8));
         let v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
         _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps::<1>(v2, v2)))
-    }
-
-    /// Lanes `0..len` of a 16-lane block as a mask.
-    fn lanes(len: usize) -> __mmask16 {
-        if len >= 16 { 0xffff } else { (1u16 << len) - 1 }
     }
 
     /// One block of a row maximum under fmax's rules (any NaN → NaN, otherwise the

@@ -303,7 +303,7 @@ pub(crate) mod x86 {
         let n = x.len();
         for j in (0..n).step_by(16) {
             let len = (n - j).min(16);
-            let lanes: __mmask16 = if len >= 16 { 0xffff } else { (1u16 << len) - 1 };
+            let lanes = crate::simd::mask16(len);
             // SAFETY: the mask enables only lanes j..j+len, inside both slices.
             unsafe {
                 let v = _mm512_maskz_loadu_ps(lanes, x.as_ptr().add(j));
@@ -385,11 +385,7 @@ pub(crate) mod x86 {
             let n = xb.len();
             let mut count = 0;
             for j in (0..n).step_by(16) {
-                let lanes: __mmask16 = if n - j >= 16 {
-                    0xffff
-                } else {
-                    (1u16 << (n - j)) - 1
-                };
+                let lanes = crate::simd::mask16(n - j);
                 // SAFETY: the mask enables only lanes j..min(j + 16, n), inside both blocks;
                 // `count + 16 ≤ GELU_BLOCK + 16` elements of `mid` and `at` are written.
                 unsafe {
@@ -417,11 +413,7 @@ pub(crate) mod x86 {
                 }
             }
             for k in (0..count).step_by(16) {
-                let valid: __mmask16 = if count - k >= 16 {
-                    0xffff
-                } else {
-                    (1u16 << (count - k)) - 1
-                };
+                let valid = crate::simd::mask16(count - k);
                 // SAFETY: `k + 16 ≤ GELU_BLOCK + 16`; the valid lanes' indices are positions
                 // inside `ob` written by the first pass.
                 unsafe {
