@@ -1,4 +1,4 @@
-//! Run one bench-sized graph repeatedly, for profiling: `one softmax|layernorm|xyz [threads]`.
+//! Run one bench-sized graph repeatedly, for profiling: `one softmax|layernorm|xyz|matmul [threads]`.
 use std::collections::HashMap;
 use tenet_exec::{Backend, CpuBackend};
 use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights};
@@ -6,19 +6,21 @@ fn main() {
     let which = std::env::args().nth(1).unwrap_or_else(|| "softmax".into());
     let threads: usize = std::env::args().nth(2).map_or(2, |s| s.parse().unwrap());
     let g = GraphBuilder::new();
-    let x = g.input("x", DType::F32, &[4096, 4096]);
+    let side = if which == "matmul" { 2048 } else { 4096 };
+    let x = g.input("x", DType::F32, &[side, side]);
     let y = match which.as_str() {
+        "matmul" => x.matmul(&x),
         "softmax" => x.softmax(-1),
         "layernorm" => x.layer_norm(None, None, 1e-5),
         _ => &x * &x + &x,
     };
     let graph = g.finish(&[("y", &y)]).unwrap();
-    let v: Vec<f32> = (0..4096 * 4096)
+    let v: Vec<f32> = (0..side * side)
         .map(|i| ((i % 1000) as f32) / 500.0 - 1.0)
         .collect();
     let inputs = HashMap::from([(
         "x".to_string(),
-        HostTensor::from_f32(&[4096, 4096], &v).unwrap(),
+        HostTensor::from_f32(&[side, side], &v).unwrap(),
     )]);
     let p = CpuBackend::new(threads, tenet_exec::SimdLevel::detect())
         .prepare(&graph)

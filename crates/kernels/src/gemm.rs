@@ -465,12 +465,16 @@ fn pack_b<const NR: usize>(
 }
 
 /// Most bytes of packed B one pass over C holds: a chunk of B's columns, packed once and
-/// shared by every thread (L3 holds it; each thread reads one micro-panel at a time).
-const PACKED_B_BYTES: usize = 8 << 20;
+/// shared by every thread. Threads read it one micro-panel at a time (from L3, or memory), so
+/// its size bounds the memory held, not a cache. Every chunk after the first passes over all
+/// of A and C again: 2048² in one chunk instead of three (1008, 1008 and 32 columns) took
+/// 50.7–52.2 → 49.6–50.9 ms with two threads here.
+const PACKED_B_BYTES: usize = 24 << 20;
 
-/// Widest chunk of columns: `mc` rows of C by this many columns (768 KiB at `mc` 96) stay in
-/// L2 while every k-block of the chunk passes over them, so C comes from memory once.
-const NC_MAX: usize = 2048;
+/// Widest chunk of columns: `mc` rows of C by this many columns (1 MiB at `mc` 96, half of
+/// this machine kind's L2) stay in L2 while every k-block of the chunk passes over them, so
+/// C comes from memory once.
+const NC_MAX: usize = 2688;
 
 thread_local! {
     /// Packing buffers kept between calls: a fresh allocation costs a page fault per 4 KiB

@@ -135,8 +135,9 @@ fn edges_and_blocks() {
         (37, 65, 513),
         // More rows than one block of C the driver keeps in L2 (96 at AVX-512).
         (100, 40, 20),
-        // k long enough that B is packed in several chunks of columns.
-        (5, 520, 4200),
+        // k long enough that B is packed in several chunks of columns (24 MiB of packed B
+        // is 314 columns at k = 20000).
+        (5, 600, 20000),
         // A few rows (decoding): column blocks and 16-step blocks with tails, several parts.
         (1, 600, 37),
         (2, 513, 16),
@@ -190,14 +191,14 @@ fn rejects_bad_extents_and_levels() {
 fn epilogues_see_every_finished_row_once() {
     use std::sync::Mutex;
     use tenet_kernels::gemm::sgemm_then;
-    // Shapes for the few-row path, one chunk of columns, and several chunks (k = 4096 packs
-    // 512 columns of B at a time), with a row stride wider than n.
+    // Shapes for the few-row path, one chunk of columns, and several chunks (k = 12000 packs
+    // 524 columns of B at a time), with a row stride wider than n.
     for (m, n, k) in [
         (3, 40, 17),
         (0, 5, 5),
         (70, 130, 0),
         (200, 300, 40),
-        (61, 1100, 4096),
+        (13, 1100, 12000),
     ] {
         let mut rng = Rng(m as u64 * 31 + n as u64);
         let (a, b) = (finite_tensor(&mut rng, m, k), finite_tensor(&mut rng, k, n));
