@@ -773,6 +773,13 @@ fn the_node_benchmark_runs_and_reports_every_workload() {
             "{expected} missing from {names:?}"
         );
     }
+    // Linux reports the node process's CPU time, so the uploads' rows come with it.
+    if cfg!(target_os = "linux") {
+        assert!(
+            names.contains(&"node CPU per upload (fsynced)"),
+            "{names:?}"
+        );
+    }
     for r in rows
         .iter()
         .filter(|r| r["unit"] != "ms" || !r["name"].as_str().unwrap().contains("overhead"))
