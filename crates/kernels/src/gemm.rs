@@ -919,7 +919,7 @@ mod x86 {
                     *x = unsafe { _mm512_loadu_ps(seg.as_ptr()) };
                 }
                 transpose16(&mut r);
-                let mask: __mmask16 = ((1u32 << group.len()) - 1) as __mmask16;
+                let mask = crate::simd::mask16(group.len());
                 for (t, &x) in r.iter().enumerate() {
                     let out = &mut panel[(p + t) * width + 16 * g..][..group.len()];
                     // SAFETY: the mask stores the group's lanes, and `out` holds that many.
@@ -957,7 +957,7 @@ mod x86 {
             let mut p = 0;
             while p < k {
                 let steps = (k - p).min(16);
-                let mask = ((1u32 << steps) - 1) as __mmask16;
+                let mask = crate::simd::mask16(steps);
                 let mut r = [_mm512_setzero_ps(); 16];
                 for (l, x) in r.iter_mut().enumerate().take(cols) {
                     let row = &b.data[(j0 + jb + l) * b.cs + p..][..steps];
@@ -988,7 +988,7 @@ mod x86 {
                 }
                 p += steps;
             }
-            let keep = ((1u32 << cols) - 1) as __mmask16;
+            let keep = crate::simd::mask16(cols);
             for (i, &x) in acc.iter().enumerate() {
                 let x = canonical16(x, nan);
                 let dst = &mut out[i * w + jb..i * w + jb + cols];
@@ -1017,10 +1017,8 @@ mod x86 {
         while jb < w {
             let cols = (w - jb).min(16 * SMALL_V);
             // Lanes of columns past `cols` are masked off: never read, never written.
-            let masks: [__mmask16; SMALL_V] = std::array::from_fn(|v| {
-                let valid = cols.saturating_sub(16 * v).min(16);
-                ((1u32 << valid) - 1) as __mmask16
-            });
+            let masks: [__mmask16; SMALL_V] =
+                std::array::from_fn(|v| crate::simd::mask16(cols.saturating_sub(16 * v)));
             let mut acc = [[_mm512_setzero_ps(); SMALL_V]; M];
             for p in 0..k {
                 let mut col = [_mm512_setzero_ps(); SMALL_V];

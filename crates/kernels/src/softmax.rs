@@ -98,19 +98,8 @@ mod x86 {
     pub(super) unsafe fn log_row_avx512(row: &[f32], out: &mut [f32]) {
         let n = row.len();
         // 1. The maximum under fmax's rules: any NaN → NaN; otherwise the total-order maximum.
-        let (mut best, mut any_nan) = (_mm512_set1_epi32(i32::MIN), 0u16);
-        for j in (0..n).step_by(16) {
-            // SAFETY: `min(16, n − j)` floats from `j` are inside `row`.
-            unsafe {
-                max_step(
-                    row.as_ptr().add(j),
-                    (n - j).min(16),
-                    &mut best,
-                    &mut any_nan,
-                )
-            };
-        }
-        let m = max_finish(best, any_nan);
+        // SAFETY: `row` holds `n` floats.
+        let m = unsafe { row_max(row.as_ptr(), n) };
         // 2. e_j = exp(x_j − m), summed in the 16-lane order (only the sum is kept).
         let mv = _mm512_set1_ps(m);
         let mut acc = _mm512_setzero_ps();
@@ -150,6 +139,20 @@ mod x86 {
         *best = _mm512_mask_max_epi32(*best, mask & !nan, *best, key(_mm512_castps_si512(v)));
     }
 
+    /// The maximum of the `n` floats at `p`, under fmax's rules.
+    ///
+    /// # Safety
+    /// `p` points at `n` readable floats.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_max(p: *const f32, n: usize) -> f32 {
+        let (mut best, mut any_nan) = (_mm512_set1_epi32(i32::MIN), 0u16);
+        for j in (0..n).step_by(16) {
+            // SAFETY: `min(16, n − j)` floats from `j` are readable (the caller's guarantee).
+            unsafe { max_step(p.add(j), (n - j).min(16), &mut best, &mut any_nan) };
+        }
+        max_finish(best, any_nan)
+    }
+
     /// The row maximum from `max_step`'s state: NaN if any lane saw one.
     #[target_feature(enable = "avx512f")]
     fn max_finish(best: __m512i, any_nan: u16) -> f32 {
@@ -175,14 +178,8 @@ mod x86 {
             return;
         }
         let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
-        let mut m_next = {
-            let (mut best, mut any_nan) = (_mm512_set1_epi32(i32::MIN), 0u16);
-            for j in (0..n).step_by(16) {
-                // SAFETY: row 0's block at j holds min(16, n − j) floats.
-                unsafe { max_step(xp.add(j), (n - j).min(16), &mut best, &mut any_nan) };
-            }
-            max_finish(best, any_nan)
-        };
+        // SAFETY: row 0 holds `n` floats.
+        let mut m_next = unsafe { row_max(xp, n) };
         // The sum of the row before, whose division is still to come.
         let mut pending: Option<f32> = None;
         for t in 0..rows {

@@ -34,24 +34,20 @@ fn check(a: &[f32], b: &[f32]) {
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{level:?} {arith:?} len {}", a.len());
             // In place, over either operand.
-            let mut acc = a.to_vec();
-            arith_assign(level, arith, &mut acc, b, ScalarSide::Right);
-            let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(
-                got,
-                want,
-                "{level:?} {arith:?} in place over a, len {}",
-                a.len()
-            );
-            let mut acc = b.to_vec();
-            arith_assign(level, arith, &mut acc, a, ScalarSide::Left);
-            let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
-            assert_eq!(
-                got,
-                want,
-                "{level:?} {arith:?} in place over b, len {}",
-                a.len()
-            );
+            for (over, acc, other, side) in [
+                ("a", a, b, ScalarSide::Right),
+                ("b", b, a, ScalarSide::Left),
+            ] {
+                let mut acc = acc.to_vec();
+                arith_assign(level, arith, &mut acc, other, side);
+                let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    got,
+                    want,
+                    "{level:?} {arith:?} in place over {over}, len {}",
+                    a.len()
+                );
+            }
         }
     }
     // Each value of `b` broadcast over `a`, on either side.
