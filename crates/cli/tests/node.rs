@@ -591,6 +591,21 @@ async fn sessions_keep_tensors_resident_batch_many_ops_and_pull_from_peers() {
     );
     ca.put_tensor(&sid, "x", tensor::encode(&x)).await.unwrap();
     ca.put_tensor(&sid, "w", tensor::encode(&w)).await.unwrap();
+    // Large uploads (received into reused buffers, kept as views of them) read back whole,
+    // also when the next upload under the same name replaces one.
+    for seed in [5, 6] {
+        let big = tensor_of(&[3, 1 << 18], seed);
+        let kept = ca
+            .put_tensor(&sid, "big", tensor::encode(&big))
+            .await
+            .unwrap();
+        assert_eq!(kept.hash, tensor::hash(&big));
+        assert_eq!(
+            ca.get_tensor(&sid, "big").await.unwrap(),
+            tensor::encode(&big)
+        );
+    }
+    ca.free_tensor(&sid, "big").await.unwrap();
     let put_b = SessionOp::Put {
         name: "b".into(),
         blob: tenet_proto::to_hex(&tensor::encode(&bias)),
@@ -765,6 +780,7 @@ fn the_node_benchmark_runs_and_reports_every_workload() {
     for expected in [
         "tiny job round trip (run → signed commitment)",
         "1000 small ops in one batch, per op",
+        "4 MiB tensor upload into a session (hashed)",
         "4 MiB upload (hashed, fsynced: the default)",
         "1024² matmul job overhead over local",
     ] {

@@ -133,7 +133,7 @@ impl<L: Ledger + 'static> Service<L> {
     async fn authorize(
         &self,
         req: Request<Incoming>,
-    ) -> Result<(Method, String, Vec<u8>, Option<String>), ApiError> {
+    ) -> Result<(Method, String, Bytes, Option<String>), ApiError> {
         let method = req.method().clone();
         let path_q = req
             .uri()
@@ -236,7 +236,7 @@ impl<L: Ledger + 'static> Service<L> {
         &self,
         method: &Method,
         path_q: &str,
-        body: Vec<u8>,
+        body: Bytes,
         content_type: Option<String>,
     ) -> Result<Reply, ApiError> {
         let (path, query) = path_q.split_once('?').unwrap_or((path_q, ""));

@@ -649,6 +649,18 @@ impl Node {
 
     /// Make `t` resident as `name`, replacing what had that name.
     fn keep(&self, session: &mut Session, name: &str, t: HostTensor) -> Result<Resident, ApiError> {
+        let hash = tensor::hash(&t);
+        self.keep_hashed(session, name, t, hash)
+    }
+
+    /// [`Node::keep`] for a tensor whose hash is known.
+    fn keep_hashed(
+        &self,
+        session: &mut Session,
+        name: &str,
+        t: HostTensor,
+        hash: Hash,
+    ) -> Result<Resident, ApiError> {
         check_name(name, "tensor name")?;
         let add = t.bytes().len() as u64;
         let old = session
@@ -667,7 +679,6 @@ impl Node {
         }
         self.resident_bytes.fetch_add(add, Ordering::Relaxed);
         self.resident_bytes.fetch_sub(old, Ordering::Relaxed);
-        let hash = tensor::hash(&t);
         let resident = Resident {
             name: name.to_string(),
             hash,
@@ -683,13 +694,22 @@ impl Node {
         Ok(resident)
     }
 
-    /// Upload a tensor blob into a session.
-    pub fn put_tensor(&self, sid: &str, name: &str, blob: &[u8]) -> Result<Resident, ApiError> {
-        let t =
-            tensor::decode(blob).map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
+    /// Upload a tensor blob whose blake3 hash is `hash` into a session.
+    pub fn put_tensor(
+        &self,
+        sid: &str,
+        name: &str,
+        blob: Bytes,
+        hash: Hash,
+    ) -> Result<Resident, ApiError> {
+        let t = tensor::decode_shared(Arc::new(blob))
+            .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
+        // Decoding is strict, so the blob is the tensor's one encoding and its hash the
+        // tensor's hash.
+        debug_assert_eq!(tensor::hash(&t), hash);
         let s = self.session(sid)?;
         let mut s = lock(&s);
-        self.keep(&mut s, name, t)
+        self.keep_hashed(&mut s, name, t, hash)
     }
 
     /// A resident tensor's blob.

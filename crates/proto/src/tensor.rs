@@ -4,7 +4,7 @@
 //! hash. Decoding is strict: a type written any other way, or a length that does not match, is
 //! refused, so one tensor has exactly one blob.
 
-use tenet_ir::{DType, HostTensor, TensorType};
+use tenet_ir::{DType, HostTensor, SharedBytes, TensorType};
 
 use crate::Hash;
 
@@ -67,28 +67,63 @@ pub fn parse_type(text: &str) -> Option<TensorType> {
     (ty.to_string() == text).then_some(ty)
 }
 
-/// Read a tensor blob.
-pub fn decode(bytes: &[u8]) -> Result<HostTensor, TensorBlobError> {
-    let head = &bytes[..bytes.len().min(MAX_TYPE_TEXT + 1)];
-    let zero = head
-        .iter()
-        .position(|&b| b == 0)
-        .ok_or(TensorBlobError::NoHeader)?;
-    let text = std::str::from_utf8(&bytes[..zero])
-        .map_err(|_| TensorBlobError::BadType(String::from_utf8_lossy(&bytes[..zero]).into()))?;
+/// Where a blob's elements start: just past its header's zero byte, if `head` (the blob's
+/// first bytes) holds the header.
+pub fn data_offset(head: &[u8]) -> Option<usize> {
+    let head = &head[..head.len().min(MAX_TYPE_TEXT + 1)];
+    head.iter().position(|&b| b == 0).map(|zero| zero + 1)
+}
+
+/// Check a blob's header and length: its type and where its elements start.
+fn parse(bytes: &[u8]) -> Result<(TensorType, usize), TensorBlobError> {
+    let start = data_offset(bytes).ok_or(TensorBlobError::NoHeader)?;
+    let head = &bytes[..start - 1];
+    let text = std::str::from_utf8(head)
+        .map_err(|_| TensorBlobError::BadType(String::from_utf8_lossy(head).into()))?;
     let ty = parse_type(text).ok_or_else(|| TensorBlobError::BadType(text.to_string()))?;
-    let data = &bytes[zero + 1..];
+    let actual = (bytes.len() - start) as u64;
     let expected = ty
         .bytes()
         .ok_or_else(|| TensorBlobError::BadType(text.to_string()))?;
-    if expected != data.len() as u64 {
+    if expected != actual {
         return Err(TensorBlobError::Size {
             ty: text.to_string(),
             expected,
-            actual: data.len() as u64,
+            actual,
         });
     }
-    HostTensor::new(ty, data.to_vec()).map_err(|_| TensorBlobError::BadType(text.to_string()))
+    Ok((ty, start))
+}
+
+/// Read a tensor blob held in a shared buffer: the tensor is a view of the buffer when its
+/// elements are aligned for their type (no copy), and a copy otherwise.
+pub fn decode_shared(blob: SharedBytes) -> Result<HostTensor, TensorBlobError> {
+    let bytes = (*blob).as_ref();
+    let (ty, start) = parse(bytes)?;
+    let data = &bytes[start..];
+    if !(data.as_ptr() as usize).is_multiple_of(ty.dtype.size() as usize) {
+        return decode(bytes);
+    }
+    let text = ty.to_string();
+    let range = start..bytes.len();
+    HostTensor::shared(ty, blob, range).map_err(|_| TensorBlobError::BadType(text))
+}
+
+/// Read a tensor blob.
+pub fn decode(bytes: &[u8]) -> Result<HostTensor, TensorBlobError> {
+    let (ty, start) = parse(bytes)?;
+    let text = ty.to_string();
+    let data = &bytes[start..];
+    // A large tensor's bytes go into a cached buffer where one fits (a resident tensor
+    // replaced by the next upload under its name leaves one): fresh pages fault in slowly.
+    let owned = match tenet_ir::recycle::take(data.len()) {
+        Some(mut cached) => {
+            cached.copy_from_slice(data);
+            cached
+        }
+        None => data.to_vec(),
+    };
+    HostTensor::new(ty, owned).map_err(|_| TensorBlobError::BadType(text))
 }
 
 #[cfg(test)]
@@ -128,5 +163,47 @@ mod tests {
         let mut b = b"bool[1]\0".to_vec();
         b.push(2);
         assert!(decode(&b).is_err(), "bool bytes other than 0/1 are refused");
+        let shared = |bytes: &[u8]| decode_shared(std::sync::Arc::new(bytes.to_vec()));
+        assert!(
+            shared(&b).is_err(),
+            "decode_shared refuses what decode refuses"
+        );
+        assert_eq!(shared(b"f32[2]"), Err(TensorBlobError::NoHeader));
+    }
+
+    /// A blob placed at `pad` bytes into a buffer that starts on a 64-byte boundary.
+    fn placed(blob: &[u8], pad: usize) -> (std::sync::Arc<Vec<u8>>, std::ops::Range<usize>) {
+        let mut buf = vec![0u8; blob.len() + 128];
+        let lead = (64 - buf.as_ptr() as usize % 64) % 64 + pad;
+        buf[lead..lead + blob.len()].copy_from_slice(blob);
+        (std::sync::Arc::new(buf), lead..lead + blob.len())
+    }
+
+    /// An owner exposing `range` of a shared buffer: a blob somewhere inside a larger buffer.
+    struct Window(std::sync::Arc<Vec<u8>>, std::ops::Range<usize>);
+
+    impl AsRef<[u8]> for Window {
+        fn as_ref(&self) -> &[u8] {
+            &self.0[self.1.clone()]
+        }
+    }
+
+    #[test]
+    fn decode_shared_views_aligned_elements_and_copies_misaligned_ones() {
+        let t = HostTensor::from_f32(&[3, 5], &[0.5; 15]).unwrap();
+        let blob = encode(&t);
+        let header = blob.len() - t.bytes().len();
+        for pad in 0..8 {
+            let (buf, range) = placed(&blob, pad);
+            let back = decode_shared(std::sync::Arc::new(Window(buf, range))).unwrap();
+            assert_eq!(back, t);
+            assert_eq!(back, decode(&blob).unwrap());
+            // The elements are aligned for f32 exactly when pad + header is a multiple of 4.
+            assert_eq!(
+                back.is_shared(),
+                (pad + header).is_multiple_of(4),
+                "pad {pad}"
+            );
+        }
     }
 }
