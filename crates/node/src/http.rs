@@ -274,39 +274,46 @@ async fn collect(
         return Err(too_large(n, limit));
     }
     let mut body = req.into_body();
-    // The declared length is at most `limit` here, and hyper ends the body there. The buffer
-    // always has its full length (slack for the placement included), so it goes back to the
-    // cache at the length the next body of this size asks for.
+    // The declared length is at most `limit` here, and hyper ends the body there, so the
+    // buffer never grows past `room` (which keeps the placement, and the data, where it is).
     let room = declared.map_or(0, |n| n as usize + ALIGN);
-    let mut buf = recycle::take(room).unwrap_or_else(|| vec![0; room]);
-    // The body goes to buf[first..at]; `first` is fixed by the first frame.
-    let (mut first, mut at) = (None, 0);
+    let mut buf = match recycle::take(room) {
+        Some(mut cached) => {
+            cached.clear();
+            cached
+        }
+        None => Vec::with_capacity(room),
+    };
+    // Where the body starts in `buf`, fixed by the first frame.
+    let mut first = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(truncated)?;
         let Some(data) = frame.data_ref() else {
             continue;
         };
-        let start = *first.get_or_insert_with(|| match align_at(data) {
-            Some(offset) if room > 0 => (ALIGN - (buf.as_ptr() as usize + offset) % ALIGN) % ALIGN,
-            _ => 0,
+        let start = *first.get_or_insert_with(|| {
+            let pad = match align_at(data) {
+                Some(offset) if room > 0 => {
+                    (ALIGN - (buf.as_ptr() as usize + offset) % ALIGN) % ALIGN
+                }
+                _ => 0,
+            };
+            buf.resize(pad, 0);
+            pad
         });
-        at = at.max(start); // the first frame starts at `start`
-        let size = at - start + data.len();
+        let size = buf.len() - start + data.len();
         if size as u64 > limit {
             return Err(too_large(size as u64, limit));
         }
-        if at + data.len() <= buf.len() {
-            buf[at..at + data.len()].copy_from_slice(data);
-        } else {
-            // No declared length: grow as the body comes.
-            buf.truncate(at);
-            buf.extend_from_slice(data);
-        }
-        at += data.len();
+        buf.extend_from_slice(data);
         each(data);
     }
-    let start = first.unwrap_or(0);
-    Ok(Bytes::from_owner(Recycled(buf)).slice(start..at))
+    let (start, end) = (first.unwrap_or(0), buf.len());
+    // Back to the cache at the length the next body of this size asks for.
+    if end < room {
+        buf.resize(room, 0);
+    }
+    Ok(Bytes::from_owner(Recycled(buf)).slice(start..end))
 }
 
 fn too_large(size: u64, limit: u64) -> ApiError {

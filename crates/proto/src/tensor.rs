@@ -100,22 +100,25 @@ fn parse(bytes: &[u8]) -> Result<(TensorType, usize), TensorBlobError> {
 pub fn decode_shared(blob: SharedBytes) -> Result<HostTensor, TensorBlobError> {
     let bytes = (*blob).as_ref();
     let (ty, start) = parse(bytes)?;
-    let data = &bytes[start..];
-    if !(data.as_ptr() as usize).is_multiple_of(ty.dtype.size() as usize) {
-        return decode(bytes);
+    if !(bytes[start..].as_ptr() as usize).is_multiple_of(ty.dtype.size() as usize) {
+        return copied(ty, bytes, start);
     }
-    let text = ty.to_string();
     let range = start..bytes.len();
-    HostTensor::shared(ty, blob, range).map_err(|_| TensorBlobError::BadType(text))
+    let err = |_| bad_elements(bytes, start);
+    HostTensor::shared(ty, blob.clone(), range).map_err(err)
 }
 
 /// Read a tensor blob.
 pub fn decode(bytes: &[u8]) -> Result<HostTensor, TensorBlobError> {
     let (ty, start) = parse(bytes)?;
-    let text = ty.to_string();
+    copied(ty, bytes, start)
+}
+
+/// The tensor of type `ty` whose elements are `bytes[start..]`, copied. A large tensor's bytes
+/// go into a cached buffer where one fits (a resident tensor replaced by the next upload
+/// under its name leaves one): fresh pages fault in slowly.
+fn copied(ty: TensorType, bytes: &[u8], start: usize) -> Result<HostTensor, TensorBlobError> {
     let data = &bytes[start..];
-    // A large tensor's bytes go into a cached buffer where one fits (a resident tensor
-    // replaced by the next upload under its name leaves one): fresh pages fault in slowly.
     let owned = match tenet_ir::recycle::take(data.len()) {
         Some(mut cached) => {
             cached.copy_from_slice(data);
@@ -123,7 +126,12 @@ pub fn decode(bytes: &[u8]) -> Result<HostTensor, TensorBlobError> {
         }
         None => data.to_vec(),
     };
-    HostTensor::new(ty, owned).map_err(|_| TensorBlobError::BadType(text))
+    HostTensor::new(ty, owned).map_err(|_| bad_elements(bytes, start))
+}
+
+/// A blob whose elements do not fit its (valid) type: bool bytes other than 0 and 1.
+fn bad_elements(bytes: &[u8], start: usize) -> TensorBlobError {
+    TensorBlobError::BadType(String::from_utf8_lossy(&bytes[..start - 1]).into())
 }
 
 #[cfg(test)]
