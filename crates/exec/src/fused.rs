@@ -9,7 +9,7 @@
 use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::vmath::{Arith, ScalarSide};
-use tenet_reference::math::NAN;
+use tenet_reference::math::canonical as canon;
 use tenet_reference::{binary_f32, unary_f32};
 
 /// Elements per chunk: a few chunk buffers fit in L1.
@@ -115,10 +115,6 @@ fn members_with<'a>(
             _ => unreachable!("the planner fuses only unary and binary f32 ops"),
         })
         .collect()
-}
-
-fn canon(v: f32) -> f32 {
-    if v.is_nan() { NAN } else { v }
 }
 
 /// Read `len` elements of `src` starting at flat output index `start` into `buf`, or return a

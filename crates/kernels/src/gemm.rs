@@ -10,6 +10,7 @@
 //! then owns whole micro-panels of C's rows. Packing buffers are kept per thread between calls.
 
 use crate::SimdLevel;
+use crate::simd::canonical;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GemmError {
@@ -213,7 +214,7 @@ fn dot_rows(i: usize, j0: usize, k: usize, a: Strided<'_>, b: Strided<'_>, out: 
         for p in 0..k {
             acc = a.data[i * a.rs + p * a.cs].mul_add(b.data[p * b.rs + j * b.cs], acc);
         }
-        *o = if acc.is_nan() { CANONICAL_NAN } else { acc };
+        *o = canonical(acc);
     }
 }
 
@@ -258,7 +259,7 @@ impl Ahead {
 }
 
 /// The canonical quiet NaN (docs/OPS.md).
-const CANONICAL_NAN: f32 = f32::from_bits(0x7fc0_0000);
+const CANONICAL_NAN: f32 = tenet_reference::math::NAN;
 
 struct Config {
     kc: usize,
@@ -757,7 +758,7 @@ unsafe fn kernel_portable(
         // SAFETY: row i of the tile is inside `c` (caller's guarantee).
         let dst = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), PNR) };
         for (d, &v) in dst.iter_mut().zip(row) {
-            *d = if last && v.is_nan() { CANONICAL_NAN } else { v };
+            *d = if last { canonical(v) } else { v };
         }
     }
 }
@@ -765,6 +766,8 @@ unsafe fn kernel_portable(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    use crate::simd::{canonical, canonical16};
 
     /// `dot_rows` with hardware FMA (the same chains; `mul_add` compiles to `vfmadd` here).
     ///
@@ -792,7 +795,7 @@ mod x86 {
                 c3 = x.mul_add(b.data[base + 3 * b.cs], c3);
             }
             for (d, v) in o.iter_mut().zip([c0, c1, c2, c3]) {
-                *d = if v.is_nan() { super::CANONICAL_NAN } else { v };
+                *d = canonical(v);
             }
             j += 4;
         }
@@ -801,11 +804,7 @@ mod x86 {
             for (p, &x) in arow.iter().enumerate() {
                 acc = x.mul_add(b.data[p * b.rs + j * b.cs], acc);
             }
-            *o = if acc.is_nan() {
-                super::CANONICAL_NAN
-            } else {
-                acc
-            };
+            *o = canonical(acc);
             j += 1;
         }
     }
@@ -855,12 +854,6 @@ mod x86 {
             3 => small_m_block::<3>(j0, k, a, b, out),
             _ => small_m_block::<4>(j0, k, a, b, out),
         }
-    }
-
-    /// `x` with its NaN lanes replaced by `nan` (the canonical NaN).
-    #[target_feature(enable = "avx512f")]
-    fn canonical16(x: __m512, nan: __m512) -> __m512 {
-        _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan)
     }
 
     /// Rows `0..m` of A, step-major: `[p * m + i]` is A(i, p).
@@ -949,7 +942,6 @@ mod x86 {
     ) {
         let w = out.len() / M;
         let arows = a_by_step(M, k, a);
-        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         let mut jb = 0;
         while jb < w {
             let cols = (w - jb).min(16);
@@ -990,7 +982,7 @@ mod x86 {
             }
             let keep = crate::simd::mask16(cols);
             for (i, &x) in acc.iter().enumerate() {
-                let x = canonical16(x, nan);
+                let x = canonical16(x);
                 let dst = &mut out[i * w + jb..i * w + jb + cols];
                 // SAFETY: the mask covers exactly the `cols` values of `dst`.
                 unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), keep, x) };
@@ -1011,7 +1003,6 @@ mod x86 {
         let arows = a_by_step(M, k, a);
         let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let offsets = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(b.cs as i32));
-        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         let base = b.data.as_ptr();
         let mut jb = 0;
         while jb < w {
@@ -1050,7 +1041,7 @@ mod x86 {
             }
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
-                    let x = canonical16(x, nan);
+                    let x = canonical16(x);
                     let dst = &mut out[i * w + jb..i * w + jb + cols];
                     // SAFETY: lanes of vector v cover dst[16v ..], masked to the `cols` valid
                     // columns, all inside `dst`.
@@ -1145,10 +1136,9 @@ mod x86 {
             step(&mut acc, p);
             p += 1;
         }
-        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         for (i, row) in acc.iter().enumerate() {
             for (v, &x) in row.iter().enumerate() {
-                let x = if last { canonical16(x, nan) } else { x };
+                let x = if last { canonical16(x) } else { x };
                 // SAFETY: row i, vector v of the tile is inside `c`.
                 unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), x) };
             }
@@ -1253,11 +1243,10 @@ mod x86 {
                 }
             }
         }
-        let nan = _mm512_set1_ps(super::CANONICAL_NAN);
         for i in 0..MR {
             for v in 0..NV {
                 let x = acc[i * NV + v];
-                let x = if last { canonical16(x, nan) } else { x };
+                let x = if last { canonical16(x) } else { x };
                 // SAFETY: row i, vector v of the tile is inside `c`.
                 unsafe { _mm512_storeu_ps(c.add(at(i, v)), x) };
             }

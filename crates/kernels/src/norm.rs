@@ -30,7 +30,7 @@ pub fn layer_norm_row(
         SimdLevel::Avx512 => unsafe { x86::layer_norm(row, affine, eps, out) },
         _ => {
             tenet_reference::layer_norm_row(row, affine.gamma, affine.beta, eps, out);
-            canonical_nans(out);
+            crate::simd::canonical_nans(out);
         }
     }
 }
@@ -50,15 +50,7 @@ pub fn rms_norm_row(
         SimdLevel::Avx512 => unsafe { x86::rms_norm(row, gamma, eps, out) },
         _ => {
             tenet_reference::rms_norm_row(row, gamma, eps, out);
-            canonical_nans(out);
-        }
-    }
-}
-
-fn canonical_nans(out: &mut [f32]) {
-    for v in out {
-        if v.is_nan() {
-            *v = tenet_reference::math::NAN;
+            crate::simd::canonical_nans(out);
         }
     }
 }
@@ -107,14 +99,11 @@ mod x86 {
     /// gets the block's start.
     #[target_feature(enable = "avx512f")]
     fn map(row: &[f32], out: &mut [f32], g: impl Fn(__m512, usize, __mmask16) -> __m512) {
-        let canonical = _mm512_set1_ps(tenet_reference::math::NAN);
         for j in (0..row.len()).step_by(16) {
             // SAFETY: `row.len() - j` floats from `j` are inside `row` and `out` (same length).
             unsafe {
                 let (mask, v) = block(row.as_ptr().add(j), row.len() - j);
-                let y = g(v, j, mask);
-                let y =
-                    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y), y, canonical);
+                let y = crate::simd::canonical16(g(v, j, mask));
                 _mm512_mask_storeu_ps(out.as_mut_ptr().add(j), mask, y);
             }
         }

@@ -98,6 +98,23 @@ impl SimdLevel {
     }
 }
 
+pub(crate) use tenet_reference::math::canonical;
+
+/// [`canonical`] over a slice, in place.
+pub(crate) fn canonical_nans(out: &mut [f32]) {
+    out.iter_mut().for_each(|v| *v = canonical(*v));
+}
+
+/// [`canonical`] in 16 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn canonical16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let nan = _mm512_set1_ps(tenet_reference::math::NAN);
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan)
+}
+
 /// The mask of lanes `0..len` of a 16-lane register (all of them from 16 up): the lanes a
 /// row's last, partial block may touch.
 #[cfg(target_arch = "x86_64")]

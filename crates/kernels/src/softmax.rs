@@ -38,7 +38,7 @@ pub fn softmax_rows(level: SimdLevel, log: bool, x: &[f32], n: usize, out: &mut 
             SimdLevel::Avx2 => unsafe { x86::row_avx2(log, row, o) },
             _ => {
                 scalar_row(log, row, o);
-                o.iter_mut().filter(|v| v.is_nan()).for_each(|v| *v = NAN);
+                crate::simd::canonical_nans(o);
             }
         }
     }
@@ -49,8 +49,7 @@ pub fn softmax_rows(level: SimdLevel, log: bool, x: &[f32], n: usize, out: &mut 
 fn log_softmax_tail(row: &[f32], m: f32, s: f32, out: &mut [f32]) {
     let ls = math::log(s);
     for (o, &x) in out.iter_mut().zip(row) {
-        let y = (x - m) - ls;
-        *o = if y.is_nan() { NAN } else { y };
+        *o = crate::simd::canonical((x - m) - ls);
     }
 }
 
@@ -231,9 +230,7 @@ mod x86 {
         // SAFETY: as the caller guarantees.
         unsafe {
             let y = _mm512_div_ps(load(p, len, _mm512_set1_ps(1.0)), sv);
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
-            let y = _mm512_mask_blend_ps(nan, y, _mm512_set1_ps(NAN));
-            _mm512_mask_storeu_ps(p, mask, y);
+            _mm512_mask_storeu_ps(p, mask, crate::simd::canonical16(y));
         }
     }
 
@@ -325,8 +322,7 @@ mod x86 {
                 }
             }
             for o in &mut out[full8..] {
-                let y = *o / s;
-                *o = if y.is_nan() { NAN } else { y };
+                *o = crate::simd::canonical(*o / s);
             }
         }
     }

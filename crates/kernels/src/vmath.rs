@@ -4,6 +4,7 @@
 use tenet_reference::math;
 
 use crate::SimdLevel;
+use crate::simd::canonical as canon;
 
 /// `out[i] = exp(x[i])`, bit-identical to `tenet_reference::math::exp`.
 pub fn exp_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
@@ -174,11 +175,6 @@ fn scalar_assign_lanes(op: Arith, acc: &mut [f32], s: f32, side: ScalarSide) {
         (Arith::Div, ScalarSide::Left) => it.for_each(|o| *o = canon(s / *o)),
         (Arith::Div, ScalarSide::Right) => it.for_each(|o| *o = canon(*o / s)),
     }
-}
-
-#[inline(always)]
-fn canon(v: f32) -> f32 {
-    if v.is_nan() { math::NAN } else { v }
 }
 
 /// The reference's gelu_erf, made canonical.
@@ -396,12 +392,7 @@ pub(crate) mod x86 {
                     let m = _mm512_mask_cmp_ps_mask::<_CMP_LT_OQ>(lanes & !lt1, a, four);
                     // Small lanes, ±1 beyond 4 (NaN lanes come out NaN either way).
                     let erf = _mm512_mask_blend_ps(lt1, copysign16(one, t), erf16_small(t));
-                    let y = gelu_finish(v, erf);
-                    let y = _mm512_mask_blend_ps(
-                        _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y),
-                        y,
-                        _mm512_set1_ps(NAN),
-                    );
+                    let y = crate::simd::canonical16(gelu_finish(v, erf));
                     _mm512_mask_storeu_ps(ob.as_mut_ptr().add(j), lanes, y);
                     _mm512_storeu_ps(mid.as_mut_ptr().add(count), _mm512_maskz_compress_ps(m, v));
                     let idx = _mm512_add_epi32(iota, _mm512_set1_epi32(j as i32));

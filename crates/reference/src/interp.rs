@@ -8,7 +8,7 @@ use tenet_ir::{
     TensorType, UnaryOp, WeightSource, Window2d,
 };
 
-use crate::math::{self, NAN};
+use crate::math::{self, NAN, canonical as canon};
 use crate::philox;
 
 /// Why a graph could not be run on the given inputs and weights.
@@ -151,10 +151,6 @@ pub fn check_inputs(graph: &Graph, inputs: &HashMap<String, HostTensor>) -> Resu
 
 // ---------------------------------------------------------------------------------------------
 // Element access and encoding.
-
-fn canon(v: f32) -> f32 {
-    if v.is_nan() { NAN } else { v }
-}
 
 /// Encode f32 values as `ty` (a float dtype), rounding once to the storage type.
 fn floats_to(ty: &TensorType, vals: impl IntoIterator<Item = f32>) -> HostTensor {

@@ -11,6 +11,12 @@
 /// The canonical quiet NaN every computing op produces.
 pub const NAN: f32 = f32::from_bits(0x7fc0_0000);
 
+/// `v`, or [`NAN`] if `v` is any NaN: how computing ops store their results (docs/OPS.md).
+#[inline(always)]
+pub fn canonical(v: f32) -> f32 {
+    if v.is_nan() { NAN } else { v }
+}
+
 pub const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split so that `k * LN2_HI` is exact for |k| < 2^8.
 pub const LN2_HI: f32 = f32::from_bits(0x3f31_7180); // 0.69313812 (low bits zero)
