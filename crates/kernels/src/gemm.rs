@@ -509,9 +509,87 @@ const B_PREFETCH_STEPS: usize = 16;
 /// Floats in one cache line: the slack a scratch buffer needs to start on a line boundary.
 const ALIGN_FLOATS: usize = 16;
 
+/// Column groups a block of rows is cut into for stealing: a thread that runs out of its own
+/// blocks takes one group (a quarter of a block's columns) at a time from the back of another
+/// thread's rows, so the threads finish within about a group's time of each other.
+const COLUMN_GROUPS: usize = 4;
+
+/// C as the threads of one product share it. Two threads may write different columns of the
+/// same rows at once (a stolen column group), which `&mut` slices cannot express, so tiles
+/// are reached through the raw pointer; every element is written only by the thread that
+/// claimed the unit of work holding it, and claims never overlap.
+#[derive(Clone, Copy)]
+struct SharedC {
+    ptr: *mut f32,
+    /// Elements from `ptr` that belong to C.
+    len: usize,
+}
+
+// SAFETY: the pointer is only used for the elements of claimed, disjoint units of work (see
+// the type's comment); the `&mut [f32]` it came from outlives every thread using it.
+unsafe impl Send for SharedC {}
+// SAFETY: as above.
+unsafe impl Sync for SharedC {}
+
+impl SharedC {
+    fn new(c: &mut [f32]) -> SharedC {
+        SharedC {
+            ptr: c.as_mut_ptr(),
+            len: c.len(),
+        }
+    }
+
+    /// C from element `at` on.
+    fn from(self, at: usize) -> SharedC {
+        assert!(at <= self.len, "offset inside C");
+        SharedC {
+            // SAFETY: `at` is at most the length (checked above).
+            ptr: unsafe { self.ptr.add(at) },
+            len: self.len - at,
+        }
+    }
+
+    /// The first `rows` rows (`n` values each, `c_rs` apart) as one slice, from the first row's
+    /// start to the last row's end.
+    ///
+    /// # Safety
+    /// No other thread touches those rows while the slice lives.
+    unsafe fn rows<'c>(self, rows: usize, n: usize, c_rs: usize) -> &'c mut [f32] {
+        assert!(rows > 0, "at least one row");
+        let len = (rows - 1) * c_rs + n;
+        assert!(len <= self.len, "rows inside C");
+        // SAFETY: in bounds (checked above); exclusive (the caller's guarantee).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, len) }
+    }
+
+    /// Copy `out.len()` elements from `at` into `out`.
+    ///
+    /// # Safety
+    /// No other thread writes those elements meanwhile (they are in the caller's unit).
+    unsafe fn read(self, at: usize, out: &mut [f32]) {
+        assert!(at + out.len() <= self.len, "read inside C");
+        // SAFETY: in bounds (checked above); no concurrent writer (the caller's guarantee).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(at), out.as_mut_ptr(), out.len()) };
+    }
+
+    /// Copy `src` to the elements from `at`.
+    ///
+    /// # Safety
+    /// No other thread reads or writes those elements meanwhile (they are in the caller's unit).
+    unsafe fn write(self, at: usize, src: &[f32]) {
+        assert!(at + src.len() <= self.len, "write inside C");
+        // SAFETY: in bounds (checked above); no concurrent access (the caller's guarantee).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(at), src.len()) };
+    }
+}
+
 /// The packed product for one kernel's `MR × NR` tile. Columns go in chunks: each chunk of B is
-/// packed once (its panels split across threads), then each thread runs `rows_of_chunk` on its
-/// own contiguous rows of C, whole micro-panels each.
+/// packed once (its panels split across threads) and shared. Each thread owns contiguous rows
+/// of C, cut into blocks of `mc` rows, and runs its blocks whole, front to back; a thread that
+/// finishes early takes column groups from the back of the others' rows. On a shared host one
+/// thread often loses 5–20 ms of a 49 ms 2048² product to its neighbours (per-thread timers
+/// here), and with a static split the whole product waited for it. Which thread computes a
+/// tile never changes its bits.
 #[allow(clippy::too_many_arguments)]
 fn blocked<const MR: usize, const NR: usize>(
     cfg: &Config,
@@ -528,18 +606,21 @@ fn blocked<const MR: usize, const NR: usize>(
     let nc_max = (PACKED_B_BYTES / 4 / k).clamp(NR, NC_MAX) / NR * NR;
     let threads = threads.clamp(1, m.div_ceil(MR));
     let rows_per = m.div_ceil(threads).div_ceil(MR) * MR;
-    // Pieces of C by rows; the last piece runs to the end of `c`.
-    let row_pieces: Vec<std::ops::Range<usize>> = (0..m)
-        .step_by(rows_per)
-        .map(|row| {
-            let end = if row + rows_per >= m {
-                c.len()
-            } else {
-                (row + rows_per) * c_rs
-            };
-            row * c_rs..end
-        })
-        .collect();
+    // Blocks of rows (at most `mc`, whole micro-panels but the last), each thread's from its
+    // own rows, and the range of blocks each thread owns.
+    let mut blocks = Vec::new();
+    let mut owned = Vec::new();
+    for start in (0..m).step_by(rows_per) {
+        let end = (start + rows_per).min(m);
+        let first = blocks.len();
+        blocks.extend(
+            (start..end)
+                .step_by(cfg.mc)
+                .map(|r| r..(r + cfg.mc).min(end)),
+        );
+        owned.push(first..blocks.len());
+    }
+    let shared = SharedC::new(c);
     let packed_len = n.min(nc_max).div_ceil(NR) * NR * k;
     with_scratch(&SCRATCH_B, packed_len, |packed| {
         for jc in (0..n).step_by(nc_max) {
@@ -560,153 +641,186 @@ fn blocked<const MR: usize, const NR: usize>(
             let bp = &*bp;
             // Rows are final once the last chunk of columns has passed over them.
             let then = epilogue.filter(|_| jc + nc == n);
-            if row_pieces.len() == 1 {
-                let then = then.map(|f| (0, f));
-                rows_of_chunk::<MR, NR>(cfg, m, jc, nc, k, a, bp, c, c_rs, then);
+            if owned.len() == 1 {
+                for rows in &blocks {
+                    let part = shared.from(rows.start * c_rs);
+                    let a = a.offset_rows(rows.start);
+                    block_of_chunk::<MR, NR>(cfg, rows.len(), jc, nc, k, a, bp, part, c_rs);
+                    if let Some(f) = then {
+                        // SAFETY: this thread alone computes C, and the block is done.
+                        f(rows.start, unsafe { part.rows(rows.len(), n, c_rs) });
+                    }
+                }
                 continue;
             }
-            crate::parallel::for_each_piece(c, &row_pieces, |range, part| {
-                let row = range.start / c_rs;
-                let rows = rows_per.min(m - row);
-                let a = a.offset_rows(row);
-                let then = then.map(|f| (row, f));
-                rows_of_chunk::<MR, NR>(cfg, rows, jc, nc, k, a, bp, part, c_rs, then)
+            // Units of work: block `u / groups`, column group `u % groups` (`per_group`
+            // panels each).
+            let per_group = panels.div_ceil(COLUMN_GROUPS.min(panels));
+            let groups = panels.div_ceil(per_group);
+            let units: Vec<std::ops::Range<usize>> = owned
+                .iter()
+                .map(|r| r.start * groups..r.end * groups)
+                .collect();
+            let work = crate::parallel::Stealing::new(&units);
+            // The unit that finishes a block's last group runs the epilogue on it.
+            let left: Vec<std::sync::atomic::AtomicUsize> = blocks
+                .iter()
+                .map(|_| std::sync::atomic::AtomicUsize::new(groups))
+                .collect();
+            // Units `first..first + count` (whole groups of one block) on this thread.
+            let run = |first: usize, count: usize| {
+                let (block, g) = (first / groups, first % groups);
+                let rows = blocks[block].clone();
+                let q0 = g * per_group;
+                let q1 = ((g + count) * per_group).min(panels);
+                let cols = (q1 * NR).min(nc) - q0 * NR;
+                let part = shared.from(rows.start * c_rs);
+                let a = a.offset_rows(rows.start);
+                let bp = &bp[q0 * NR * k..];
+                block_of_chunk::<MR, NR>(cfg, rows.len(), jc + q0 * NR, cols, k, a, bp, part, c_rs);
+                let done = left[block].fetch_sub(count, std::sync::atomic::Ordering::AcqRel);
+                if let (Some(f), true) = (then, done == count) {
+                    // SAFETY: every unit of this block has finished (the counter reached zero
+                    // here, and its acquire-release updates order their writes before this),
+                    // and no unit touches these rows again, so this thread alone holds them.
+                    f(rows.start, unsafe { part.rows(rows.len(), n, c_rs) });
+                }
+            };
+            crate::parallel::run_parts(work.owners(), &|t| {
+                while let Some(r) = work.take_front(t, groups) {
+                    run(r.start, r.len());
+                }
+                for v in (1..work.owners()).map(|d| (t + d) % work.owners()) {
+                    while let Some(u) = work.steal_back(v) {
+                        run(u, 1);
+                    }
+                }
             });
         }
     });
 }
 
-/// Rows `0..m` of C, columns `jc..jc + nc`, from A and the chunk's packed B `bp`. Blocks of
-/// `mc` rows go one after another, and every k-block passes over a block before the next, so
-/// the block's C stays in L2 between the k-blocks that continue its chains.
+/// Rows `0..m` (at most `mc`) of C, columns `jc..jc + nc`, from A and the packed panels `bp`
+/// of those columns. Every k-block passes over the block's tiles before the next, so the
+/// block's C stays in L2 between the k-blocks that continue its chains. The caller has
+/// claimed these rows and columns of `c`: no other thread touches them meanwhile.
 #[allow(clippy::too_many_arguments)]
-fn rows_of_chunk<const MR: usize, const NR: usize>(
+fn block_of_chunk<const MR: usize, const NR: usize>(
     cfg: &Config,
-    m: usize,
+    mc: usize,
     jc: usize,
     nc: usize,
     k: usize,
     a: Strided<'_>,
     bp: &[f32],
-    c: &mut [f32],
+    c: SharedC,
     c_rs: usize,
-    epilogue: Option<(usize, Epilogue<'_>)>,
 ) {
     let (mr, nr) = (MR, NR);
     let kc_max = cfg.kc.min(k);
     // A row-major A needs no packing where the level has kernels that read it in place: in
     // MiniLM's products that took the time of a batch from 413–425 to ~400 ms.
     let direct = cfg.direct.filter(|_| a.cs == 1);
-    // Packed panels per block of rows: all of them, or only a partial last one.
-    let panels = if direct.is_some() {
-        1
-    } else {
-        cfg.mc.min(m).div_ceil(mr)
-    };
-    let mut tile = vec![0.0f32; mr * nr];
+    // Packed panels for the block: all of them, or only a partial last one.
+    let panels = if direct.is_some() { 1 } else { mc.div_ceil(mr) };
+    // The scratch tile for edge tiles, allocated at the first.
+    let mut tile = Vec::new();
     with_scratch(&SCRATCH_A, panels * mr * kc_max, |ap| {
-        for ic in (0..m).step_by(cfg.mc) {
-            let mc = cfg.mc.min(m - ic);
-            for pc in (0..k).step_by(cfg.kc) {
-                let kc = cfg.kc.min(k - pc);
-                let (load, last) = (pc > 0, pc + kc == k);
-                // Full row panels read A in place when the kernel can; a partial one is
-                // packed (zero rows below the end) into the first panel of `ap`.
-                let full_rows = if direct.is_some() { mc / mr * mr } else { 0 };
-                pack_a::<MR>(cfg, ap, a, ic + full_rows, mc - full_rows, pc, kc);
-                let panel_lines = (nr * kc).div_ceil(16);
-                let lines_per_tile = panel_lines.div_ceil(mc.div_ceil(mr));
-                for jr in (0..nc).step_by(nr) {
-                    let cols = nr.min(nc - jr);
-                    let bpanel = &bp[(jr / nr) * nr * k + pc * nr..][..nr * kc];
-                    for ir in (0..mc).step_by(mr) {
-                        let rows = mr.min(mc - ir);
-                        // This tile's A: in place (row stride a.rs) or a packed panel.
-                        let (kernel, kernel_first, a_ptr, a_rs) = match direct {
-                            Some((kd, kdf)) if rows == mr => {
-                                let first = (ic + ir) * a.rs + pc;
-                                // Rows ic+ir .. +mr, columns pc .. pc+kc: inside A.
-                                let rows_span = &a.data[first..(ic + ir + mr - 1) * a.rs + pc + kc];
-                                (kd, kdf, rows_span.as_ptr(), a.rs)
-                            }
-                            _ => {
-                                let q = if direct.is_some() { 0 } else { ir / mr };
-                                let apanel = &ap[q * mr * kc..][..mr * kc];
-                                (cfg.kernel, cfg.kernel_first, apanel.as_ptr(), 0)
-                            }
+        for pc in (0..k).step_by(cfg.kc) {
+            let kc = cfg.kc.min(k - pc);
+            let (load, last) = (pc > 0, pc + kc == k);
+            // Full row panels read A in place when the kernel can; a partial one is packed
+            // (zero rows below the end) into the first panel of `ap`.
+            let full_rows = if direct.is_some() { mc / mr * mr } else { 0 };
+            pack_a::<MR>(cfg, ap, a, full_rows, mc - full_rows, pc, kc);
+            let panel_lines = (nr * kc).div_ceil(16);
+            let lines_per_tile = panel_lines.div_ceil(mc.div_ceil(mr));
+            for jr in (0..nc).step_by(nr) {
+                let cols = nr.min(nc - jr);
+                let bpanel = &bp[(jr / nr) * nr * k + pc * nr..][..nr * kc];
+                for ir in (0..mc).step_by(mr) {
+                    let rows = mr.min(mc - ir);
+                    // This tile's A: in place (row stride a.rs) or a packed panel.
+                    let (kernel, kernel_first, a_ptr, a_rs) = match direct {
+                        Some((kd, kdf)) if rows == mr => {
+                            let first = ir * a.rs + pc;
+                            // Rows ir .. ir+mr, columns pc .. pc+kc: inside A.
+                            let rows_span = &a.data[first..(ir + mr - 1) * a.rs + pc + kc];
+                            (kd, kdf, rows_span.as_ptr(), a.rs)
+                        }
+                        _ => {
+                            let q = if direct.is_some() { 0 } else { ir / mr };
+                            let apanel = &ap[q * mr * kc..][..mr * kc];
+                            (cfg.kernel, cfg.kernel_first, apanel.as_ptr(), 0)
+                        }
+                    };
+                    let (row, col) = (ir, jc + jr);
+                    // The next full tile down this column of tiles, and this tile's share of
+                    // the next column's B panel, for prefetching (a stale or stray address
+                    // costs a wasted load, never a fault).
+                    let mut ahead = Ahead::NONE;
+                    if ir + 2 * mr <= mc {
+                        ahead.c = c.ptr.wrapping_add((row + mr) * c_rs + col);
+                    }
+                    if jr + nr < nc {
+                        let start = (ir / mr) * lines_per_tile;
+                        let next = (jr / nr + 1) * nr * k + pc * nr + start * 16;
+                        ahead.b = bp.as_ptr().wrapping_add(next);
+                        ahead.b_lines = lines_per_tile.min(panel_lines.saturating_sub(start));
+                    }
+                    if rows == mr && cols == nr {
+                        // The whole tile lies inside C: rows row..row+mr < m and columns
+                        // col..col+nr ≤ n, and C spans (m-1)·c_rs + n elements.
+                        let base = row * c_rs + col;
+                        assert!(base + (mr - 1) * c_rs + nr <= c.len, "tile inside C");
+                        let kernel = if ir == 0 { kernel_first } else { kernel };
+                        // SAFETY: the kernel reads mr rows of kc values from `a_ptr`, a packed
+                        // panel (kc·mr values) or rows of A at stride a_rs (the slice taken
+                        // above spans them), kc·nr of `bpanel` (that long), and reads/writes
+                        // mr rows of nr values at stride c_rs from `base`, inside C (checked
+                        // above) and in the caller's claimed rows and columns, which no other
+                        // thread touches; the CPU supports the kernel's instructions (checked
+                        // in `sgemm`).
+                        unsafe {
+                            kernel(
+                                kc,
+                                a_ptr,
+                                a_rs,
+                                bpanel.as_ptr(),
+                                c.ptr.add(base),
+                                c_rs,
+                                load,
+                                last,
+                                ahead,
+                            )
                         };
-                        let (row, col) = (ic + ir, jc + jr);
-                        // The next full tile down this column of tiles, and this tile's
-                        // share of the next column's B panel, for prefetching.
-                        let mut ahead = Ahead::NONE;
-                        if ir + 2 * mr <= mc {
-                            ahead.c = c[(row + mr) * c_rs + col..].as_ptr();
+                    } else {
+                        // Edge tile: run on a full-size scratch tile, copy the valid part.
+                        tile.resize(mr * nr, 0.0);
+                        for i in 0..rows {
+                            // SAFETY: the caller's claimed rows and columns (see above).
+                            unsafe { c.read((row + i) * c_rs + col, &mut tile[i * nr..][..cols]) };
                         }
-                        if jr + nr < nc {
-                            let start = (ir / mr) * lines_per_tile;
-                            let next = (jr / nr + 1) * nr * k + pc * nr + start * 16;
-                            ahead.b = bp.as_ptr().wrapping_add(next);
-                            ahead.b_lines = lines_per_tile.min(panel_lines.saturating_sub(start));
-                        }
-                        if rows == mr && cols == nr {
-                            // The whole tile lies inside C: rows row..row+mr < m and columns
-                            // col..col+nr ≤ n, and C spans (m-1)·c_rs + n elements.
-                            let base = row * c_rs + col;
-                            debug_assert!(base + (mr - 1) * c_rs + nr <= c.len());
-                            // SAFETY: the kernel reads mr rows of kc values from `a_ptr`, a
-                            // packed panel (kc·mr values) or rows of A at stride a_rs (the
-                            // slice taken above spans them), kc·nr of `bpanel` (that long),
-                            // and reads/writes mr rows of nr values at
-                            // stride c_rs from `base`, all inside `c` as argued above; the CPU
-                            // supports the kernel's instructions (checked in `sgemm`).
-                            let kernel = if ir == 0 { kernel_first } else { kernel };
-                            unsafe {
-                                kernel(
-                                    kc,
-                                    a_ptr,
-                                    a_rs,
-                                    bpanel.as_ptr(),
-                                    c.as_mut_ptr().add(base),
-                                    c_rs,
-                                    load,
-                                    last,
-                                    ahead,
-                                )
-                            };
-                        } else {
-                            // Edge tile: run on a full-size scratch tile, copy the valid part.
-                            for i in 0..rows {
-                                let src = &c[(row + i) * c_rs + col..][..cols];
-                                tile[i * nr..i * nr + cols].copy_from_slice(src);
-                            }
-                            // SAFETY: as above, with C replaced by `tile` (mr × nr, ldc = nr).
-                            unsafe {
-                                kernel(
-                                    kc,
-                                    a_ptr,
-                                    a_rs,
-                                    bpanel.as_ptr(),
-                                    tile.as_mut_ptr(),
-                                    nr,
-                                    load,
-                                    last,
-                                    Ahead::NONE,
-                                )
-                            };
-                            for i in 0..rows {
-                                c[(row + i) * c_rs + col..][..cols]
-                                    .copy_from_slice(&tile[i * nr..i * nr + cols]);
-                            }
+                        // SAFETY: as above, with C replaced by `tile` (mr × nr, ldc = nr).
+                        unsafe {
+                            kernel(
+                                kc,
+                                a_ptr,
+                                a_rs,
+                                bpanel.as_ptr(),
+                                tile.as_mut_ptr(),
+                                nr,
+                                load,
+                                last,
+                                Ahead::NONE,
+                            )
+                        };
+                        for i in 0..rows {
+                            // SAFETY: the caller's claimed rows and columns (see above).
+                            unsafe { c.write((row + i) * c_rs + col, &tile[i * nr..][..cols]) };
                         }
                     }
                 }
-            }
-            // The block's rows are whole (this is the last chunk: columns end at jc + nc).
-            if let Some((first, f)) = epilogue {
-                f(
-                    first + ic,
-                    &mut c[ic * c_rs..(ic + mc - 1) * c_rs + jc + nc],
-                );
             }
         }
     });

@@ -185,7 +185,7 @@ pub fn on_workers<R>(f: impl FnOnce() -> R) -> R {
 
 /// Run `body(i)` for every `i < parts` on the calling thread and the pool's helpers; returns
 /// when all are done. A panic in a part is raised here once every part has finished.
-fn run_parts(parts: usize, body: &(dyn Fn(usize) + Sync)) {
+pub(crate) fn run_parts(parts: usize, body: &(dyn Fn(usize) + Sync)) {
     let pool = pool();
     let guard = if parts > 1 && parts < CLOSED as usize && pool.helpers > 0 {
         pool.owner.try_lock().ok()
@@ -251,6 +251,69 @@ pub fn for_each_piece<T: Send>(
     });
 }
 
+/// Work items in contiguous ranges, one per owner: an owner takes items from the front of its
+/// range, and a thread with nothing left takes them one at a time from the back of another's.
+/// Each item is taken exactly once. Owners keep the order (and the caches) a static split
+/// would give; the stealing only moves the last items of a range whose owner fell behind.
+pub(crate) struct Stealing {
+    /// Per owner, the first untaken item (low 32 bits) and the end of the range (high 32).
+    ranges: Vec<AtomicU64>,
+}
+
+impl Stealing {
+    /// Items must number below 2³².
+    pub(crate) fn new(ranges: &[std::ops::Range<usize>]) -> Stealing {
+        let pack = |r: &std::ops::Range<usize>| {
+            assert!(r.end < 1 << 32, "too many work items");
+            AtomicU64::new((r.end as u64) << 32 | r.start.min(r.end) as u64)
+        };
+        Stealing {
+            ranges: ranges.iter().map(pack).collect(),
+        }
+    }
+
+    pub(crate) fn owners(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// The next `want` items of `owner`'s range if that many are left, else the next one.
+    pub(crate) fn take_front(&self, owner: usize, want: usize) -> Option<std::ops::Range<usize>> {
+        let slot = &self.ranges[owner];
+        let mut s = slot.load(SeqCst);
+        loop {
+            let (lo, hi) = (s & 0xffff_ffff, s >> 32);
+            if lo >= hi {
+                return None;
+            }
+            let n = if lo + want.max(1) as u64 <= hi {
+                want.max(1) as u64
+            } else {
+                1
+            };
+            match slot.compare_exchange_weak(s, s + n, SeqCst, SeqCst) {
+                Ok(_) => return Some(lo as usize..(lo + n) as usize),
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// The last item of `victim`'s range, if any is left.
+    pub(crate) fn steal_back(&self, victim: usize) -> Option<usize> {
+        let slot = &self.ranges[victim];
+        let mut s = slot.load(SeqCst);
+        loop {
+            let (lo, hi) = (s & 0xffff_ffff, s >> 32);
+            if lo >= hi {
+                return None;
+            }
+            match slot.compare_exchange_weak(s, (hi - 1) << 32 | lo, SeqCst, SeqCst) {
+                Ok(_) => return Some(hi as usize - 1),
+                Err(now) => s = now,
+            }
+        }
+    }
+}
+
 /// Split `0..n` into at most `parts` contiguous ranges whose starts are multiples of `align`.
 pub fn ranges(n: usize, parts: usize, align: usize) -> Vec<std::ops::Range<usize>> {
     let align = align.max(1);
@@ -278,6 +341,32 @@ mod tests {
                 }
             });
             assert_eq!(out, (1..=n as u32).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn stolen_and_owned_items_are_each_taken_once() {
+        use std::sync::atomic::AtomicU32;
+        for round in 0..2_000usize {
+            let (n, owners, want) = (1 + round % 37, 1 + round % 4, 1 + round % 5);
+            let ranges = ranges(n, owners, 1);
+            let work = Stealing::new(&ranges);
+            let taken: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(0)).collect();
+            run_parts(work.owners(), &|t| {
+                while let Some(r) = work.take_front(t, want) {
+                    assert!(r.len() == want || r.len() == 1);
+                    r.for_each(|i| {
+                        taken[i].fetch_add(1, SeqCst);
+                    });
+                }
+                for v in (0..work.owners()).filter(|&v| v != t) {
+                    while let Some(i) = work.steal_back(v) {
+                        assert!(ranges[v].contains(&i), "stolen from the victim's range");
+                        taken[i].fetch_add(1, SeqCst);
+                    }
+                }
+            });
+            assert!(taken.iter().all(|t| t.load(SeqCst) == 1), "round {round}");
         }
     }
 
