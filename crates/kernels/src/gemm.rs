@@ -268,8 +268,13 @@ struct Config {
     /// The kernel for the first tile of a column of tiles, whose B panel is not in L1 yet
     /// (it comes from L2 or L3): the same chains, prefetching B ahead as it goes.
     kernel_first: Kernel,
-    /// Kernels that read A in place from a row-major operand (no packing), if the level has them.
-    direct: Option<(Kernel, Kernel)>,
+    /// The kernel that reads A in place from a row-major operand (no packing), if the level
+    /// has one. It has no first-tile variant: the B panel a column's first tile reads was
+    /// fetched into L2 by the tiles of the column before (`Ahead::b`), and prefetching it
+    /// into L1 as well cost that tile a quarter more time (3 more load-port operations per
+    /// 11), 2048² 50.1–50.6 → 48.9–49.5 ms without it (medians of 12, alternated builds;
+    /// other shapes unchanged).
+    direct: Option<Kernel>,
     /// Pack A's whole panels, and B's whole panels when its columns are contiguous, with
     /// AVX-512 register transposes.
     pack_avx512: bool,
@@ -306,10 +311,7 @@ impl Config {
             mc: 96,
             kernel: x86::kernel_avx512::<MR, NV, 0>,
             kernel_first: x86::kernel_avx512::<MR, NV, B_PREFETCH_STEPS>,
-            direct: Some((
-                x86::kernel_avx512_direct::<MR, NV, false>,
-                x86::kernel_avx512_direct::<MR, NV, true>,
-            )),
+            direct: Some(x86::kernel_avx512_direct::<MR, NV>),
             pack_avx512: true,
             run: blocked::<MR, NR>,
         }
@@ -742,11 +744,11 @@ fn block_of_chunk<const MR: usize, const NR: usize>(
                     let rows = mr.min(mc - ir);
                     // This tile's A: in place (row stride a.rs) or a packed panel.
                     let (kernel, kernel_first, a_ptr, a_rs) = match direct {
-                        Some((kd, kdf)) if rows == mr => {
+                        Some(kd) if rows == mr => {
                             let first = ir * a.rs + pc;
                             // Rows ir .. ir+mr, columns pc .. pc+kc: inside A.
                             let rows_span = &a.data[first..(ir + mr - 1) * a.rs + pc + kc];
-                            (kd, kdf, rows_span.as_ptr(), a.rs)
+                            (kd, kd, rows_span.as_ptr(), a.rs)
                         }
                         _ => {
                             let q = if direct.is_some() { 0 } else { ir / mr };
@@ -1260,8 +1262,7 @@ mod x86 {
     }
 
     /// The AVX-512 `MR`×`16·NV` micro-kernel (8×48 or 12×32) reading A in place: row `i` of the tile's A is
-    /// at `a + i·a_rs`, step `p` at offset `p` (a row-major operand, no packing). `FIRST`
-    /// adds the prefetch of B 16 steps ahead that the first tile of a column needs. The same
+    /// at `a + i·a_rs`, step `p` at offset `p` (a row-major operand, no packing). The same
     /// fma chains as `kernel_avx512`; the 4-step loops are written out in `gemm_direct`.
     ///
     /// # Safety
@@ -1269,11 +1270,7 @@ mod x86 {
     /// `a_rs`; `b` holds `kc·16·NV` values and `c` `MR` rows of `16·NV` values at stride `ldc`.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn kernel_avx512_direct<
-        const MR: usize,
-        const NV: usize,
-        const FIRST: bool,
-    >(
+    pub(super) unsafe fn kernel_avx512_direct<const MR: usize, const NV: usize>(
         kc: usize,
         a: *const f32,
         a_rs: usize,
@@ -1324,17 +1321,11 @@ mod x86 {
         // prefetched.
         unsafe {
             if with_next > 0 {
-                let f = if FIRST {
-                    d.steps_next_ahead
-                } else {
-                    d.steps_next
-                };
-                f(&mut acc, bases(0), lda, b, with_next, ahead.b);
+                (d.steps_next)(&mut acc, bases(0), lda, b, with_next, ahead.b);
             }
             if iters > with_next {
                 let (p, bp) = (4 * with_next, b.add(4 * with_next * nr));
-                let f = if FIRST { d.steps_ahead } else { d.steps };
-                f(
+                (d.steps)(
                     &mut acc,
                     bases(p),
                     lda,
