@@ -1,7 +1,9 @@
 //! Running the parts of one kernel on the process's worker threads.
 //!
-//! Every parallel kernel splits its work into a fixed number of parts decided by the caller's
-//! thread count, never by the pool or by timing, so which thread runs a part cannot change a bit.
+//! Every parallel kernel splits its work into parts decided by the caller's thread count and
+//! the shape, never by the pool or by timing, and a part computes the same values on any
+//! thread. Which thread runs a part (or, with `Stealing`, takes a work item) depends on
+//! timing, which is why nothing a part computes may depend on the thread.
 //!
 //! The pool is the calling thread plus one helper per other core, started on first use. A job
 //! is published in one shared slot; the caller and the helpers claim its parts one at a time
