@@ -7,7 +7,8 @@
 //! split of rows over threads never change a bit.
 //!
 //! Each chunk of B's columns is packed once, by all threads together, and shared; each thread
-//! then owns whole micro-panels of C's rows. Packing buffers are kept per thread between calls.
+//! then owns blocks of whole micro-panels of C's rows, and one that runs out takes column
+//! groups from the back of another's. Packing buffers are kept per thread between calls.
 
 use crate::SimdLevel;
 use crate::simd::canonical;
@@ -643,11 +644,19 @@ fn blocked<const MR: usize, const NR: usize>(
             let bp = &*bp;
             // Rows are final once the last chunk of columns has passed over them.
             let then = epilogue.filter(|_| jc + nc == n);
+            // Panels `q0..q1` of block `block` on this thread; C from the block's first row.
+            let compute = |block: usize, q0: usize, q1: usize| {
+                let rows = &blocks[block];
+                let cols = (q1 * NR).min(nc) - q0 * NR;
+                let part = shared.from(rows.start * c_rs);
+                let a = a.offset_rows(rows.start);
+                let bp = &bp[q0 * NR * k..];
+                block_of_chunk::<MR, NR>(cfg, rows.len(), jc + q0 * NR, cols, k, a, bp, part, c_rs);
+                part
+            };
             if owned.len() == 1 {
-                for rows in &blocks {
-                    let part = shared.from(rows.start * c_rs);
-                    let a = a.offset_rows(rows.start);
-                    block_of_chunk::<MR, NR>(cfg, rows.len(), jc, nc, k, a, bp, part, c_rs);
+                for (block, rows) in blocks.iter().enumerate() {
+                    let part = compute(block, 0, panels);
                     if let Some(f) = then {
                         // SAFETY: this thread alone computes C, and the block is done.
                         f(rows.start, unsafe { part.rows(rows.len(), n, c_rs) });
@@ -672,14 +681,8 @@ fn blocked<const MR: usize, const NR: usize>(
             // Units `first..first + count` (whole groups of one block) on this thread.
             let run = |first: usize, count: usize| {
                 let (block, g) = (first / groups, first % groups);
-                let rows = blocks[block].clone();
-                let q0 = g * per_group;
-                let q1 = ((g + count) * per_group).min(panels);
-                let cols = (q1 * NR).min(nc) - q0 * NR;
-                let part = shared.from(rows.start * c_rs);
-                let a = a.offset_rows(rows.start);
-                let bp = &bp[q0 * NR * k..];
-                block_of_chunk::<MR, NR>(cfg, rows.len(), jc + q0 * NR, cols, k, a, bp, part, c_rs);
+                let part = compute(block, g * per_group, ((g + count) * per_group).min(panels));
+                let rows = &blocks[block];
                 let done = left[block].fetch_sub(count, std::sync::atomic::Ordering::AcqRel);
                 if let (Some(f), true) = (then, done == count) {
                     // SAFETY: every unit of this block has finished (the counter reached zero

@@ -280,36 +280,31 @@ impl Stealing {
 
     /// The next `want` items of `owner`'s range if that many are left, else the next one.
     pub(crate) fn take_front(&self, owner: usize, want: usize) -> Option<std::ops::Range<usize>> {
-        let slot = &self.ranges[owner];
-        let mut s = slot.load(SeqCst);
-        loop {
-            let (lo, hi) = (s & 0xffff_ffff, s >> 32);
-            if lo >= hi {
-                return None;
-            }
-            let n = if lo + want.max(1) as u64 <= hi {
-                want.max(1) as u64
-            } else {
-                1
-            };
-            match slot.compare_exchange_weak(s, s + n, SeqCst, SeqCst) {
-                Ok(_) => return Some(lo as usize..(lo + n) as usize),
-                Err(now) => s = now,
-            }
-        }
+        let want = want.max(1) as u64;
+        self.claim(owner, |lo, hi| {
+            let n = if lo + want <= hi { want } else { 1 };
+            (lo + n, hi, lo as usize..(lo + n) as usize)
+        })
     }
 
     /// The last item of `victim`'s range, if any is left.
     pub(crate) fn steal_back(&self, victim: usize) -> Option<usize> {
-        let slot = &self.ranges[victim];
+        self.claim(victim, |lo, hi| (lo, hi - 1, hi as usize - 1))
+    }
+
+    /// Shrink range `i` from `(lo, hi)` to the first two values `take` returns and hand back the
+    /// third, retrying while other threads change the range; `None` once it is empty.
+    fn claim<R>(&self, i: usize, take: impl Fn(u64, u64) -> (u64, u64, R)) -> Option<R> {
+        let slot = &self.ranges[i];
         let mut s = slot.load(SeqCst);
         loop {
             let (lo, hi) = (s & 0xffff_ffff, s >> 32);
             if lo >= hi {
                 return None;
             }
-            match slot.compare_exchange_weak(s, (hi - 1) << 32 | lo, SeqCst, SeqCst) {
-                Ok(_) => return Some(hi as usize - 1),
+            let (lo, hi, taken) = take(lo, hi);
+            match slot.compare_exchange_weak(s, hi << 32 | lo, SeqCst, SeqCst) {
+                Ok(_) => return Some(taken),
                 Err(now) => s = now,
             }
         }
