@@ -187,6 +187,9 @@ pub fn run(
     // fastest of three probes before the workloads and three after is kept: on a shared
     // machine a probe, or even a median of three, can land in a slow spell, which would
     // flatter every ratio (one run here measured 390 GFLOP/s against the usual 420–425).
+    // Probes are not interleaved with a workload's repeats: a probe just after the product
+    // has run hard reads up to 25% low here, which would flatter the ratio the same way
+    // (docs/PERFORMANCE.md, "How `tenet bench` measures").
     let measure_peak = || {
         (0..3)
             .map(|_| tenet_kernels::fma_peak_gflops(backend.level(), backend.threads(), 200))
