@@ -19,8 +19,9 @@ pub struct Row {
     pub name: String,
     pub tenet_ms: f64,
     pub numpy_ms: Option<f64>,
-    /// numpy again with OpenBLAS made to use its AVX-512 kernels (numpy's default build picks
-    /// its AVX2 ones here): the fastest BLAS peer on this machine, for the matmul rows.
+    /// numpy again with OpenBLAS made to use its AVX-512 kernels, for the matmul rows: on AMD
+    /// Zen, numpy's default OpenBLAS picks its AVX2 kernels; on Intel with AVX-512 it already
+    /// picks these, and the column measures the same BLAS again.
     pub numpy_avx512_ms: Option<f64>,
     pub flops: Option<f64>,
     pub peak_gflops: f64,
