@@ -133,8 +133,10 @@ fn edges_and_blocks() {
         (25, 70, 300),
         (12, 32, 256),
         (37, 65, 513),
-        // More rows than one block of C the driver keeps in L2 (96 at AVX-512).
+        // More rows than one block of C the driver keeps in L2 (96 at AVX-512, 60 at AVX2).
         (100, 40, 20),
+        // Two full k-blocks at AVX2 (512) and a tail of 6 steps, a partial block of rows.
+        (70, 40, 1030),
         // k long enough that B is packed in several chunks of columns (24 MiB of packed B
         // is 314 columns at k = 20000).
         (5, 600, 20000),
