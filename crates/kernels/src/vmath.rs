@@ -28,6 +28,9 @@ pub fn gelu_erf_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` returned a level this CPU has.
         SimdLevel::Avx512 => unsafe { x86::gelu_slice_avx512(x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::gelu_slice_avx2(x, out) },
         _ => out
             .iter_mut()
             .zip(x)
@@ -414,6 +417,68 @@ pub(crate) mod x86 {
                     _mm512_mask_i32scatter_ps::<4>(ob.as_mut_ptr().cast(), valid, idx, y);
                 }
             }
+        }
+    }
+
+    /// `y` (non-negative) with the sign bit of `x`, in 8 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    fn copysign8(y: __m256, x: __m256) -> __m256 {
+        let sign = _mm256_set1_ps(-0.0);
+        _mm256_or_ps(_mm256_andnot_ps(sign, y), _mm256_and_ps(sign, x))
+    }
+
+    /// GELU in 8 lanes (AVX2+FMA): erf's small branch for every lane, its middle branch (1 ≤
+    /// |x/√2| < 4: a division, ten multiply-adds and an exponential) only for registers with a
+    /// lane that takes it, ±1 beyond; each lane's operations are the reference's. AVX2 has no
+    /// compress, so a register with one middle lane computes the branch for all eight.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `x` and `out` have the same length.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn gelu_slice_avx2(x: &[f32], out: &mut [f32]) {
+        use tenet_reference::math::{ERF_P, ERFC_Q, NAN};
+        let rs2 = _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2);
+        let (one, four, half) = (
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(4.0),
+            _mm256_set1_ps(0.5),
+        );
+        let abs = |v: __m256| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
+        let n = x.len();
+        let mut j = 0;
+        while j + 8 <= n {
+            // SAFETY: j + 8 <= n for both slices.
+            let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(j)) };
+            let t = _mm256_mul_ps(v, rs2);
+            let a = abs(t);
+            let lt1 = _mm256_cmp_ps::<_CMP_LT_OQ>(a, one);
+            // Small lanes: x + x·P(x²).
+            let z = _mm256_mul_ps(t, t);
+            let mut p = _mm256_set1_ps(ERF_P[6]);
+            for &c in ERF_P[..6].iter().rev() {
+                p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(c));
+            }
+            let mut erf = _mm256_blendv_ps(copysign8(one, t), _mm256_fmadd_ps(t, p, t), lt1);
+            let mid = _mm256_andnot_ps(lt1, _mm256_cmp_ps::<_CMP_LT_OQ>(a, four));
+            if _mm256_movemask_ps(mid) != 0 {
+                // 1 − e^{−a²}·Q(1/a) with the sign of t.
+                let u = _mm256_div_ps(one, a);
+                let mut q = _mm256_set1_ps(ERFC_Q[9]);
+                for &c in ERFC_Q[..9].iter().rev() {
+                    q = _mm256_fmadd_ps(q, u, _mm256_set1_ps(c));
+                }
+                let neg_a2 = _mm256_xor_ps(_mm256_mul_ps(a, a), _mm256_set1_ps(-0.0));
+                let y = _mm256_sub_ps(one, _mm256_mul_ps(exp8(neg_a2), q));
+                erf = _mm256_blendv_ps(erf, copysign8(y, t), mid);
+            }
+            let y = _mm256_mul_ps(_mm256_mul_ps(v, half), _mm256_add_ps(one, erf));
+            let y = _mm256_blendv_ps(y, _mm256_set1_ps(NAN), _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y));
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(j), y) };
+            j += 8;
+        }
+        for (o, &v) in out[j..].iter_mut().zip(&x[j..]) {
+            *o = super::scalar_gelu(v);
         }
     }
 }
