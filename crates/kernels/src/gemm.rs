@@ -13,6 +13,9 @@
 use crate::SimdLevel;
 use crate::simd::canonical;
 
+#[cfg(target_arch = "x86_64")]
+mod few_rows_avx2;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GemmError {
     #[error(
@@ -175,6 +178,14 @@ fn small_m(
             // SAFETY: `sgemm` checked that the CPU supports AVX-512 and the extents of A and B
             // (for rows < m, columns < n, steps < k); `gather_fits` the offsets' range.
             unsafe { x86::small_m_avx512(m, j0, k, a, b, &mut out) };
+            return out;
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `sgemm` checked that the CPU supports AVX2 and FMA and the extents of A and
+        // B; `m <= SMALL_M`.
+        if level == SimdLevel::Avx2
+            && unsafe { few_rows_avx2::small_m_avx2(m, j0, k, a, b, &mut out) }
+        {
             return out;
         }
         for i in 0..m {
@@ -979,7 +990,7 @@ mod x86 {
     }
 
     /// Rows `0..m` of A, step-major: `[p * m + i]` is A(i, p).
-    fn a_by_step(m: usize, k: usize, a: super::Strided<'_>) -> Vec<f32> {
+    pub(super) fn a_by_step(m: usize, k: usize, a: super::Strided<'_>) -> Vec<f32> {
         (0..k)
             .flat_map(|p| (0..m).map(move |i| a.data[i * a.rs + p * a.cs]))
             .collect()
