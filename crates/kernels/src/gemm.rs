@@ -268,10 +268,33 @@ impl Ahead {
         b: std::ptr::null(),
         b_lines: 0,
     };
-}
 
-/// The canonical quiet NaN (docs/OPS.md).
-const CANONICAL_NAN: f32 = tenet_reference::math::NAN;
+    /// A packed kernel's k-loop: `step(p)` for `p` in `0..kc`, four at a time, fetching one
+    /// line of the next column's B panel (into L2) every four steps. Inlined into each
+    /// kernel, where the closure's accumulators stay in registers.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn steps(self, kc: usize, mut step: impl FnMut(usize)) {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        let mut p = 0;
+        while p + 4 <= kc {
+            if p / 4 < self.b_lines {
+                // SAFETY: SSE is in every x86_64 CPU, and prefetching never faults, wherever
+                // it points.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(self.b.wrapping_add(p * 4) as *const i8) };
+            }
+            step(p);
+            step(p + 1);
+            step(p + 2);
+            step(p + 3);
+            p += 4;
+        }
+        while p < kc {
+            step(p);
+            p += 1;
+        }
+    }
+}
 
 struct Config {
     kc: usize,
@@ -1253,22 +1276,7 @@ mod x86 {
                 }
             }
         };
-        let mut p = 0;
-        while p + 4 <= kc {
-            // One line of the next column's B panel every four steps.
-            if p / 4 < ahead.b_lines {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.b.wrapping_add(p * 4) as *const i8);
-            }
-            step(&mut acc, p);
-            step(&mut acc, p + 1);
-            step(&mut acc, p + 2);
-            step(&mut acc, p + 3);
-            p += 4;
-        }
-        while p < kc {
-            step(&mut acc, p);
-            p += 1;
-        }
+        ahead.steps(kc, |p| step(&mut acc, p));
         for (i, row) in acc.iter().enumerate() {
             for (v, &x) in row.iter().enumerate() {
                 let x = if last { canonical16(x) } else { x };
@@ -1430,31 +1438,9 @@ mod x86 {
                 row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
             }
         };
-        let mut p = 0;
-        while p + 4 <= kc {
-            // One line of the next column's B panel every four steps.
-            if p / 4 < ahead.b_lines {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.b.wrapping_add(p * 4) as *const i8);
-            }
-            step(&mut acc, p);
-            step(&mut acc, p + 1);
-            step(&mut acc, p + 2);
-            step(&mut acc, p + 3);
-            p += 4;
-        }
-        while p < kc {
-            step(&mut acc, p);
-            p += 1;
-        }
-        let nan = _mm256_set1_ps(super::CANONICAL_NAN);
+        ahead.steps(kc, |p| step(&mut acc, p));
         for (i, row) in acc.iter().enumerate() {
-            let fix = |v: __m256| {
-                if last {
-                    _mm256_blendv_ps(v, nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v))
-                } else {
-                    v
-                }
-            };
+            let fix = |v: __m256| if last { crate::simd::canonical8(v) } else { v };
             // SAFETY: row i (16 values) of the tile is inside `c`.
             unsafe {
                 _mm256_storeu_ps(c.add(i * ldc), fix(row[0]));

@@ -165,13 +165,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::Affine;
-
-    /// The mask of lanes `0..len` (at most 8) of an 8-lane register.
-    #[target_feature(enable = "avx2")]
-    fn mask8(len: usize) -> __m256i {
-        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(len.min(8) as i32), iota)
-    }
+    use crate::simd::{canonical8, mask8};
 
     /// Lanes `0..len` (at most 8) from `p`, zeros elsewhere, and their mask.
     ///
@@ -213,14 +207,11 @@ mod avx2 {
     /// `out_j = g(x_j, j, mask)` over the row, 8 lanes at a time, computed NaNs canonical.
     #[target_feature(enable = "avx2,fma")]
     fn map(row: &[f32], out: &mut [f32], g: impl Fn(__m256, usize, __m256i) -> __m256) {
-        let nan = _mm256_set1_ps(tenet_reference::math::NAN);
         for j in (0..row.len()).step_by(8) {
             // SAFETY: `row.len() - j` floats from `j` are inside `row` and `out` (same length).
             unsafe {
                 let (mask, v) = load(row.as_ptr().add(j), row.len() - j);
-                let y = g(v, j, mask);
-                let y = _mm256_blendv_ps(y, nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y));
-                _mm256_maskstore_ps(out.as_mut_ptr().add(j), mask, y);
+                _mm256_maskstore_ps(out.as_mut_ptr().add(j), mask, canonical8(g(v, j, mask)));
             }
         }
     }

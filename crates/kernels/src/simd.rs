@@ -115,6 +115,27 @@ pub(crate) fn canonical16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), x, nan)
 }
 
+/// [`canonical`] in 8 lanes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn canonical8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let nan = _mm256_set1_ps(tenet_reference::math::NAN);
+    _mm256_blendv_ps(x, nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+}
+
+/// The mask of lanes `0..len` of an 8-lane register (all of them from 8 up), for AVX2's masked
+/// loads and stores.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn mask8(len: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(len.min(8) as i32), iota)
+}
+
 /// The mask of lanes `0..len` of a 16-lane register (all of them from 16 up): the lanes a
 /// row's last, partial block may touch.
 #[cfg(target_arch = "x86_64")]

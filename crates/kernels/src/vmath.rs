@@ -436,7 +436,7 @@ pub(crate) mod x86 {
     /// The CPU supports AVX2 and FMA; `x` and `out` have the same length.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gelu_slice_avx2(x: &[f32], out: &mut [f32]) {
-        use tenet_reference::math::{ERF_P, ERFC_Q, NAN};
+        use tenet_reference::math::{ERF_P, ERFC_Q};
         let rs2 = _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2);
         let (one, four, half) = (
             _mm256_set1_ps(1.0),
@@ -472,7 +472,7 @@ pub(crate) mod x86 {
                 erf = _mm256_blendv_ps(erf, copysign8(y, t), mid);
             }
             let y = _mm256_mul_ps(_mm256_mul_ps(v, half), _mm256_add_ps(one, erf));
-            let y = _mm256_blendv_ps(y, _mm256_set1_ps(NAN), _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y));
+            let y = crate::simd::canonical8(y);
             // SAFETY: as above.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(j), y) };
             j += 8;

@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 
 use super::Strided;
 use super::x86::a_by_step;
+use crate::simd::{canonical8, mask8};
 
 /// How far ahead (in values) `transposed` prefetches each of its eight rows.
 const ROW_PREFETCH: usize = 128;
@@ -48,13 +49,6 @@ pub(super) unsafe fn small_m_avx2(
     true
 }
 
-/// The mask of lanes `0..len` (at most 8) of an 8-lane register.
-#[target_feature(enable = "avx2")]
-fn mask8(len: usize) -> __m256i {
-    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(len.min(8) as i32), iota)
-}
-
 /// Transpose 8×8 in registers: afterwards `r[q]` lane `l` is what `r[l]` lane `q` was.
 #[target_feature(enable = "avx2")]
 fn transpose8(r: &mut [__m256; 8]) {
@@ -80,13 +74,6 @@ fn transpose8(r: &mut [__m256; 8]) {
         r[q] = _mm256_permute2f128_ps::<0x20>(s[q], s[4 + q]);
         r[4 + q] = _mm256_permute2f128_ps::<0x31>(s[q], s[4 + q]);
     }
-}
-
-/// NaNs made canonical in 8 lanes.
-#[target_feature(enable = "avx2")]
-fn canonical8(x: __m256) -> __m256 {
-    let nan = _mm256_set1_ps(tenet_reference::math::NAN);
-    _mm256_blendv_ps(x, nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
 }
 
 /// B's columns contiguous: 8 columns at a time, each read along its row 8 steps at once and
