@@ -1,4 +1,4 @@
-//! Run one bench-sized graph repeatedly, for profiling: `one softmax|layernorm|xyz|matmul [threads]`.
+//! Run one bench-sized graph repeatedly, for profiling: `one softmax|layernorm|xyz|matmul [threads]` (the SIMD level from `TENET_SIMD`).
 use std::collections::HashMap;
 use tenet_exec::{Backend, CpuBackend};
 use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights};
@@ -22,7 +22,7 @@ fn main() {
         "x".to_string(),
         HostTensor::from_f32(&[side, side], &v).unwrap(),
     )]);
-    let p = CpuBackend::new(threads, tenet_exec::SimdLevel::detect())
+    let p = CpuBackend::new(threads, tenet_exec::SimdLevel::from_env().unwrap())
         .prepare(&graph)
         .unwrap();
     for _ in 0..15 {
