@@ -1,4 +1,5 @@
-//! Run one bench-sized graph repeatedly, for profiling: `one softmax|layernorm|xyz|matmul [threads]` (the SIMD level from `TENET_SIMD`).
+//! Run one bench-sized graph repeatedly, for profiling: `one softmax|layernorm|xyz|matmul
+//! [threads]`, at the SIMD level `TENET_SIMD` names (detected when unset).
 use std::collections::HashMap;
 use tenet_exec::{Backend, CpuBackend};
 use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights};
