@@ -810,53 +810,45 @@ fn block_of_chunk<const MR: usize, const NR: usize>(
                         ahead.b = bp.as_ptr().wrapping_add(next);
                         ahead.b_lines = lines_per_tile.min(panel_lines.saturating_sub(start));
                     }
-                    if rows == mr && cols == nr {
+                    // A tile that lies inside C runs there; an edge tile runs on a full-size
+                    // scratch tile, its valid part copied in and out.
+                    let full = rows == mr && cols == nr;
+                    let (kernel, dst, ldc, ahead) = if full {
                         // The whole tile lies inside C: rows row..row+mr < m and columns
                         // col..col+nr ≤ n, and C spans (m-1)·c_rs + n elements.
                         let base = row * c_rs + col;
                         assert!(base + (mr - 1) * c_rs + nr <= c.len, "tile inside C");
                         let kernel = if ir == 0 { kernel_first } else { kernel };
-                        // SAFETY: the kernel reads mr rows of kc values from `a_ptr`, a packed
-                        // panel (kc·mr values) or rows of A at stride a_rs (the slice taken
-                        // above spans them), kc·nr of `bpanel` (that long), and reads/writes
-                        // mr rows of nr values at stride c_rs from `base`, inside C (checked
-                        // above) and in the caller's claimed rows and columns, which no other
-                        // thread touches; the CPU supports the kernel's instructions (checked
-                        // in `sgemm`).
-                        unsafe {
-                            kernel(
-                                kc,
-                                a_ptr,
-                                a_rs,
-                                bpanel.as_ptr(),
-                                c.ptr.add(base),
-                                c_rs,
-                                load,
-                                last,
-                                ahead,
-                            )
-                        };
+                        (kernel, c.ptr.wrapping_add(base), c_rs, ahead)
                     } else {
-                        // Edge tile: run on a full-size scratch tile, copy the valid part.
                         tile.resize(mr * nr, 0.0);
                         for i in 0..rows {
-                            // SAFETY: the caller's claimed rows and columns (see above).
+                            // SAFETY: the caller's claimed rows and columns (see below).
                             unsafe { c.read((row + i) * c_rs + col, &mut tile[i * nr..][..cols]) };
                         }
-                        // SAFETY: as above, with C replaced by `tile` (mr × nr, ldc = nr).
-                        unsafe {
-                            kernel(
-                                kc,
-                                a_ptr,
-                                a_rs,
-                                bpanel.as_ptr(),
-                                tile.as_mut_ptr(),
-                                nr,
-                                load,
-                                last,
-                                Ahead::NONE,
-                            )
-                        };
+                        (kernel, tile.as_mut_ptr(), nr, Ahead::NONE)
+                    };
+                    // SAFETY: the kernel reads mr rows of kc values from `a_ptr`, a packed
+                    // panel (kc·mr values) or rows of A at stride a_rs (the slice taken above
+                    // spans them), kc·nr of `bpanel` (that long), and reads/writes mr rows of
+                    // nr values at stride `ldc` from `dst`: the scratch tile (mr × nr), or a
+                    // tile inside C (checked above) in the caller's claimed rows and columns,
+                    // which no other thread touches; the CPU supports the kernel's
+                    // instructions (checked in `sgemm`).
+                    unsafe {
+                        kernel(
+                            kc,
+                            a_ptr,
+                            a_rs,
+                            bpanel.as_ptr(),
+                            dst,
+                            ldc,
+                            load,
+                            last,
+                            ahead,
+                        )
+                    };
+                    if !full {
                         for i in 0..rows {
                             // SAFETY: the caller's claimed rows and columns (see above).
                             unsafe { c.write((row + i) * c_rs + col, &tile[i * nr..][..cols]) };
