@@ -400,8 +400,9 @@ impl CpuPrepared {
                 let dims = dims(ty);
                 let t = make_f32(pool, ty, |out| {
                     let level = self.backend.level;
+                    let stores = fused::Stores::for_result(std::mem::size_of_val(out));
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
-                        fused::eval_range(level, &members, &dims, range, chunk)
+                        fused::eval_range(level, &members, &dims, range, chunk, stores)
                     })
                 });
                 (last, Val::Owned(t))
@@ -703,7 +704,9 @@ fn rows(
                 for (b, o) in chunk.chunks_mut(block).enumerate() {
                     let start = range.start + b * block;
                     let input = &mut input[..o.len()];
-                    fused::eval_range(*level, members, dims, start..start + o.len(), input);
+                    // A prologue's values are read at once by the row kernel: keep them cached.
+                    let (range, stores) = (start..start + o.len(), fused::Stores::Cached);
+                    fused::eval_range(*level, members, dims, range, input, stores);
                     f(input, o);
                 }
             }

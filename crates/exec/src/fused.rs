@@ -330,6 +330,7 @@ fn compute(
     out_dims: &[usize],
     dst: &mut [f32],
     dst_is_prior: bool,
+    stream: bool,
     scratch: &mut [Vec<f32>; 2],
 ) {
     let len = dst.len();
@@ -388,19 +389,42 @@ fn compute(
                 _ => None,
             };
             match strides {
-                None => arith_piece(
-                    level,
-                    *op,
-                    arith,
-                    a.piece(0, 0, len),
-                    b.piece(0, 0, len),
-                    dst,
-                ),
+                None => match (a.piece(0, 0, len), b.piece(0, 0, len)) {
+                    (Piece::Slice(x), Piece::Slice(y)) if stream => {
+                        tenet_kernels::streaming::arith_slice(level, arith, x, y, dst)
+                    }
+                    (pa, pb) => arith_piece(level, *op, arith, pa, pb, dst),
+                },
                 Some(strides) => for_runs(start, len, out_dims, strides, |offset, at, run| {
                     let (pa, pb) = (a.piece(offset, at, run), b.piece(offset, at, run));
                     arith_piece(level, *op, arith, pa, pb, &mut dst[offset..offset + run]);
                 }),
             }
+        }
+    }
+}
+
+/// Results at least this large are written around the caches where the last member allows
+/// (`tenet_kernels::streaming`): far more than the L2 caches hold, so the next step would read
+/// them from memory anyway, and the stores then skip reading each line first.
+pub(crate) const STREAM_MIN_BYTES: usize = 16 << 20;
+
+/// How the last member stores the group's result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stores {
+    /// Through the caches: for results read again soon (or small ones).
+    Cached,
+    /// Around the caches: for a result of at least [`STREAM_MIN_BYTES`].
+    Streaming,
+}
+
+impl Stores {
+    /// The stores for a result of `bytes` bytes.
+    pub(crate) fn for_result(bytes: usize) -> Stores {
+        if bytes >= STREAM_MIN_BYTES {
+            Stores::Streaming
+        } else {
+            Stores::Cached
         }
     }
 }
@@ -412,8 +436,9 @@ pub(crate) fn eval_range(
     out_dims: &[usize],
     range: std::ops::Range<usize>,
     out: &mut [f32],
+    stores: Stores,
 ) {
-    eval(level, members, out_dims, range, out, false)
+    eval(level, members, out_dims, range, out, false, stores)
 }
 
 /// [`eval_range`] over members from [`members_in_place`]: `inout` holds the prior values
@@ -427,7 +452,8 @@ pub(crate) fn eval_in_place(
     range: std::ops::Range<usize>,
     inout: &mut [f32],
 ) {
-    eval(level, members, out_dims, range, inout, true)
+    // The result is rewritten where it lies, in cache: a step has just written it there.
+    eval(level, members, out_dims, range, inout, true, Stores::Cached)
 }
 
 fn eval(
@@ -437,6 +463,7 @@ fn eval(
     range: std::ops::Range<usize>,
     out: &mut [f32],
     in_place: bool,
+    stores: Stores,
 ) {
     let last = members.len() - 1;
     let last_in_place = in_place && reads_prior_once_in_place(&members[last]);
@@ -470,6 +497,7 @@ fn eval(
                 out_dims,
                 &mut rest[0][..len],
                 false,
+                false,
                 &mut scratch,
             );
         }
@@ -482,6 +510,7 @@ fn eval(
             out_dims,
             &mut out[o..o + len],
             last_in_place,
+            stores == Stores::Streaming,
             &mut scratch,
         );
         start += len;

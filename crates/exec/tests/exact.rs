@@ -106,6 +106,19 @@ fn large_fused_chains_with_broadcasting() {
 }
 
 #[test]
+fn results_written_around_the_caches_keep_the_bits() {
+    // Above `fused::STREAM_MIN_BYTES` (16 MiB), so the last op of each group stores
+    // non-temporally; the odd width leaves unaligned heads and tails in every thread's range.
+    let g = GraphBuilder::new();
+    let [x, y, z] = ["x", "y", "z"].map(|n| g.input(n, DType::F32, &[4100, 1031]));
+    let graph = g
+        .finish(&[("fma", &(&x * &y + &z)), ("ratio", &((&x - &z) / &y))])
+        .unwrap();
+    let (inputs, weights) = random_io(&graph, 11);
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
+
+#[test]
 fn batched_matmul_softmax_and_norms() {
     let g = GraphBuilder::new();
     let a = g.input("a", DType::F32, &[2, 1, 37, 300]);

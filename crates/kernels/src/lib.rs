@@ -17,6 +17,7 @@ mod peak;
 pub mod reduce;
 mod simd;
 pub mod softmax;
+pub mod streaming;
 pub mod vmath;
 
 pub use peak::{fma_peak_gflops, read_bandwidth_gbs};

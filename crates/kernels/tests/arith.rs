@@ -1,15 +1,15 @@
 //! Vectorised arithmetic against the reference's scalar operations, bit for bit, on hostile
 //! values (NaN payloads, infinities, signed zeros, denormals) and every length around the
-//! vector widths.
+//! vector widths; the streaming (non-temporal) stores at every alignment as well.
 
 use proptest::prelude::*;
 use tenet_ir::BinaryOp;
 use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, TensorType};
-use tenet_kernels::SimdLevel;
 use tenet_kernels::vmath::{
     Arith, ScalarSide, arith_assign, arith_scalar_assign, arith_scalar_slice, arith_slice,
 };
+use tenet_kernels::{SimdLevel, streaming};
 
 const OPS: [(Arith, BinaryOp); 4] = [
     (Arith::Add, BinaryOp::Add),
@@ -33,6 +33,24 @@ fn check(a: &[f32], b: &[f32]) {
             arith_slice(level, arith, a, b, &mut got);
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{level:?} {arith:?} len {}", a.len());
+            // With non-temporal stores, the output starting at every alignment a vector
+            // register can meet; the floats around it untouched.
+            for off in 0..16 {
+                let mut buf = vec![f32::from_bits(0x7f80_0bad); a.len() + 32];
+                streaming::arith_slice(level, arith, a, b, &mut buf[off..off + a.len()]);
+                let got: Vec<u32> = buf[off..off + a.len()]
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(
+                    got,
+                    want,
+                    "streaming {level:?} {arith:?} len {} at +{off}",
+                    a.len()
+                );
+                let around = buf[..off].iter().chain(&buf[off + a.len()..]);
+                assert!(around.into_iter().all(|v| v.to_bits() == 0x7f80_0bad));
+            }
             // In place, over either operand.
             for (over, acc, other, side) in [
                 ("a", a, b, ScalarSide::Right),
