@@ -35,6 +35,8 @@ pub(crate) mod t8x48 {
         // SAFETY: the caller guarantees the reads; prefetches never fault.
         unsafe {
             asm!(
+            ".p2align 6",
+            ".nops 56",
             "2:",
             "vmovups {b0}, [{b} + 0]",
             "vmovups {b1}, [{b} + 64]",
@@ -231,6 +233,8 @@ pub(crate) mod t8x48 {
         // SAFETY: the caller guarantees the reads; prefetches never fault.
         unsafe {
             asm!(
+            ".p2align 6",
+            ".nops 26",
             "2:",
             "prefetcht1 [{bn}]",
             "vmovups {b0}, [{b} + 0]",
