@@ -319,7 +319,8 @@ fn arith_of(op: BinaryOp) -> Option<Arith> {
 }
 
 /// Compute one member for `len` elements starting at `start` into `dst`. With `dst_is_prior`
-/// the member's `Prior` operand is `dst` itself (see [`reads_prior_once_in_place`]).
+/// the member's `Prior` operand is `dst` itself (see [`reads_prior_once_in_place`]); `stores`
+/// says how a whole chunk of two-operand arithmetic is written.
 #[allow(clippy::too_many_arguments)]
 fn compute(
     level: SimdLevel,
@@ -330,7 +331,7 @@ fn compute(
     out_dims: &[usize],
     dst: &mut [f32],
     dst_is_prior: bool,
-    stream: bool,
+    stores: Stores,
     scratch: &mut [Vec<f32>; 2],
 ) {
     let len = dst.len();
@@ -390,7 +391,7 @@ fn compute(
             };
             match strides {
                 None => match (a.piece(0, 0, len), b.piece(0, 0, len)) {
-                    (Piece::Slice(x), Piece::Slice(y)) if stream => {
+                    (Piece::Slice(x), Piece::Slice(y)) if stores == Stores::Streaming => {
                         tenet_kernels::streaming::arith_slice(level, arith, x, y, dst)
                     }
                     (pa, pb) => arith_piece(level, *op, arith, pa, pb, dst),
@@ -497,7 +498,7 @@ fn eval(
                 out_dims,
                 &mut rest[0][..len],
                 false,
-                false,
+                Stores::Cached,
                 &mut scratch,
             );
         }
@@ -510,7 +511,7 @@ fn eval(
             out_dims,
             &mut out[o..o + len],
             last_in_place,
-            stores == Stores::Streaming,
+            stores,
             &mut scratch,
         );
         start += len;

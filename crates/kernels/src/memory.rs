@@ -39,8 +39,8 @@ impl LineAligned {
     /// release, as `GlobalAlloc` requires.
     fn actual(layout: std::alloc::Layout) -> std::alloc::Layout {
         if layout.size() >= LINE_ALIGNED_MIN_BYTES && layout.align() < LINE {
-            // Cannot fail: the size was valid at a smaller alignment and is far below
-            // isize::MAX - 64.
+            // Fails only for a size within 64 bytes of isize::MAX, which then keeps its own
+            // layout: the same answer every time, as the block's release needs.
             std::alloc::Layout::from_size_align(layout.size(), LINE).unwrap_or(layout)
         } else {
             layout
