@@ -19,11 +19,6 @@ use clap::{Parser, Subcommand};
 use tenet_ir::{AnyDecodeError, Graph, codec, decode_any, text};
 use tenet_models::{WeightsFile, check_bindings};
 
-/// Large tensors on cache-line boundaries, so the kernels' vector loads and stores do not
-/// straddle two lines (see `tenet_kernels::memory`).
-#[global_allocator]
-static ALLOCATOR: tenet_kernels::memory::LineAligned = tenet_kernels::memory::LineAligned;
-
 /// Largest graph file `tenet` reads (text or binary).
 const MAX_GRAPH_FILE_BYTES: u64 = 256 << 20;
 

@@ -1,15 +1,8 @@
-//! Large buffers that fault in as huge pages, an allocator that puts them on cache-line
-//! boundaries, and files mapped read-only into memory.
+//! Large buffers that fault in as huge pages, and files mapped read-only into memory.
 //!
 //! A fresh 64 MiB output faults in 16,384 times with 4 KiB pages; with transparent huge pages
 //! in `madvise` mode (a common default) the kernel uses 2 MiB pages only where asked. The buffer
 //! comes zeroed and untouched from the allocator, and the advice is given before first touch.
-//!
-//! Tensors are byte vectors, which the system allocator places 16 bytes past a page boundary
-//! once they are large (glibc's header before an mmap'd block), so every 64-byte vector load
-//! or store of a kernel straddles two cache lines. [`LineAligned`] is a global allocator that
-//! gives large blocks a 64-byte boundary instead; the `tenet` binary installs it, and a
-//! program embedding the crates can too. The bits never depend on it, only the speed.
 
 /// Buffers at least this large get the advice.
 const HUGE_THRESHOLD: usize = 4 << 20;
@@ -22,83 +15,6 @@ pub fn zeroed_bytes(len: usize) -> Vec<u8> {
         advise_huge(&v);
     }
     v
-}
-
-/// Blocks at least this large get a cache-line boundary from [`LineAligned`]: tensors a kernel
-/// streams through. Smaller ones keep the system's alignment and its cheaper small blocks.
-pub const LINE_ALIGNED_MIN_BYTES: usize = 16 << 10;
-
-const LINE: usize = 64;
-
-/// The system allocator, with blocks of [`LINE_ALIGNED_MIN_BYTES`] or more on a 64-byte
-/// boundary. Install it with `#[global_allocator] static A: LineAligned = LineAligned;`.
-pub struct LineAligned;
-
-impl LineAligned {
-    /// The layout a block is really allocated with: the same for its allocation, growth and
-    /// release, as `GlobalAlloc` requires.
-    fn actual(layout: std::alloc::Layout) -> std::alloc::Layout {
-        if layout.size() >= LINE_ALIGNED_MIN_BYTES && layout.align() < LINE {
-            // Fails only for a size within 64 bytes of isize::MAX, which then keeps its own
-            // layout: the same answer every time, as the block's release needs.
-            std::alloc::Layout::from_size_align(layout.size(), LINE).unwrap_or(layout)
-        } else {
-            layout
-        }
-    }
-}
-
-// SAFETY: every call forwards to `System` with `actual(layout)`, which is the same for a block
-// whenever it is asked with the same layout (allocation, reallocation's old layout, release),
-// and satisfies the caller's layout (same size, an alignment at least as large).
-unsafe impl std::alloc::GlobalAlloc for LineAligned {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: `actual` keeps the caller's non-zero size.
-        unsafe { std::alloc::System.alloc(Self::actual(layout)) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        unsafe { std::alloc::System.alloc_zeroed(Self::actual(layout)) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from `alloc` with this `layout`, so from `System` with
-        // `actual(layout)`.
-        unsafe { std::alloc::System.dealloc(ptr, Self::actual(layout)) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        // SAFETY (of the unchecked layout): the caller guarantees `new_size`, rounded up to
-        // `layout.align()`, does not overflow isize.
-        let new =
-            unsafe { std::alloc::Layout::from_size_align_unchecked(new_size, layout.align()) };
-        let (old_actual, new_actual) = (Self::actual(layout), Self::actual(new));
-        if old_actual == layout && new_actual == new {
-            // Neither block is over-aligned here: the system's own reallocation (which can
-            // grow in place or remap).
-            // SAFETY: `ptr` came from `System` with `layout`; the caller's contract on
-            // `new_size` holds.
-            return unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
-        }
-        if old_actual.align() == new_actual.align() {
-            // Both over-aligned alike.
-            // SAFETY: `ptr` came from `System` with `old_actual`; `new_size` as above.
-            return unsafe { std::alloc::System.realloc(ptr, old_actual, new_size) };
-        }
-        // The block crosses the threshold: a new one, the contents copied, the old released.
-        // SAFETY: `new_actual` has a non-zero size (`new_size` is non-zero by contract);
-        // the copy covers bytes valid in both blocks, which do not overlap; `ptr` came from
-        // `System` with `old_actual`.
-        unsafe {
-            let fresh = std::alloc::System.alloc(new_actual);
-            if !fresh.is_null() {
-                std::ptr::copy_nonoverlapping(ptr, fresh, layout.size().min(new_size));
-                std::alloc::System.dealloc(ptr, old_actual);
-            }
-            fresh
-        }
-    }
 }
 
 #[cfg(target_os = "linux")]
@@ -250,67 +166,5 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn line_aligned_blocks_keep_their_bytes_across_the_threshold() {
-        use std::alloc::{GlobalAlloc, Layout};
-        let a = super::LineAligned;
-        let min = super::LINE_ALIGNED_MIN_BYTES;
-        let aligned = |p: *mut u8| (p as usize).is_multiple_of(64);
-        // Sizes below, at and above the threshold, growing and shrinking through it, each
-        // step keeping the bytes both sizes share; large blocks always on a line boundary.
-        let sizes = [
-            100,
-            min - 1,
-            min,
-            3 * min + 5,
-            40 << 20,
-            min + 1,
-            7,
-            1 << 20,
-            1,
-        ];
-        for align in [1, 4, 16, 128] {
-            let mut layout = Layout::from_size_align(sizes[0], align).unwrap();
-            // SAFETY: a non-zero size; the block is released below with its layout.
-            let mut p = unsafe { a.alloc(layout) };
-            assert!(!p.is_null());
-            let fill = |p: *mut u8, n: usize| {
-                // SAFETY: `p` holds at least `n` bytes.
-                (0..n).for_each(|i| unsafe { *p.add(i) = (i % 251) as u8 })
-            };
-            fill(p, layout.size());
-            for &size in &sizes[1..] {
-                // SAFETY: `p` came from `a` with `layout`; `size` is non-zero and small.
-                let q = unsafe { a.realloc(p, layout, size) };
-                assert!(!q.is_null());
-                let kept = layout.size().min(size);
-                // SAFETY: `q` holds at least `kept` bytes.
-                let bytes = unsafe { std::slice::from_raw_parts(q, kept) };
-                assert!(bytes.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
-                assert!((q as usize).is_multiple_of(align));
-                if size >= min {
-                    assert!(aligned(q), "{size} bytes at {q:p}");
-                }
-                layout = Layout::from_size_align(size, align).unwrap();
-                p = q;
-                fill(p, size);
-            }
-            // SAFETY: `p` came from `a` with `layout`.
-            unsafe { a.dealloc(p, layout) };
-        }
-        let layout = Layout::from_size_align(min * 5, 1).unwrap();
-        // SAFETY: a non-zero size; released below with the same layout.
-        unsafe {
-            let z = a.alloc_zeroed(layout);
-            assert!(aligned(z));
-            assert!(
-                std::slice::from_raw_parts(z, layout.size())
-                    .iter()
-                    .all(|&b| b == 0)
-            );
-            a.dealloc(z, layout);
-        }
     }
 }
