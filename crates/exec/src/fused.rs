@@ -266,7 +266,8 @@ impl<'b> Arg<'b> {
     }
 }
 
-/// `dst = a op b` for one run, each side a slice, a single value, or `dst` itself.
+/// `dst = a op b` for one run, each side a slice, a single value, or `dst` itself; two slices
+/// are written as `stores` says.
 fn arith_piece(
     level: SimdLevel,
     op: BinaryOp,
@@ -274,10 +275,14 @@ fn arith_piece(
     a: Piece<'_>,
     b: Piece<'_>,
     dst: &mut [f32],
+    stores: Stores,
 ) {
     use tenet_kernels::vmath as vm;
     match (a, b) {
-        (Piece::Slice(x), Piece::Slice(y)) => vm::arith_slice(level, arith, x, y, dst),
+        (Piece::Slice(x), Piece::Slice(y)) => match stores {
+            Stores::Cached => vm::arith_slice(level, arith, x, y, dst),
+            Stores::Streaming => tenet_kernels::streaming::arith_slice(level, arith, x, y, dst),
+        },
         (Piece::Slice(x), Piece::Scalar(v)) => {
             vm::arith_scalar_slice(level, arith, x, v, ScalarSide::Right, dst)
         }
@@ -320,7 +325,7 @@ fn arith_of(op: BinaryOp) -> Option<Arith> {
 
 /// Compute one member for `len` elements starting at `start` into `dst`. With `dst_is_prior`
 /// the member's `Prior` operand is `dst` itself (see [`reads_prior_once_in_place`]); `stores`
-/// says how a whole chunk of two-operand arithmetic is written.
+/// says how arithmetic over two whole-chunk slices is written.
 #[allow(clippy::too_many_arguments)]
 fn compute(
     level: SimdLevel,
@@ -390,15 +395,15 @@ fn compute(
                 _ => None,
             };
             match strides {
-                None => match (a.piece(0, 0, len), b.piece(0, 0, len)) {
-                    (Piece::Slice(x), Piece::Slice(y)) if stores == Stores::Streaming => {
-                        tenet_kernels::streaming::arith_slice(level, arith, x, y, dst)
-                    }
-                    (pa, pb) => arith_piece(level, *op, arith, pa, pb, dst),
-                },
+                None => {
+                    let (pa, pb) = (a.piece(0, 0, len), b.piece(0, 0, len));
+                    arith_piece(level, *op, arith, pa, pb, dst, stores)
+                }
+                // Runs along a broadcast axis are short: each would end in a fence.
                 Some(strides) => for_runs(start, len, out_dims, strides, |offset, at, run| {
                     let (pa, pb) = (a.piece(offset, at, run), b.piece(offset, at, run));
-                    arith_piece(level, *op, arith, pa, pb, &mut dst[offset..offset + run]);
+                    let dst = &mut dst[offset..offset + run];
+                    arith_piece(level, *op, arith, pa, pb, dst, Stores::Cached);
                 }),
             }
         }
@@ -411,7 +416,7 @@ fn compute(
 pub(crate) const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// How the last member stores the group's result.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) enum Stores {
     /// Through the caches: for results read again soon (or small ones).
     Cached,
