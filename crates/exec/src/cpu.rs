@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
 use tenet_kernels::SimdLevel;
@@ -9,10 +10,11 @@ use tenet_kernels::gemm::{Epilogue, Strided, sgemm, sgemm_then};
 use tenet_kernels::norm::{self, Affine};
 use tenet_reference::{RunError, check_inputs, eval_op};
 
+use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
 use crate::{Backend, ExecError, Prepared, RunStats};
-use crate::{fused, movement, reduce};
+use crate::{fused, movement, norms, reduce};
 
 /// Runs graphs on this machine's cores at a chosen SIMD level.
 #[derive(Clone, Debug)]
@@ -68,16 +70,28 @@ impl Backend for CpuBackend {
 
     fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError> {
         let cost = graph.cost();
-        let needed = cost.peak_bytes;
-        if let Some(limit) = self.memory_limit.filter(|&l| needed > l) {
-            return Err(ExecError::TooLarge { needed, limit });
+        if let Some(limit) = self.memory_limit.filter(|&l| cost.peak_bytes > l) {
+            return Err(ExecError::TooLarge {
+                needed: cost.peak_bytes,
+                limit,
+            });
+        }
+        let plan = plan(graph);
+        // The certificate plus what this backend needs beside the tensors (bound.rs).
+        let memory_bound = crate::bound::memory(graph, &plan, self.threads);
+        if let Some(limit) = self.memory_limit.filter(|&l| memory_bound > l) {
+            return Err(ExecError::TooLarge {
+                needed: memory_bound,
+                limit,
+            });
         }
         let min = tenet_kernels::parallel::MIN_PARALLEL_ELEMS as u64;
         Ok(Box::new(CpuPrepared {
             graph: graph.clone(),
-            plan: plan(graph),
+            plan,
             backend: self.clone(),
             parallel: self.threads > 1 && (cost.flops >= min || cost.bytes_written >= 4 * min),
+            memory_bound,
         }))
     }
 }
@@ -90,6 +104,8 @@ struct CpuPrepared {
     /// waking the pool's helpers: each would spin on a core for nothing, which on a 2-core node
     /// serving tiny jobs costs every request a core.
     parallel: bool,
+    /// The most memory a run may take (bound.rs).
+    memory_bound: u64,
 }
 
 /// A node's value: borrowed from the caller (inputs) or owned.
@@ -108,6 +124,10 @@ impl Val<'_> {
 }
 
 impl Prepared for CpuPrepared {
+    fn memory_bound(&self) -> u64 {
+        self.memory_bound
+    }
+
     fn run_stoppable(
         &self,
         inputs: &HashMap<String, HostTensor>,
@@ -135,18 +155,35 @@ impl CpuPrepared {
     ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
         check_inputs(&self.graph, inputs)?;
         let g = &self.graph;
-        let bytes = |v: &Option<Val<'_>>| v.as_ref().map_or(0, |v| v.get().bytes().len() as u64);
+        let bytes = |v: Option<&Val<'_>>| v.map_or(0, |v| v.get().bytes().len() as u64);
         // Inputs count from the start, as in the certificate.
         let mut live: u64 = g
             .inputs()
             .map(|(_, name, _)| inputs[name].bytes().len() as u64)
             .sum();
         let mut peak = live;
-        let mut values: Vec<Option<Val<'_>>> = (0..g.nodes().len()).map(|_| None).collect();
+        // Only the values live now, by node: a table of every node would cost ~60 bytes a node
+        // for a chain of a million ops certified at a few bytes.
+        let mut values: HashMap<NodeId, Val<'_>> = HashMap::new();
         let pool = Pool::default();
         let mut stats = RunStats::default();
+        // `stop` is asked between steps and, inside a long step, every few hundred thousand
+        // element operations (or every block of rows, batch entry or slab of a product): once
+        // it says yes, every part of the step returns early and the run gives up.
+        let (polls, stopped) = (AtomicU64::new(0), AtomicBool::new(false));
+        let poll = || {
+            if stopped.load(Ordering::Relaxed) {
+                return true;
+            }
+            polls.fetch_add(1, Ordering::Relaxed);
+            let yes = stop();
+            if yes {
+                stopped.store(true, Ordering::Relaxed);
+            }
+            yes
+        };
         for (s, step) in self.plan.steps.iter().enumerate() {
-            if stop() {
+            if poll() {
                 return Err(ExecError::Stopped);
             }
             let started = std::time::Instant::now();
@@ -158,20 +195,23 @@ impl CpuPrepared {
                     live -= t.bytes().len() as u64;
                     (id, Val::Owned(t))
                 }
-                None => self.step(step, &values, inputs, weights, seed, &pool)?,
+                None => self.step(step, &values, inputs, weights, seed, &pool, &poll)?,
             };
+            if stopped.load(Ordering::Relaxed) {
+                return Err(ExecError::Stopped);
+            }
             stats.add_time(self.step_kind(step), started.elapsed().as_nanos() as u64);
             let is_input = matches!(g.node(id).op, Op::Input { .. });
-            values[id.index()] = Some(value);
+            values.insert(id, value);
             if !is_input {
-                live += bytes(&values[id.index()]);
+                live += bytes(values.get(&id));
             }
             peak = peak.max(live);
             for r in &self.plan.release[s] {
                 if !matches!(g.node(*r).op, Op::Input { .. }) {
-                    live -= bytes(&values[r.index()]);
+                    live -= bytes(values.get(r));
                 }
-                if let Some(Val::Owned(t)) = values[r.index()].take()
+                if let Some(Val::Owned(t)) = values.remove(r)
                     && !t.is_shared()
                 {
                     pool.give(t.into_bytes());
@@ -181,26 +221,35 @@ impl CpuPrepared {
                 live -= g.node(*r).ty.bytes().unwrap_or(0);
             }
         }
-        // Move each output out of the table; copy only an input returned as an output, or a
-        // node named by two outputs.
+        // Move each output out of the table. A node named by several outputs is made shared
+        // once, and each output gets a handle: the certificate counts it once, and up to 4,096
+        // names must not make 4,096 copies. An input returned as an output is cloned (a
+        // handle when the caller's tensor is shared, as a node's are).
+        let mut named = vec![0u32; g.nodes().len()];
+        for o in g.outputs() {
+            named[o.node.index()] += 1;
+        }
         let mut outs = Vec::with_capacity(g.outputs().len());
-        for (i, o) in g.outputs().iter().enumerate() {
-            let again = g.outputs()[i + 1..]
-                .iter()
-                .any(|later| later.node == o.node);
-            let slot = &mut values[o.node.index()];
-            let t = match (again, slot.take()) {
-                (false, Some(Val::Owned(t))) => t,
-                (_, Some(v)) => {
-                    let t = v.get().clone();
-                    *slot = Some(v);
+        for o in g.outputs() {
+            let i = o.node.index();
+            named[i] -= 1;
+            let t = match values.remove(&o.node) {
+                Some(Val::Owned(t)) if named[i] == 0 => t,
+                Some(Val::Owned(t)) => {
+                    let t = t.into_shared();
+                    values.insert(o.node, Val::Owned(t.clone()));
                     t
                 }
-                (_, None) => unreachable!("outputs are kept until the end"),
+                Some(Val::Borrowed(t)) => {
+                    values.insert(o.node, Val::Borrowed(t));
+                    t.clone()
+                }
+                None => unreachable!("outputs are kept until the end"),
             };
             outs.push((o.name.clone(), t));
         }
         stats.peak_bytes = peak;
+        stats.polls = polls.load(Ordering::Relaxed);
         Ok((outs, stats))
     }
 
@@ -220,41 +269,43 @@ impl CpuPrepared {
         &self,
         s: usize,
         step: &Step,
-        values: &mut [Option<Val<'_>>],
+        values: &mut HashMap<NodeId, Val<'_>>,
     ) -> Option<(NodeId, HostTensor)> {
         let Step::Generic(id) = step else { return None };
         let node = self.graph.node(*id);
         let Op::Reshape { x } = node.op else {
             return None;
         };
-        if !self.plan.release[s].contains(&x) || !matches!(values[x.index()], Some(Val::Owned(_))) {
+        if !self.plan.release[s].contains(&x) || !matches!(values.get(&x), Some(Val::Owned(_))) {
             return None;
         }
-        let Some(Val::Owned(t)) = values[x.index()].take() else {
+        let Some(Val::Owned(t)) = values.remove(&x) else {
             return None;
         };
         match t.reshaped(node.ty.clone()) {
             Ok(t) => Some((*id, t)),
             Err(t) => {
-                values[x.index()] = Some(Val::Owned(t));
+                values.insert(x, Val::Owned(t));
                 None
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn step<'a>(
         &self,
         step: &Step,
-        values: &[Option<Val<'a>>],
+        values: &HashMap<NodeId, Val<'a>>,
         inputs: &'a HashMap<String, HostTensor>,
         weights: &'a dyn WeightSource,
         seed: u64,
         pool: &Pool,
+        poll: Poll<'_>,
     ) -> Result<(NodeId, Val<'a>), ExecError> {
         let g = &self.graph;
         let val = |id: NodeId| {
-            values[id.index()]
-                .as_ref()
+            values
+                .get(&id)
                 .expect("operands are computed before use")
                 .get()
         };
@@ -296,9 +347,13 @@ impl CpuPrepared {
                 {
                     moved?
                 } else if let Some(sums) =
-                    reduce::eval(pool, &node.op, &node.ty, &operands, threads)
+                    reduce::eval(pool, &node.op, &node.ty, &operands, threads, poll)
                 {
                     sums
+                } else if let Some(normalized) =
+                    norms::eval(pool, &node.op, &node.ty, &operands, threads, poll)
+                {
+                    normalized
                 } else {
                     eval_op(*id, &node.op, &node.ty, &operands, seed)?
                 };
@@ -310,7 +365,7 @@ impl CpuPrepared {
                 b_permuted,
                 epilogue,
             } => {
-                let t = self.gemm(*id, [*a_permuted, *b_permuted], epilogue, val, pool)?;
+                let t = self.gemm(*id, [*a_permuted, *b_permuted], epilogue, val, pool, poll)?;
                 (*epilogue.last().unwrap_or(id), Val::Owned(t))
             }
             Step::Attention {
@@ -331,7 +386,7 @@ impl CpuPrepared {
                     unreachable!("the planner folds a rows step into attention")
                 };
                 let (s, o) = (gemm(scores), gemm(out));
-                let t = self.attention(s, (*node, prologue), o, val, pool)?;
+                let t = self.attention(s, (*node, prologue), o, val, pool, poll)?;
                 (o.0, Val::Owned(t))
             }
             Step::Rows { node: id, prologue } => {
@@ -340,21 +395,21 @@ impl CpuPrepared {
                 let level = self.backend.level;
                 // The input: a tensor, or the prologue group computed block by block.
                 let externals = externals(g, prologue, &|o| Some(val(o)));
-                let members = (!prologue.is_empty())
+                let group = (!prologue.is_empty())
                     .then(|| fused::members(g, prologue, &|o| &externals[&o][..]));
                 let dims = dims(&node.ty);
-                let x = match &members {
+                let x = match &group {
                     None => RowsInput::Tensor(f32s(val(node.op.operands()[0]))),
-                    Some(members) => RowsInput::Fused {
+                    Some(group) => RowsInput::Fused {
                         level,
-                        members,
+                        group,
                         dims: &dims,
                     },
                 };
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
                         let log = *op == NormOp::LogSoftmax;
-                        rows(pool, &node.ty, &x, n, threads, |x, out| {
+                        rows(pool, &node.ty, &x, n, threads, poll, |x, out| {
                             tenet_kernels::softmax::softmax_rows(level, log, x, n, out)
                         })
                     }
@@ -371,7 +426,7 @@ impl CpuPrepared {
                             gamma: gm.as_deref(),
                             beta: bt.as_deref(),
                         };
-                        rows(pool, &node.ty, &x, n, threads, |x, out| {
+                        rows(pool, &node.ty, &x, n, threads, poll, |x, out| {
                             for (row, out) in x.chunks(n).zip(out.chunks_mut(n)) {
                                 norm::layer_norm_row(level, row, affine, eps, out);
                             }
@@ -382,7 +437,7 @@ impl CpuPrepared {
                     } => {
                         let gm = gamma.map(|o| f32s(val(o)));
                         let eps = f32::from_bits(*eps_bits);
-                        rows(pool, &node.ty, &x, n, threads, |x, out| {
+                        rows(pool, &node.ty, &x, n, threads, poll, |x, out| {
                             for (row, out) in x.chunks(n).zip(out.chunks_mut(n)) {
                                 norm::rms_norm_row(level, row, gm.as_deref(), eps, out);
                             }
@@ -396,13 +451,14 @@ impl CpuPrepared {
                 let last = *ids.last().expect("groups are non-empty");
                 let ty = &g.node(last).ty;
                 let externals = externals(g, ids, &|o| Some(val(o)));
-                let members = fused::members(g, ids, &|o| &externals[&o][..]);
+                let group = fused::members(g, ids, &|o| &externals[&o][..]);
                 let dims = dims(ty);
                 let t = make_f32(pool, ty, |out| {
                     let level = self.backend.level;
                     let stores = fused::Stores::for_result(std::mem::size_of_val(out));
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
-                        fused::eval_range(level, &members, &dims, range, chunk, stores)
+                        // An unfinished pass has asked `poll`, which marked the run stopped.
+                        let _ = fused::eval_range(level, &group, &dims, range, chunk, stores, poll);
                     })
                 });
                 (last, Val::Owned(t))
@@ -435,22 +491,19 @@ impl CpuPrepared {
         };
         let (tb, b_strides) = self.operand(b, permuted[1], val);
         let ra = a_shape.len();
-        // Flat offset of each output batch's matrix within an operand, by broadcasting.
-        let offsets = |shape: &[u64], strides: &[usize]| -> Vec<usize> {
+        // Each operand's step per output batch axis (0 where it broadcasts): an entry's
+        // offset is computed when it runs, not listed (a list is 16 bytes per entry, more
+        // than the certificate counts for a batch of 1 × 1 products).
+        let steps = |shape: &[u64], strides: &[usize]| -> Vec<usize> {
             let own = &shape[..shape.len() - 2];
             let pad = batch.len() - own.len();
-            let count: usize = batch.iter().product::<u64>() as usize;
-            (0..count)
-                .map(|flat| {
-                    let (mut rem, mut off) = (flat, 0usize);
-                    for d in (0..batch.len()).rev() {
-                        let idx = rem % batch[d] as usize;
-                        rem /= batch[d] as usize;
-                        if d >= pad && own[d - pad] != 1 {
-                            off += idx * strides[d - pad];
-                        }
+            (0..batch.len())
+                .map(|d| {
+                    if d >= pad && own[d - pad] != 1 {
+                        strides[d - pad]
+                    } else {
+                        0
                     }
-                    off
                 })
                 .collect()
         };
@@ -459,8 +512,9 @@ impl CpuPrepared {
             m: a_shape[ra - 2] as usize,
             k: a_shape[ra - 1] as usize,
             n: node.ty.shape[r - 1] as usize,
-            oa: offsets(a_shape, &a_strides),
-            ob: offsets(b_shape, &b_strides),
+            a_steps: steps(a_shape, &a_strides),
+            b_steps: steps(b_shape, &b_strides),
+            batch: batch.iter().map(|&d| d as usize).collect(),
             a_strides: (a_strides[ra - 2], a_strides[ra - 1]),
             b_strides: (b_strides[rb - 2], b_strides[rb - 1]),
             av,
@@ -470,6 +524,7 @@ impl CpuPrepared {
 
     /// A GEMM step: the batched product, then `epilogue` (an elementwise group that alone
     /// reads it) in place over each block of rows as the GEMM finishes it.
+    #[allow(clippy::too_many_arguments)]
     fn gemm<'v>(
         &self,
         id: NodeId,
@@ -477,39 +532,57 @@ impl CpuPrepared {
         epilogue: &[NodeId],
         val: impl Fn(NodeId) -> &'v HostTensor,
         pool: &Pool,
+        poll: Poll<'_>,
     ) -> Result<HostTensor, ExecError> {
         let g = &self.graph;
         let node = g.node(id);
         let op = self.batched(id, permuted, &val, false);
         // The epilogue's other operands (a bias, a residual); the product is in C.
         let externals = externals(g, epilogue, &|o| if o == id { None } else { Some(val(o)) });
-        let members = fused::members_in_place(g, epilogue, &|o| &externals[&o][..], id);
+        let group = fused::members_in_place(g, epilogue, &|o| &externals[&o][..], id);
         let dims = dims(&node.ty);
         let (m, n, k) = (op.m, op.n, op.k);
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
-        let batches = op.oa.len();
+        let batches = op.batches();
         let (outer, inner) = if batches >= self.backend.threads {
             (self.backend.threads, 1)
         } else {
             (1, self.backend.threads)
         };
+        let slab = slab_rows(m, n, k);
         let level = self.backend.level;
         let failed = std::sync::Mutex::new(None);
         let t = make_f32(pool, &node.ty, |out| {
             par_chunks(out, outer, m * n, |range, chunk| {
                 let first = range.start / (m * n).max(1);
                 for (bi, c) in chunk.chunks_mut((m * n).max(1)).enumerate() {
+                    if poll() {
+                        return;
+                    }
                     let at = first + bi;
-                    let then = |row: usize, rows: &mut [f32]| {
-                        let origin = at * m * n + row * n;
-                        let range = origin..origin + rows.len();
-                        fused::eval_in_place(level, &members, &dims, range, rows);
-                    };
-                    let then = (!epilogue.is_empty()).then_some(&then as Epilogue<'_>);
                     let (a, b) = (op.a(at), op.b(at));
-                    if let Err(e) = sgemm_then(level, inner, m, n, k, a, b, c, n, then) {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    // A large product runs a slab of rows at a time, asking `poll` between
+                    // slabs; each row's chains are the same whichever slab computes it.
+                    for r0 in (0..m).step_by(slab) {
+                        if r0 > 0 && poll() {
+                            return;
+                        }
+                        let rows = slab.min(m - r0);
+                        let a = Strided {
+                            data: &a.data[(r0 * a.rs).min(a.data.len())..],
+                            ..a
+                        };
+                        let then = |row: usize, rows: &mut [f32]| {
+                            let origin = at * m * n + (r0 + row) * n;
+                            let range = origin..origin + rows.len();
+                            fused::eval_in_place(level, &group, &dims, range, rows);
+                        };
+                        let then = (!epilogue.is_empty()).then_some(&then as Epilogue<'_>);
+                        let c = &mut c[r0 * n..(r0 + rows) * n];
+                        if let Err(e) = sgemm_then(level, inner, rows, n, k, a, b, c, n, then) {
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                        }
                     }
                 }
             })
@@ -531,6 +604,7 @@ impl CpuPrepared {
         out: (NodeId, [Option<NodeId>; 2]),
         val: impl Fn(NodeId) -> &'v HostTensor,
         pool: &Pool,
+        poll: Poll<'_>,
     ) -> Result<HostTensor, ExecError> {
         let g = &self.graph;
         let (s_id, (p_id, prologue), o_id) = (scores.0, softmax, out.0);
@@ -550,9 +624,9 @@ impl CpuPrepared {
         let externals: HashMap<NodeId, Cow<'v, [f32]>> = externals(g, prologue, &|o| {
             if o == s_id { None } else { Some(val(o)) }
         });
-        let members = fused::members_in_place(g, prologue, &|o| &externals[&o][..], s_id);
+        let group = fused::members_in_place(g, prologue, &|o| &externals[&o][..], s_id);
         let level = self.backend.level;
-        let batches = qk.oa.len();
+        let batches = qk.batches();
         let outer = self.backend.threads.clamp(1, batches.max(1));
         let failed = std::sync::Mutex::new(None);
         let fail = |id: NodeId, e: tenet_kernels::gemm::GemmError| {
@@ -563,6 +637,9 @@ impl CpuPrepared {
                 let first = range.start / (m * n2).max(1);
                 let (mut s, mut p) = (vec![0.0; m * n1], vec![0.0; m * n1]);
                 for (bi, c) in chunk.chunks_mut((m * n2).max(1)).enumerate() {
+                    if poll() {
+                        return;
+                    }
                     let at = first + bi;
                     if let Err(e) = sgemm(level, 1, m, n1, qk.k, qk.a(at), qk.b(at), &mut s, n1) {
                         return fail(s_id, e);
@@ -570,13 +647,7 @@ impl CpuPrepared {
                     // The softmax's input: the scores, or the prologue over them (in place).
                     if !prologue.is_empty() {
                         let origin = at * m * n1;
-                        fused::eval_in_place(
-                            level,
-                            &members,
-                            &dims,
-                            origin..origin + m * n1,
-                            &mut s,
-                        );
+                        fused::eval_in_place(level, &group, &dims, origin..origin + m * n1, &mut s);
                     }
                     tenet_kernels::softmax::softmax_rows(level, log, &s, n1, &mut p);
                     let probs = Strided::row_major(&p, n1);
@@ -625,19 +696,23 @@ fn externals<'v>(
     ids: &[NodeId],
     val: &impl Fn(NodeId) -> Option<&'v HostTensor>,
 ) -> HashMap<NodeId, Cow<'v, [f32]>> {
+    let inside: std::collections::HashSet<NodeId> = ids.iter().copied().collect();
     ids.iter()
         .flat_map(|&id| g.node(id).op.operands())
-        .filter(|o| !ids.contains(o))
+        .filter(|o| !inside.contains(o))
         .filter_map(|o| Some((o, f32s(val(o)?))))
         .collect()
 }
 
-/// A batched matmul's operands: entry `i` multiplies A from `oa[i]` by B from `ob[i]`.
+/// A batched matmul's operands: entry `i` multiplies A from `offset(i, a_steps)` by B from
+/// `offset(i, b_steps)`.
 struct Batched<'v> {
     av: Cow<'v, [f32]>,
     bv: Cow<'v, [f32]>,
-    oa: Vec<usize>,
-    ob: Vec<usize>,
+    /// The output's batch axes, and each operand's element step along them.
+    batch: Vec<usize>,
+    a_steps: Vec<usize>,
+    b_steps: Vec<usize>,
     /// (row, column) strides of A and of B.
     a_strides: (usize, usize),
     b_strides: (usize, usize),
@@ -647,9 +722,23 @@ struct Batched<'v> {
 }
 
 impl Batched<'_> {
+    fn batches(&self) -> usize {
+        self.batch.iter().product()
+    }
+
+    /// Flat offset of batch entry `flat` in an operand with `steps`.
+    fn offset(&self, flat: usize, steps: &[usize]) -> usize {
+        let (mut rem, mut off) = (flat, 0usize);
+        for d in (0..self.batch.len()).rev() {
+            off += rem % self.batch[d] * steps[d];
+            rem /= self.batch[d];
+        }
+        off
+    }
+
     fn a(&self, i: usize) -> Strided<'_> {
         Strided {
-            data: &self.av[self.oa[i]..],
+            data: &self.av[self.offset(i, &self.a_steps)..],
             rs: self.a_strides.0,
             cs: self.a_strides.1,
         }
@@ -657,7 +746,7 @@ impl Batched<'_> {
 
     fn b(&self, i: usize) -> Strided<'_> {
         Strided {
-            data: &self.bv[self.ob[i]..],
+            data: &self.bv[self.offset(i, &self.b_steps)..],
             rs: self.b_strides.0,
             cs: self.b_strides.1,
         }
@@ -670,7 +759,7 @@ enum RowsInput<'a> {
     /// A fused group of the output's shape, evaluated a block of rows at a time.
     Fused {
         level: SimdLevel,
-        members: &'a [fused::Member<'a>],
+        group: &'a fused::Group<'a>,
         dims: &'a [usize],
     },
 }
@@ -680,12 +769,14 @@ const PROLOGUE_BLOCK: usize = 8 * fused::CHUNK;
 
 /// Apply a row function over the last axis (`n` elements per row) on several threads: `f`
 /// gets blocks of whole rows and their outputs, and must leave computed NaNs canonical.
+/// `poll` is asked between blocks of about [`fused::POLL_ELEMENTS`] elements.
 fn rows(
     pool: &Pool,
     ty: &tenet_ir::TensorType,
     x: &RowsInput<'_>,
     n: usize,
     threads: usize,
+    poll: Poll<'_>,
     f: impl Fn(&[f32], &mut [f32]) + Sync,
 ) -> HostTensor {
     make_f32(pool, ty, |out| {
@@ -693,23 +784,51 @@ fn rows(
             return;
         }
         par_chunks(out, threads, n, |range, chunk| match x {
-            RowsInput::Tensor(x) => f(&x[range], chunk),
-            RowsInput::Fused {
-                level,
-                members,
-                dims,
-            } => {
+            RowsInput::Tensor(x) => {
+                let block = fused::POLL_ELEMENTS.max(n) / n * n;
+                for (b, o) in chunk.chunks_mut(block).enumerate() {
+                    if b > 0 && poll() {
+                        return;
+                    }
+                    let start = range.start + b * block;
+                    f(&x[start..start + o.len()], o);
+                }
+            }
+            RowsInput::Fused { level, group, dims } => {
                 let block = PROLOGUE_BLOCK.max(n) / n * n;
                 let mut input = vec![0.0f32; block.min(range.len())];
                 for (b, o) in chunk.chunks_mut(block).enumerate() {
+                    if b > 0 && b % (fused::POLL_ELEMENTS / PROLOGUE_BLOCK).max(1) == 0 && poll() {
+                        return;
+                    }
                     let start = range.start + b * block;
                     let input = &mut input[..o.len()];
                     // A prologue's values are read at once by the row kernel: keep them cached.
                     let (range, stores) = (start..start + o.len(), fused::Stores::Cached);
-                    fused::eval_range(*level, members, dims, range, input, stores);
+                    if !fused::eval_range(*level, group, dims, range, input, stores, poll) {
+                        return;
+                    }
                     f(input, o);
                 }
             }
         })
     })
+}
+
+/// Rows of one product computed between two polls of the stop flag: about `SLAB_FLOPS`
+/// operations (a few hundred ms), and never fewer than 1,024 rows, so that packing B again
+/// for each slab costs little. Products up to `SLAB_FLOPS` run whole, as before.
+const SLAB_FLOPS: usize = 1 << 34;
+
+/// Beyond this `k`, one packed panel of B (48 columns × k) would outgrow the GEMM's 24 MiB
+/// packing budget by a factor the certificate does not count; such products run four rows at
+/// a time on the unpacked few-rows kernel instead (same chains, same bits).
+pub(crate) const BIG_K: usize = 1 << 17;
+
+fn slab_rows(m: usize, n: usize, k: usize) -> usize {
+    if k > BIG_K {
+        return 4;
+    }
+    let per_row = 2usize.saturating_mul(n).saturating_mul(k).max(1);
+    (SLAB_FLOPS / per_row).max(1024).min(m.max(1))
 }

@@ -5,6 +5,13 @@
 //! broadcasting), and only the last member is written out. Each element is computed exactly as
 //! the reference computes it (same scalar functions, NaN made canonical after every computing
 //! op), so fusion changes where values live, never their bits.
+//!
+//! Memory: a member's chunk lives in one of a few scratch buffers, reused once its last reader
+//! in the group has run (a chain needs two, however long), each as long as a chunk or the
+//! range, whichever is shorter; so a pass holds at most as many chunk buffers as the group has
+//! members live at once, which the certificate counts as whole tensors.
+
+use std::collections::HashMap;
 
 use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
 use tenet_kernels::SimdLevel;
@@ -18,7 +25,7 @@ pub(crate) const CHUNK: usize = 2048;
 /// Where a member's operand comes from.
 #[derive(Clone)]
 pub(crate) enum Src<'a> {
-    /// An earlier member of the group.
+    /// An earlier member of the group, by the scratch buffer (slot) that holds its chunk.
     Member(usize),
     /// An external tensor of the output's shape.
     Full(&'a [f32]),
@@ -44,12 +51,22 @@ pub(crate) struct Member<'a> {
     pub srcs: Vec<Src<'a>>,
 }
 
+/// A fused group ready to evaluate: its members in order, and for every member but the last
+/// the scratch buffer (slot) its chunk is computed into. A slot is reused once the member it
+/// holds has been read for the last time, so `slots` is the most members live at once.
+pub(crate) struct Group<'a> {
+    pub members: Vec<Member<'a>>,
+    /// Slot of each member but the last.
+    slot: Vec<usize>,
+    slots: usize,
+}
+
 /// Describe the group `ids` of `graph`, reading externals through `value`.
 pub(crate) fn members<'a>(
     graph: &Graph,
     ids: &[NodeId],
     value: &dyn Fn(NodeId) -> &'a [f32],
-) -> Vec<Member<'a>> {
+) -> Group<'a> {
     members_with(graph, ids, value, None)
 }
 
@@ -60,7 +77,7 @@ pub(crate) fn members_in_place<'a>(
     ids: &[NodeId],
     value: &dyn Fn(NodeId) -> &'a [f32],
     prior: NodeId,
-) -> Vec<Member<'a>> {
+) -> Group<'a> {
     members_with(graph, ids, value, Some(prior))
 }
 
@@ -69,15 +86,50 @@ fn members_with<'a>(
     ids: &[NodeId],
     value: &dyn Fn(NodeId) -> &'a [f32],
     prior: Option<NodeId>,
-) -> Vec<Member<'a>> {
+) -> Group<'a> {
     // An empty group (a GEMM without an epilogue) has no members.
     let Some(&last) = ids.last() else {
-        return Vec::new();
+        return Group {
+            members: Vec::new(),
+            slot: Vec::new(),
+            slots: 0,
+        };
     };
+    // Each member's position, and the last member that reads it (linear in the group).
+    let position: HashMap<NodeId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut last_read = vec![0usize; ids.len()];
+    for (i, &id) in ids.iter().enumerate() {
+        for o in graph.node(id).op.operands() {
+            if let Some(&m) = position.get(&o) {
+                last_read[m] = i;
+            }
+        }
+    }
+    // Slots: member `i` takes a free one before the members it reads last give theirs back,
+    // so a member never writes the buffer it reads.
+    let mut slot = Vec::with_capacity(ids.len() - 1);
+    let (mut free, mut slots) = (Vec::new(), 0usize);
+    for (i, &id) in ids.iter().enumerate() {
+        if i + 1 < ids.len() {
+            slot.push(free.pop().unwrap_or_else(|| {
+                slots += 1;
+                slots - 1
+            }));
+        }
+        let mut operands = graph.node(id).op.operands();
+        operands.dedup();
+        for o in operands {
+            if let Some(&m) = position.get(&o)
+                && last_read[m] == i
+            {
+                free.push(slot[m]);
+            }
+        }
+    }
     let out_shape = &graph.node(last).ty.shape;
     let src = |o: NodeId| -> Src<'a> {
-        if let Some(m) = ids.iter().position(|&x| x == o) {
-            return Src::Member(m);
+        if let Some(&m) = position.get(&o) {
+            return Src::Member(slot[m]);
         }
         if prior == Some(o) {
             return Src::Prior;
@@ -102,7 +154,8 @@ fn members_with<'a>(
             Src::Broadcast { data, strides }
         }
     };
-    ids.iter()
+    let members = ids
+        .iter()
         .map(|&id| match &graph.node(id).op {
             Op::Unary { op, x } => Member {
                 kind: Kind::Unary(*op),
@@ -114,7 +167,12 @@ fn members_with<'a>(
             },
             _ => unreachable!("the planner fuses only unary and binary f32 ops"),
         })
-        .collect()
+        .collect();
+    Group {
+        members,
+        slot,
+        slots,
+    }
 }
 
 /// Read `len` elements of `src` starting at flat output index `start` into `buf`, or return a
@@ -435,50 +493,77 @@ impl Stores {
     }
 }
 
-/// Evaluate the group for output elements `range`, writing the last member into `out`.
+/// Element operations between two polls of the run's stop flag (see [`Poll`]): about a
+/// millisecond of the slowest member kind.
+pub const POLL_ELEMENTS: usize = 1 << 18;
+
+/// How a long pass asks whether to give up: `poll()` is true once the run should stop (the
+/// pass then returns with its output unfinished, and the step is abandoned).
+pub(crate) type Poll<'p> = &'p (dyn Fn() -> bool + Sync);
+
+/// Evaluate the group for output elements `range`, writing the last member into `out`;
+/// `false` if `poll` stopped it first (asked about every [`POLL_ELEMENTS`] element
+/// operations).
 pub(crate) fn eval_range(
     level: SimdLevel,
-    members: &[Member<'_>],
+    group: &Group<'_>,
     out_dims: &[usize],
     range: std::ops::Range<usize>,
     out: &mut [f32],
     stores: Stores,
-) {
-    eval(level, members, out_dims, range, out, false, stores)
+    poll: Poll<'_>,
+) -> bool {
+    eval(level, group, out_dims, range, out, false, stores, poll)
 }
 
 /// [`eval_range`] over members from [`members_in_place`]: `inout` holds the prior values
 /// for `range` and receives the group's. Earlier members read a chunk's prior values where
 /// they lie; only when the last member (which overwrites the chunk) reads them too are they
-/// copied aside first. Either way the bits are those of an evaluation out of place.
+/// copied aside first. Either way the bits are those of an evaluation out of place. Groups
+/// run in place (epilogues, prologues) are short and their callers poll between blocks.
 pub(crate) fn eval_in_place(
     level: SimdLevel,
-    members: &[Member<'_>],
+    group: &Group<'_>,
     out_dims: &[usize],
     range: std::ops::Range<usize>,
     inout: &mut [f32],
 ) {
     // The result is rewritten where it lies, in cache: a step has just written it there.
-    eval(level, members, out_dims, range, inout, true, Stores::Cached)
+    eval(
+        level,
+        group,
+        out_dims,
+        range,
+        inout,
+        true,
+        Stores::Cached,
+        &|| false,
+    );
 }
 
+#[allow(clippy::too_many_arguments)]
 fn eval(
     level: SimdLevel,
-    members: &[Member<'_>],
+    group: &Group<'_>,
     out_dims: &[usize],
     range: std::ops::Range<usize>,
     out: &mut [f32],
     in_place: bool,
     stores: Stores,
-) {
+    poll: Poll<'_>,
+) -> bool {
+    let members = &group.members;
     let last = members.len() - 1;
     let last_in_place = in_place && reads_prior_once_in_place(&members[last]);
     let copy_prior =
         in_place && !last_in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
-    let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; CHUNK]; last];
-    let mut scratch = [Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK)];
-    let mut prior = Vec::with_capacity(if copy_prior { CHUNK } else { 0 });
+    // Scratch no longer than the range: a tiny tensor gets tiny buffers.
+    let chunk = CHUNK.min(range.len());
+    let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; chunk]; group.slots];
+    let mut scratch = [Vec::with_capacity(chunk), Vec::with_capacity(chunk)];
+    let mut prior = Vec::with_capacity(if copy_prior { chunk } else { 0 });
     let mut start = range.start;
+    let mut since_poll = 0usize;
     while start < range.end {
         let len = CHUNK.min(range.end - start);
         let o = start - range.start;
@@ -493,19 +578,29 @@ fn eval(
             &out[o..o + len]
         };
         for (mi, member) in members[..last].iter().enumerate() {
-            let (done, rest) = bufs.split_at_mut(mi);
+            // The member's slot is out of the table while it is written: no operand reads it.
+            let s = group.slot[mi];
+            let mut dst = std::mem::take(&mut bufs[s]);
             compute(
                 level,
                 member,
-                done,
+                &bufs,
                 before_last,
                 start,
                 out_dims,
-                &mut rest[0][..len],
+                &mut dst[..len],
                 false,
                 Stores::Cached,
                 &mut scratch,
             );
+            bufs[s] = dst;
+            since_poll += len;
+            if since_poll >= POLL_ELEMENTS {
+                since_poll = 0;
+                if poll() {
+                    return false;
+                }
+            }
         }
         compute(
             level,
@@ -520,5 +615,13 @@ fn eval(
             &mut scratch,
         );
         start += len;
+        since_poll += len;
+        if since_poll >= POLL_ELEMENTS {
+            since_poll = 0;
+            if poll() {
+                return false;
+            }
+        }
     }
+    true
 }

@@ -8,9 +8,11 @@
 //! interpreter's own code. Threads only ever split independent output elements, so the thread
 //! count never changes a bit. A GPU backend implements the same two traits.
 
+mod bound;
 mod cpu;
 mod fused;
 mod movement;
+mod norms;
 mod plan;
 mod reduce;
 mod view;
@@ -19,7 +21,11 @@ use std::collections::HashMap;
 
 use tenet_ir::{Graph, HostTensor, WeightSource};
 
+pub use bound::{
+    PER_THREAD, PER_VALUE, REFERENCE_BYTES_PER_ELEMENT, RUN_FIXED, WORK_PER_NODE, work,
+};
 pub use cpu::CpuBackend;
+pub use fused::POLL_ELEMENTS;
 pub use tenet_kernels::SimdLevel;
 
 /// Why a graph could not be run.
@@ -28,9 +34,10 @@ pub enum ExecError {
     /// Inputs, weights or a run-time condition (such as a gather index) rejected by the op rules.
     #[error(transparent)]
     Run(#[from] tenet_reference::RunError),
-    /// The graph's cost certificate needs more memory than this backend may use.
+    /// The graph needs more memory than this backend may use: its certificate's peak, or
+    /// that plus the backend's scratch ([`Prepared::memory_bound`]).
     #[error(
-        "the graph needs up to {needed} bytes of tensor memory (its cost certificate) but this backend is limited to {limit}"
+        "the graph needs up to {needed} bytes of memory (its cost certificate's peak, plus this backend's scratch) but this backend is limited to {limit}"
     )]
     TooLarge { needed: u64, limit: u64 },
     /// The caller asked the run to stop (a timeout or a cancellation); nothing was returned.
@@ -70,6 +77,10 @@ pub struct RunStats {
     pub peak_bytes: u64,
     /// Wall time per kind of step, in the order each kind first ran (`tenet run --profile`).
     pub time_by_kind: Vec<StepTime>,
+    /// How many times the run asked its `stop` function: between steps, and inside a long
+    /// step every [`POLL_ELEMENTS`] element operations (or block of rows, batch entry, slab
+    /// of a product).
+    pub polls: u64,
 }
 
 /// The steps of one kind in a run: how many and how long they took together.
@@ -101,6 +112,11 @@ impl RunStats {
 
 /// A graph planned by a backend.
 pub trait Prepared: Send + Sync {
+    /// The most memory one run may allocate: the certificate's `peak_bytes` plus the backend's
+    /// documented scratch (for the CPU backend, see `bound.rs`: per thread, per live value,
+    /// and the largest step's own).
+    fn memory_bound(&self) -> u64;
+
     /// Run on named inputs with weights from `weights`; `seed` feeds the random ops. Outputs
     /// come back in the graph's output order.
     fn run(

@@ -112,6 +112,11 @@ fn rows_op(graph: &Graph, id: NodeId) -> bool {
         }
 }
 
+/// The most members a fused group has: longer chains are cut into groups of this many (each
+/// group's result materialised, as the certificate assumes of every node), which bounds a
+/// group's member table and the work between two polls of a run's stop flag.
+pub(crate) const MAX_GROUP: usize = 256;
+
 pub(crate) fn plan(graph: &Graph) -> Plan {
     let nodes = graph.nodes();
     let n = nodes.len();
@@ -164,20 +169,29 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
                 prologue: Vec::new(),
             });
         } else if fusable(graph, id) {
-            // The longest run of fusable nodes of this shape...
-            let mut end = i;
-            while end + 1 < n
-                && fusable(graph, NodeId(end as u32 + 1))
-                && nodes[end + 1].ty.shape == node.ty.shape
+            // The longest run of fusable nodes of this shape (at most MAX_GROUP) whose members
+            // but the last are used only inside it: `reach` is the furthest reader of the
+            // members before the candidate end (an output reaches past everything). One pass,
+            // so planning stays linear in the graph however long a chain is.
+            let limit = (i + MAX_GROUP).min(n);
+            let (mut end, mut reach, mut e) = (i, 0usize, i);
+            while e + 1 < limit
+                && fusable(graph, NodeId(e as u32 + 1))
+                && nodes[e + 1].ty.shape == node.ty.shape
             {
-                end += 1;
-            }
-            // ...cut back until every member but the last is used only inside the group.
-            let internal = |e: usize| {
-                (i..e).all(|m| !is_output[m] && users[m].iter().all(|&u| u > m && u <= e))
-            };
-            while end > i && !internal(end) {
-                end -= 1;
+                let furthest = if is_output[e] {
+                    usize::MAX
+                } else {
+                    users[e].iter().copied().max().unwrap_or(usize::MAX)
+                };
+                reach = reach.max(furthest);
+                e += 1;
+                if reach <= e {
+                    end = e;
+                }
+                if reach >= limit {
+                    break;
+                }
             }
             steps.push(Step::Fused((i..=end).map(|m| NodeId(m as u32)).collect()));
             i = end + 1;

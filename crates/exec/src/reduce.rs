@@ -4,12 +4,13 @@
 use tenet_ir::{DType, HostTensor, Op, ReduceOp, TensorType};
 use tenet_kernels::reduce::{Reduced, ordered_sums};
 
+use crate::fused::Poll;
 use crate::movement::strides;
 use crate::view::{Pool, f32s, make_f32, par_chunks};
 
-/// Reduced positions listed one by one at most: beyond, the list would cost more memory than
-/// a fast path is worth, and the reference's code runs instead.
-const MAX_LISTED_POSITIONS: usize = 1 << 20;
+/// Reduced positions listed one by one at most (8 bytes each, per run: a bounded scratch
+/// outside the certificate); beyond, the reference's code runs instead.
+const MAX_LISTED_POSITIONS: usize = 1 << 14;
 
 /// Outputs whose kept offsets are computed at a time (bounded scratch per thread).
 const OUTPUT_BLOCK: usize = 4096;
@@ -21,6 +22,7 @@ pub(crate) fn eval(
     ty: &TensorType,
     operands: &[&HostTensor],
     threads: usize,
+    poll: Poll<'_>,
 ) -> Option<HostTensor> {
     let Op::Reduce {
         op: kind @ (ReduceOp::Sum | ReduceOp::Mean),
@@ -65,6 +67,9 @@ pub(crate) fn eval(
         par_chunks(out, threads, 16, |range, chunk| {
             let mut kept = Vec::with_capacity(OUTPUT_BLOCK.min(chunk.len()));
             for (b, block) in chunk.chunks_mut(OUTPUT_BLOCK).enumerate() {
+                if b > 0 && poll() {
+                    return;
+                }
                 let first = range.start + b * OUTPUT_BLOCK;
                 kept.clear();
                 offsets(&kept_dims, &kept_st, first, block.len(), &mut kept);

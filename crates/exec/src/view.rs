@@ -18,6 +18,9 @@ pub(crate) fn f32s(t: &HostTensor) -> Cow<'_, [f32]> {
 /// budget before each step (the cost certificate's peak minus the live tensors); on a miss,
 /// pooled buffers are dropped, largest first, until pooled + new fits it. So the memory held
 /// never exceeds what the certificate allows.
+/// Released buffers shorter than this are freed, not pooled.
+const MIN_POOLED: usize = 64 << 10;
+
 #[derive(Default)]
 pub(crate) struct Pool {
     bufs: std::sync::Mutex<Vec<Vec<u8>>>,
@@ -26,7 +29,9 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn give(&self, buf: Vec<u8>) {
-        if !buf.is_empty() {
+        // Small buffers go back to the allocator, which reuses them well: kept here, a long
+        // chain's thousands of scalar constants would pile up for the whole run.
+        if buf.len() >= MIN_POOLED {
             self.bufs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

@@ -177,7 +177,25 @@ fn graphs_above_the_memory_limit_are_refused_before_running() {
             limit: needed - 1
         }
     );
-    let roomy = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(needed);
+    // Within the certificate but not its scratch: refused, saying what it needs in all.
+    let bound = CpuBackend::new(1, SimdLevel::Portable)
+        .prepare(&graph)
+        .unwrap()
+        .memory_bound();
+    assert!(bound > needed);
+    let e = CpuBackend::new(1, SimdLevel::Portable)
+        .with_memory_limit(needed)
+        .prepare(&graph)
+        .err()
+        .expect("refused");
+    assert_eq!(
+        e,
+        tenet_exec::ExecError::TooLarge {
+            needed: bound,
+            limit: needed
+        }
+    );
+    let roomy = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(bound);
     assert!(roomy.prepare(&graph).is_ok());
 }
 

@@ -132,6 +132,104 @@ impl Drop for MappedFile {
     }
 }
 
+/// A global allocator that counts what it hands out, for tests that bound a program's memory:
+/// the system allocator underneath, plus the bytes live now, the most live since the last
+/// [`Counting::reset_peak`], and the number of allocations. Install it in a test binary with
+/// `#[global_allocator] static A: Counting = Counting::new();` (no test needs `unsafe` then).
+/// Every thread's allocations count, so a test measuring one operation must keep others idle.
+pub struct Counting {
+    live: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+    allocations: std::sync::atomic::AtomicU64,
+}
+
+impl Counting {
+    pub const fn new() -> Counting {
+        Counting {
+            live: std::sync::atomic::AtomicUsize::new(0),
+            peak: std::sync::atomic::AtomicUsize::new(0),
+            allocations: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes allocated and not yet freed.
+    pub fn live(&self) -> usize {
+        self.live.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The most bytes live at once since the last reset.
+    pub fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Start a new peak from the bytes live now; returns them.
+    pub fn reset_peak(&self) -> usize {
+        let live = self.live();
+        self.peak.store(live, std::sync::atomic::Ordering::SeqCst);
+        live
+    }
+
+    /// Allocations (and reallocations) made so far.
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn grew(&self, bytes: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let live = self.live.fetch_add(bytes, SeqCst) + bytes;
+        self.peak.fetch_max(live, SeqCst);
+        self.allocations.fetch_add(1, SeqCst);
+    }
+}
+
+impl Default for Counting {
+    fn default() -> Counting {
+        Counting::new()
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator, which upholds
+// `GlobalAlloc`'s contract; the counters are plain atomics and never allocate.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's layout contract is passed on unchanged.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            self.grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            self.grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from this allocator (so from `System`) with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        self.live
+            .fetch_sub(layout.size(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds `new_size`'s
+        // contract.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            // Count the new block before the old one goes: a moving realloc holds both.
+            self.grew(new_size);
+            self.live
+                .fetch_sub(layout.size(), std::sync::atomic::Ordering::SeqCst);
+        }
+        p
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -1,0 +1,206 @@
+//! What a run of the CPU backend may cost beyond the cost certificate: the memory bound a node
+//! checks against its limit, and the work figure its run time is bounded by.
+//!
+//! **Memory.** A run holds at most the certificate's `peak_bytes` of tensors (the executor's own
+//! count, `RunStats::peak_bytes`, never exceeds it), plus scratch that is not tensor memory:
+//!
+//! | part | bytes |
+//! |---|---|
+//! | fixed (the run's tables, thread pool bookkeeping) | [`RUN_FIXED`] |
+//! | per thread (a block of a reduction's output offsets, small tables) | [`PER_THREAD`] × threads |
+//! | per live value (the table of values held) | [`PER_VALUE`] × the most values live at once |
+//! | the largest step's own scratch | see [`step_scratch`] |
+//!
+//! A step's scratch: a fused group, (members + 3) chunk buffers per thread, each at most
+//! `fused::CHUNK` floats and never longer than the tensor; a norm with a fused prologue, that
+//! and a block of rows per thread; an f32 product, the GEMM's packing per thread that runs one
+//! (B at most `(n + 47)·k` floats and 24 MiB, A a block of at most 96 rows by 1,024 steps;
+//! kept by the thread for the next product; products of at most 4 rows, or with k above
+//! 2¹⁷, pack nothing); attention, per thread, the scores and probabilities of one batch entry
+//! and the packing of its two products; an f32 sum over listed positions, 8 bytes each; a
+//! gather, 16 bytes per index; an op with no fast path
+//! (computed by the reference's code), [`REFERENCE_BYTES_PER_ELEMENT`] per element of its
+//! operands and result. Every other step (movement, reductions on the kernels, normalisations
+//! in `norms`) needs none beyond the per-thread allowance.
+//!
+//! **Time.** [`work`] is a function of the certificate and the node count: the run performs
+//! O(work) operations (planning and every step are linear in what they touch) and asks its
+//! stop function at least once per [`crate::POLL_ELEMENTS`] element operations of a step.
+
+use tenet_ir::{Cost, DType, Graph, NodeId, Op, ReduceOp};
+
+use crate::fused::CHUNK;
+use crate::plan::{Plan, Step};
+
+/// The run's fixed tables.
+pub const RUN_FIXED: u64 = 64 << 10;
+/// Scratch each thread may hold outside any step's own figure.
+pub const PER_THREAD: u64 = 64 << 10;
+/// The table entry of one live value.
+pub const PER_VALUE: u64 = 192;
+/// Working memory of an op computed by the reference interpreter's code (it decodes its
+/// operands to f32 or i64, lists index offsets, and builds its result as a list of values
+/// before encoding it), per element of its operands and result.
+pub const REFERENCE_BYTES_PER_ELEMENT: u64 = 96;
+/// Work units charged per node of the graph (decoding, planning, a step's setup).
+pub const WORK_PER_NODE: u64 = 1024;
+
+/// The work figure of a graph: `flops + bytes_read + bytes_written + WORK_PER_NODE × nodes`
+/// from its certificate. A node refuses a job whose work exceeds what it can do before the
+/// job's deadline (docs/NODE.md, "Limits").
+pub fn work(cost: &Cost, nodes: usize) -> u64 {
+    cost.flops
+        .saturating_add(cost.bytes_read)
+        .saturating_add(cost.bytes_written)
+        .saturating_add(WORK_PER_NODE.saturating_mul(nodes as u64))
+}
+
+fn elems(graph: &Graph, id: NodeId) -> u64 {
+    graph.node(id).ty.numel().unwrap_or(u64::MAX)
+}
+
+/// Floats of one chunk buffer of a fused group whose tensors have `numel` elements.
+fn chunk(numel: u64) -> u64 {
+    numel.min(CHUNK as u64)
+}
+
+/// A fused group's scratch on `threads` threads.
+fn group(graph: &Graph, ids: &[NodeId], threads: u64) -> u64 {
+    let Some(&last) = ids.last() else { return 0 };
+    threads * (ids.len() as u64 + 3) * chunk(elems(graph, last)) * 4
+}
+
+/// GEMM packing for one `m × k` by `k × n` product on one thread.
+fn packing(m: u64, n: u64, k: u64) -> u64 {
+    if m <= 4 || k > crate::cpu::BIG_K as u64 {
+        // The few-rows kernel: one row block of C per thread, no packing.
+        return 4 * n.min(1 << 20) * 4;
+    }
+    // B: whole 48-column panels of all k steps, at most the 24 MiB budget (below `BIG_K`);
+    // A: a block of at most 96 rows by at most 1,024 steps.
+    let b = ((n + 47) * k * 4).min(24 << 20) + 64;
+    let a = (m.next_multiple_of(12)).min(96) * k.min(1024) * 4 + 64;
+    b + a
+}
+
+/// (m, n, k) of a matmul node.
+fn mnk(graph: &Graph, id: NodeId) -> (u64, u64, u64) {
+    let Op::MatMul { a, .. } = graph.node(id).op else {
+        return (0, 0, 0);
+    };
+    let (sa, so) = (&graph.node(a).ty.shape, &graph.node(id).ty.shape);
+    let (ra, ro) = (sa.len(), so.len());
+    (sa[ra - 2], so[ro - 1], sa[ra - 1])
+}
+
+/// The scratch of one step beyond the tensors the certificate counts (see the module doc).
+pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
+    match step {
+        Step::Source(_) => 0,
+        Step::Fused(ids) => group(graph, ids, threads),
+        Step::Rows { node, prologue } => {
+            if prologue.is_empty() {
+                0
+            } else {
+                let block = (8 * CHUNK as u64).min(elems(graph, *node));
+                group(graph, prologue, threads) + threads * block * 4
+            }
+        }
+        Step::Gemm { node, epilogue, .. } => {
+            let (m, n, k) = mnk(graph, *node);
+            threads * packing(m, n, k) + group(graph, epilogue, threads)
+        }
+        Step::Attention {
+            scores,
+            softmax,
+            out,
+        } => {
+            let (Step::Gemm { node: s, .. }, Step::Gemm { node: o, .. }) = (&**scores, &**out)
+            else {
+                return 0;
+            };
+            let (m, n1, k) = mnk(graph, *s);
+            let (_, n2, _) = mnk(graph, *o);
+            let prologue = match &**softmax {
+                Step::Rows { prologue, .. } => group(graph, prologue, threads),
+                _ => 0,
+            };
+            threads * (2 * m * n1 * 4 + packing(m, n1, k) + packing(m, n2, n1)) + prologue
+        }
+        Step::Generic(id) => generic(graph, *id),
+    }
+}
+
+/// Scratch of a step run one op at a time.
+fn generic(graph: &Graph, id: NodeId) -> u64 {
+    let node = graph.node(id);
+    let f32s = |o: NodeId| graph.node(o).ty.dtype == DType::F32;
+    let fast = match &node.op {
+        Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Expand { .. }
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::Where { .. }
+        | Op::Normalize { .. } => true,
+        Op::Gather { indices, .. } => return 16 * elems(graph, *indices),
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => node.ty.dtype != DType::F32,
+        Op::Reduce {
+            op: ReduceOp::Sum | ReduceOp::Mean,
+            x,
+            axes,
+            ..
+        } => {
+            // The kernels' sums take these (reduce.rs): the reduced axes innermost, or few
+            // enough reduced positions to list.
+            let shape = &graph.node(*x).ty.shape;
+            let r = shape.len();
+            let innermost = (0..r).all(|d| axes.contains(&(d as u32)) == (d >= r - axes.len()));
+            let count: u64 = axes.iter().map(|&a| shape[a as usize]).product();
+            if f32s(*x) && node.ty.dtype == DType::F32 && (innermost || count <= 1 << 14) {
+                // The listed reduced positions, 8 bytes each.
+                return if innermost { 0 } else { 8 * count };
+            }
+            false
+        }
+        _ => false,
+    };
+    if fast {
+        return 0;
+    }
+    let touched = node.op.operands().iter().fold(elems(graph, id), |acc, &o| {
+        acc.saturating_add(elems(graph, o))
+    });
+    touched.saturating_mul(REFERENCE_BYTES_PER_ELEMENT)
+}
+
+/// The most values a run of `plan` holds at once (inputs and weights included).
+fn max_live_values(graph: &Graph, plan: &Plan) -> u64 {
+    let (mut live, mut most) = (0i64, 0i64);
+    for (s, step) in plan.steps.iter().enumerate() {
+        live += 1;
+        most = most.max(live);
+        live -= plan.release[s].len() as i64;
+        let _ = step;
+    }
+    most.max(graph.outputs().len() as i64) as u64
+}
+
+/// The CPU backend's memory bound for `graph` planned as `plan` on `threads` threads.
+pub(crate) fn memory(graph: &Graph, plan: &Plan, threads: usize) -> u64 {
+    let threads = threads as u64;
+    let largest = plan
+        .steps
+        .iter()
+        .map(|s| step_scratch(graph, s, threads))
+        .max()
+        .unwrap_or(0);
+    graph
+        .cost()
+        .peak_bytes
+        .saturating_add(RUN_FIXED)
+        .saturating_add(PER_THREAD * threads)
+        .saturating_add(PER_VALUE.saturating_mul(max_live_values(graph, plan)))
+        .saturating_add(largest)
+}
