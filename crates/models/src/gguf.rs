@@ -4,7 +4,18 @@
 //!
 //! The file is untrusted: every count and length is checked against the bytes actually present
 //! and against limits before anything is allocated, tensor data must lie inside the file, and
-//! errors name the byte offset.
+//! errors name the byte offset. Tensor names and metadata keys must be unique, so that the index
+//! means one thing. Two rules keep a small file from becoming a large amount of memory:
+//!
+//! - **Tensors' data ranges are disjoint.** They may be listed in any order, but no byte of the
+//!   data section belongs to two tensors (empty tensors aside), so the dequantised size of a
+//!   file is at most 6.4× its bytes (Q4_1: 32 f32 from 20 bytes). Overlapping ranges are refused
+//!   with the two tensors' names.
+//! - **The decoded header has a memory limit.** Metadata and the tensor index are charged, as
+//!   they are decoded and before each allocation, what they take in memory (a one-byte array
+//!   element becomes a 32-byte [`Value`]); the total may not pass
+//!   [`header_memory_limit`]: 1 MiB plus 8 bytes per byte of the file, at most 256 MiB (or a
+//!   smaller limit the caller gives, see [`GgufFile::parse_shared_within`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,6 +27,29 @@ pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
 const MAX_STRING: u64 = 1 << 20;
 const MAX_ARRAY_DEPTH: usize = 2;
 
+/// The most memory a decoded GGUF header (metadata and tensor index) may take, whatever the
+/// file's size.
+pub const MAX_HEADER_MEMORY: u64 = 256 << 20;
+/// A decoded header may take this many bytes of memory per byte of the file ...
+pub const HEADER_MEMORY_PER_FILE_BYTE: u64 = 8;
+/// ... plus this many.
+pub const HEADER_MEMORY_BASE: u64 = 1 << 20;
+
+/// The memory limit of the decoded header of a GGUF file of `file_len` bytes:
+/// `min(1 MiB + 8 × file_len, 256 MiB)`. Real files are far inside it (SmolLM2's 150,000
+/// tokenizer strings decode to about 6 MB); an array of one-byte elements, which decodes to
+/// 32 bytes an element, is not.
+pub fn header_memory_limit(file_len: u64) -> u64 {
+    HEADER_MEMORY_PER_FILE_BYTE
+        .saturating_mul(file_len)
+        .saturating_add(HEADER_MEMORY_BASE)
+        .min(MAX_HEADER_MEMORY)
+}
+
+/// Bytes charged for each metadata entry besides its key's and value's own heap bytes: the key
+/// and value themselves and the map's bookkeeping.
+const ENTRY_BYTES: u64 = (std::mem::size_of::<String>() + std::mem::size_of::<Value>() + 16) as u64;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GgufError {
     #[error("cannot read {path}: {reason}")]
@@ -24,6 +58,18 @@ pub enum GgufError {
     Malformed { offset: u64, reason: String },
     #[error("tensor {name:?}: {reason}")]
     Tensor { name: String, reason: String },
+    #[error(
+        "byte {offset}: decoding the header ({what}) would take at least {needs} bytes of memory, \
+         more than the limit of {limit}; \
+         a GGUF header may take at most 1 MiB plus 8 bytes per byte of the file, and never more \
+         than 256 MiB: this file's metadata is built to amplify, or is not a model's"
+    )]
+    HeaderTooLarge {
+        offset: u64,
+        what: String,
+        needs: u64,
+        limit: u64,
+    },
 }
 
 /// A metadata value.
@@ -123,12 +169,58 @@ pub struct GgufFile {
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     pub tensors: Vec<GgufTensor>,
+    header_bytes: u64,
     bytes: SharedBytes,
+}
+
+/// Refuse a tensor name used twice: the index is looked up by name, so a second entry would
+/// stand for the first with another type or shape.
+fn check_names(tensors: &[GgufTensor], ats: &[usize]) -> Result<(), GgufError> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name).then(a.cmp(&b)));
+    for pair in order.windows(2) {
+        if tensors[pair[0]].name == tensors[pair[1]].name {
+            return Err(GgufError::Malformed {
+                offset: ats.get(pair[1]).copied().unwrap_or(0) as u64,
+                reason: format!(
+                    "tensor {:?} appears twice in the index",
+                    tensors[pair[1]].name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuse tensors whose data ranges share a byte (`ats`: where each tensor's entry starts).
+/// Any order is allowed; empty ranges overlap nothing.
+fn check_disjoint(tensors: &[GgufTensor], ats: &[usize]) -> Result<(), GgufError> {
+    let mut order: Vec<usize> = (0..tensors.len())
+        .filter(|&i| !tensors[i].range.is_empty())
+        .collect();
+    order.sort_unstable_by_key(|&i| (tensors[i].range.start, tensors[i].range.end));
+    for pair in order.windows(2) {
+        let (a, b) = (&tensors[pair[0]], &tensors[pair[1]]);
+        if b.range.start < a.range.end {
+            return Err(GgufError::Malformed {
+                offset: ats.get(pair[1]).copied().unwrap_or(0) as u64,
+                reason: format!(
+                    "tensor {:?}: its data (bytes {}..{}) overlaps tensor {:?}'s (bytes {}..{}); \
+                     each tensor must have bytes of its own",
+                    b.name, b.range.start, b.range.end, a.name, a.range.start, a.range.end
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 struct Reader<'a> {
     b: &'a [u8],
     pos: usize,
+    /// Memory the decoded header takes so far, and its limit.
+    used: u64,
+    limit: u64,
 }
 
 impl<'a> Reader<'a> {
@@ -137,6 +229,19 @@ impl<'a> Reader<'a> {
             offset: at as u64,
             reason: reason.into(),
         })
+    }
+    /// Count `bytes` of memory against the header's limit, before they are allocated.
+    fn charge(&mut self, at: usize, bytes: u64, what: &str) -> Result<(), GgufError> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.limit {
+            return Err(GgufError::HeaderTooLarge {
+                offset: at as u64,
+                what: what.to_string(),
+                needs: self.used,
+                limit: self.limit,
+            });
+        }
+        Ok(())
     }
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
         let left = (self.b.len() - self.pos) as u64;
@@ -183,6 +288,7 @@ impl<'a> Reader<'a> {
                 format!("{what} of {n} bytes is longer than {MAX_STRING}"),
             );
         }
+        self.charge(at, n, what)?;
         let bytes = self.take(n, what)?;
         String::from_utf8(bytes.to_vec()).or_else(|_| self.err(at, format!("{what} is not UTF-8")))
     }
@@ -214,10 +320,14 @@ impl<'a> Reader<'a> {
                     _ => 8,
                 };
                 let n = self.count("array length", min)?;
-                (0..n)
-                    .map(|_| self.value(elem, depth + 1))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(Value::Array)?
+                // Each element becomes a whole `Value`, whatever its size in the file.
+                let each = std::mem::size_of::<Value>() as u64;
+                self.charge(at, n.saturating_mul(each), "a metadata array")?;
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(self.value(elem, depth + 1)?);
+                }
+                Value::Array(items)
             }
             10 => Value::U64(self.u64("u64")?),
             11 => Value::I64(self.u64("i64")? as i64),
@@ -244,10 +354,26 @@ impl GgufFile {
         GgufFile::parse_shared(std::sync::Arc::new(bytes))
     }
 
-    /// Parse and index a file held in a shared buffer (a mapping, say).
+    /// Parse and index a file held in a shared buffer (a mapping, say), its decoded header
+    /// limited to [`header_memory_limit`].
     pub fn parse_shared(shared: SharedBytes) -> Result<GgufFile, GgufError> {
+        GgufFile::parse_shared_within(shared, MAX_HEADER_MEMORY)
+    }
+
+    /// As [`GgufFile::parse_shared`], the decoded header limited to `max_header_bytes` of
+    /// memory as well (the lower limit applies).
+    pub fn parse_shared_within(
+        shared: SharedBytes,
+        max_header_bytes: u64,
+    ) -> Result<GgufFile, GgufError> {
         let bytes: &[u8] = (*shared).as_ref();
-        let mut r = Reader { b: bytes, pos: 0 };
+        let limit = header_memory_limit(bytes.len() as u64).min(max_header_bytes);
+        let mut r = Reader {
+            b: bytes,
+            pos: 0,
+            used: 0,
+            limit,
+        };
         if r.take(4, "magic").ok() != Some(&MAGIC[..]) {
             return r.err(0, "not a GGUF file (no \"GGUF\" magic)");
         }
@@ -263,14 +389,31 @@ impl GgufFile {
         let n_kv = r.count("metadata count", 13)?;
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
+            let at = r.pos;
+            r.charge(at, ENTRY_BYTES, "a metadata entry")?;
             let key = r.string("metadata key")?;
+            if metadata.contains_key(&key) {
+                return r.err(at, format!("metadata key {key:?} appears twice"));
+            }
             let ty = r.u32("metadata type")?;
             let value = r.value(ty, 0)?;
             metadata.insert(key, value);
         }
-        let mut infos = Vec::new();
+        // The index is held twice while it is built (as read, then checked), and sorted once
+        // for the overlap check.
+        let info_bytes = (std::mem::size_of::<(usize, String, Vec<u64>, GgmlType, u64)>()
+            + std::mem::size_of::<GgufTensor>()
+            + 3 * std::mem::size_of::<usize>()) as u64;
+        r.charge(
+            r.pos,
+            n_tensors.saturating_mul(info_bytes),
+            "the tensor index",
+        )?;
+        let mut infos = Vec::with_capacity(n_tensors as usize);
         for _ in 0..n_tensors {
             let at = r.pos;
+            // Up to four dimensions, held twice.
+            r.charge(at, 64, "the tensor index")?;
             let name = r.string("tensor name")?;
             let n_dims = r.u32("dimension count")?;
             if n_dims == 0 || n_dims > 4 {
@@ -299,6 +442,7 @@ impl GgufFile {
         }
         let data_start = (r.pos as u64).next_multiple_of(alignment);
         let mut tensors = Vec::with_capacity(infos.len());
+        let mut ats = Vec::with_capacity(infos.len());
         for (at, name, shape, kind, offset) in infos {
             let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
             let size = match (numel, kind.block()) {
@@ -318,6 +462,7 @@ impl GgufFile {
             let end = start.and_then(|s| s.checked_add(size));
             match (start, end) {
                 (Some(s), Some(e)) if e <= bytes.len() as u64 && offset % alignment == 0 => {
+                    ats.push(at);
                     tensors.push(GgufTensor {
                         name,
                         shape,
@@ -330,12 +475,41 @@ impl GgufFile {
                 }
             }
         }
+        check_names(&tensors, &ats)?;
+        check_disjoint(&tensors, &ats)?;
         Ok(GgufFile {
             version,
             metadata,
             tensors,
+            header_bytes: r.used,
             bytes: shared,
         })
+    }
+
+    /// The memory the decoded header (metadata and tensor index) was charged.
+    pub fn header_bytes(&self) -> u64 {
+        self.header_bytes
+    }
+
+    /// Bytes [`GgufFile::dequantize`] allocates for `t`: none for an aligned F32 tensor (a view
+    /// of the file) or a type it cannot dequantise, 4 per element otherwise.
+    pub fn dequantized_bytes(&self, t: &GgufTensor) -> u64 {
+        if matches!(t.kind, GgmlType::Other(_)) || self.is_view(t) {
+            return 0;
+        }
+        t.shape
+            .iter()
+            .fold(1u64, |a, &d| a.saturating_mul(d))
+            .saturating_mul(4)
+    }
+
+    /// Whether `t` is lent as a view of the file rather than copied.
+    fn is_view(&self, t: &GgufTensor) -> bool {
+        let data = (*self.bytes)
+            .as_ref()
+            .get(t.range.clone())
+            .unwrap_or_default();
+        t.kind == GgmlType::F32 && data.as_ptr().align_offset(4) == 0
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -348,57 +522,69 @@ impl GgufFile {
 
     /// The tensor's values as f32, row-major.
     pub fn dequantize(&self, t: &GgufTensor) -> Result<HostTensor, GgufError> {
-        let data = &(*self.bytes).as_ref()[t.range.clone()];
-        if t.kind == GgmlType::F32 && data.as_ptr().align_offset(4) == 0 {
+        let tensor_err = |reason: String| GgufError::Tensor {
+            name: t.name.clone(),
+            reason,
+        };
+        let file = (*self.bytes).as_ref();
+        let data = file.get(t.range.clone()).ok_or_else(|| {
+            tensor_err(format!(
+                "bytes {}..{} lie outside the file's {} bytes",
+                t.range.start,
+                t.range.end,
+                file.len()
+            ))
+        })?;
+        if self.is_view(t) {
             // Already f32 and aligned: a view of the file, not a copy.
             let ty = TensorType::new(DType::F32, t.shape.clone());
-            return HostTensor::shared(ty.clone(), self.bytes.clone(), t.range.clone()).map_err(
-                |e| GgufError::Tensor {
-                    name: t.name.clone(),
-                    reason: format!("{e} ({ty})"),
-                },
-            );
+            return HostTensor::shared(ty.clone(), self.bytes.clone(), t.range.clone())
+                .map_err(|e| tensor_err(format!("{e} ({ty})")));
         }
+        if let GgmlType::Other(k) = t.kind {
+            return Err(tensor_err(format!(
+                "ggml type {k} cannot be dequantised (F32, F16, Q8_0, Q4_1 can)"
+            )));
+        }
+        // Exactly the result's bytes, reserved once: no growth, and a refusal rather than an
+        // abort if the memory is not there.
+        let len = self.dequantized_bytes(t);
+        let mut out: Vec<u8> = Vec::new();
+        usize::try_from(len)
+            .ok()
+            .and_then(|n| out.try_reserve_exact(n).ok())
+            .ok_or_else(|| tensor_err(format!("cannot allocate {len} bytes to dequantise it")))?;
         let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-        let values: Vec<f32> = match t.kind {
-            GgmlType::F32 => data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            GgmlType::F16 => data
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            GgmlType::Q8_0 => data
-                .chunks_exact(34)
-                .flat_map(|b| {
+        match t.kind {
+            GgmlType::F32 => out.extend_from_slice(data),
+            GgmlType::F16 => {
+                for c in data.chunks_exact(2) {
+                    out.extend_from_slice(&f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes());
+                }
+            }
+            GgmlType::Q8_0 => {
+                for b in data.chunks_exact(34) {
                     let d = f16_at(b, 0);
-                    b[2..34].iter().map(move |&q| (q as i8) as f32 * d)
-                })
-                .collect(),
-            GgmlType::Q4_1 => data
-                .chunks_exact(20)
-                .flat_map(|b| {
+                    for &q in &b[2..34] {
+                        out.extend_from_slice(&((q as i8) as f32 * d).to_le_bytes());
+                    }
+                }
+            }
+            GgmlType::Q4_1 => {
+                for b in data.chunks_exact(20) {
                     let (d, m) = (f16_at(b, 0), f16_at(b, 2));
                     let qs = &b[4..20];
-                    let lo = qs.iter().map(move |&q| d * (q & 0x0f) as f32 + m);
-                    let hi = qs.iter().map(move |&q| d * (q >> 4) as f32 + m);
-                    lo.chain(hi)
-                })
-                .collect(),
-            GgmlType::Other(k) => {
-                return Err(GgufError::Tensor {
-                    name: t.name.clone(),
-                    reason: format!(
-                        "ggml type {k} cannot be dequantised (F32, F16, Q8_0, Q4_1 can)"
-                    ),
-                });
+                    for &q in qs {
+                        out.extend_from_slice(&(d * (q & 0x0f) as f32 + m).to_le_bytes());
+                    }
+                    for &q in qs {
+                        out.extend_from_slice(&(d * (q >> 4) as f32 + m).to_le_bytes());
+                    }
+                }
             }
-        };
+            GgmlType::Other(_) => {}
+        }
         let ty = TensorType::new(DType::F32, t.shape.clone());
-        HostTensor::from_f32(&t.shape, &values).map_err(|e| GgufError::Tensor {
-            name: t.name.clone(),
-            reason: format!("{e} ({ty})"),
-        })
+        HostTensor::new(ty.clone(), out).map_err(|e| tensor_err(format!("{e} ({ty})")))
     }
 }

@@ -15,7 +15,8 @@ pub mod smollm2;
 mod tensor_io;
 
 pub use safetensors_io::{
-    BindError, TensorInfo, WeightSet, WeightsError, WeightsFile, check_bindings, write_safetensors,
+    BindError, SAFETENSORS_INDEX_BYTES_PER_HEADER_BYTE, TensorInfo, WeightSet, WeightsError,
+    WeightsFile, check_bindings, default_max_resident_bytes, write_safetensors,
 };
 pub use tensor_io::{
     MAX_TENSOR_FILE_BYTES, TensorIoError, npy_bytes, outputs_json, read_tensor, tensor_from_json,

@@ -1,5 +1,12 @@
 //! Reading weights files (safetensors; GGUF, dequantised to f32 at load) and writing
 //! safetensors files, and binding a graph's weight references to them.
+//!
+//! Loading a file costs memory beyond the file's own bytes: GGUF tensors dequantised to f32,
+//! copies of misaligned safetensors tensors, and the index. That cost is computed from the
+//! index before any tensor is made and refused over the caller's limit
+//! ([`WeightsFile::from_bytes_within`]; the plain loaders use
+//! [`default_max_resident_bytes`]), and no two tensors may share bytes, so a file cannot make
+//! more memory than its size times the dequantisation factor (at most 6.4: Q4_1).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,6 +18,22 @@ use tenet_ir::{DType, Graph, HostTensor, Op, SharedBytes, TensorType, WeightSour
 
 /// Largest weights file this crate opens.
 pub const MAX_WEIGHTS_FILE_BYTES: u64 = 64 << 30;
+
+/// Memory charged for a safetensors file's index per byte of its JSON header, before the
+/// header is parsed: the header is decoded into several structures (the `safetensors` crate's
+/// own, then tenet's index and tensors), each holding names and shapes again.
+pub const SAFETENSORS_INDEX_BYTES_PER_HEADER_BYTE: u64 = 32;
+
+/// Memory charged for each tensor of a GGUF file's index (its entry, name and shape are
+/// charged besides).
+const GGUF_INDEX_ENTRY_BYTES: u64 = 256;
+
+/// The memory limit the plain loaders ([`WeightsFile::open`], [`WeightsFile::from_bytes`])
+/// apply: what the system reports available now (`MemAvailable`), or 4 GiB where it reports
+/// nothing, as a node's default memory limit is chosen.
+pub fn default_max_resident_bytes() -> u64 {
+    tenet_exec::available_memory().unwrap_or(4 << 30)
+}
 
 /// Why a weights file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +49,17 @@ pub enum WeightsError {
     Malformed { path: String, reason: String },
     #[error("{path} is not a usable GGUF file: {reason}")]
     Gguf { path: String, reason: String },
+    #[error(
+        "weights file {path} would take at least {needs} bytes of memory once loaded (tensors \
+         dequantised to f32 or copied, and the index), above the limit of {limit} bytes: use a \
+         smaller model or one stored as aligned F32 (lent from the file, not copied), or load it \
+         where the memory limit is higher (a node's --memory-limit)"
+    )]
+    OverBudget {
+        path: String,
+        needs: u64,
+        limit: u64,
+    },
 }
 
 /// One tensor's entry in a weights file. `dtype` is `None` for safetensors dtypes tenet does not
@@ -48,6 +82,8 @@ pub struct WeightsFile {
     pub id: WeightsId,
     pub tensors: BTreeMap<String, TensorInfo>,
     data: BTreeMap<String, HostTensor>,
+    /// The memory loading was charged beyond the file's own bytes.
+    resident_bytes: u64,
 }
 
 fn to_tenet(d: Dtype) -> Option<DType> {
@@ -77,15 +113,32 @@ fn to_safetensors(d: DType) -> Dtype {
 
 impl WeightsFile {
     /// Map and index a file. The header is validated by the `safetensors` crate, which checks
-    /// offsets against the file size and refuses oversized headers.
+    /// offsets against the file size and refuses oversized headers. Loading may take up to
+    /// [`default_max_resident_bytes`] of memory beyond the file's own bytes.
     pub fn open(path: &Path) -> Result<WeightsFile, WeightsError> {
-        WeightsFile::open_counting(path, &AtomicU64::new(0))
+        WeightsFile::open_within(path, default_max_resident_bytes())
+    }
+
+    /// As [`WeightsFile::open`], refusing with [`WeightsError::OverBudget`], before any tensor
+    /// is made, a file whose loading would take more than `max_resident_bytes` of memory beyond
+    /// its own bytes.
+    pub fn open_within(path: &Path, max_resident_bytes: u64) -> Result<WeightsFile, WeightsError> {
+        WeightsFile::open_counting_within(path, &AtomicU64::new(0), max_resident_bytes)
     }
 
     /// As [`WeightsFile::open`], adding to `progress` the bytes hashed (which reads the file in)
     /// and then the bytes of the tensors indexed (about twice the file's size in all), for a
     /// progress bar.
     pub fn open_counting(path: &Path, progress: &AtomicU64) -> Result<WeightsFile, WeightsError> {
+        WeightsFile::open_counting_within(path, progress, default_max_resident_bytes())
+    }
+
+    /// As [`WeightsFile::open_counting`] under the memory limit of [`WeightsFile::open_within`].
+    pub fn open_counting_within(
+        path: &Path,
+        progress: &AtomicU64,
+        max_resident_bytes: u64,
+    ) -> Result<WeightsFile, WeightsError> {
         let shown = path.display().to_string();
         let io = |source| WeightsError::Io {
             path: shown.clone(),
@@ -96,31 +149,76 @@ impl WeightsFile {
             return Err(WeightsError::TooLarge { path: shown, size });
         }
         let (bytes, id) = map_counting(path, progress).map_err(io)?;
-        WeightsFile::index(bytes, id, &shown, progress)
+        WeightsFile::index(bytes, id, &shown, progress, max_resident_bytes)
     }
 
     /// Index bytes already in memory (a GGUF file is recognised by its magic); `name` is used
-    /// in messages.
+    /// in messages. Loading may take up to [`default_max_resident_bytes`] of memory beyond the
+    /// bytes themselves.
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<WeightsFile, WeightsError> {
-        let id = WeightsId::of_bytes(&bytes);
-        WeightsFile::index(Arc::new(bytes), id, name, &AtomicU64::new(0))
+        WeightsFile::from_bytes_within(bytes, name, default_max_resident_bytes())
     }
 
-    /// Index `shared`, whose hash is `id`.
+    /// As [`WeightsFile::from_bytes`], refusing with [`WeightsError::OverBudget`], before any
+    /// tensor is made, a file whose loading would take more than `max_resident_bytes` of memory
+    /// beyond its own bytes: GGUF tensors dequantised to f32, copies of misaligned tensors, and
+    /// the index (the decoded GGUF header as charged, or
+    /// [`SAFETENSORS_INDEX_BYTES_PER_HEADER_BYTE`] per byte of a safetensors header). This is
+    /// the loader for weights from strangers.
+    pub fn from_bytes_within(
+        bytes: Vec<u8>,
+        name: &str,
+        max_resident_bytes: u64,
+    ) -> Result<WeightsFile, WeightsError> {
+        let id = WeightsId::of_bytes(&bytes);
+        WeightsFile::index(
+            Arc::new(bytes),
+            id,
+            name,
+            &AtomicU64::new(0),
+            max_resident_bytes,
+        )
+    }
+
+    /// The memory loading this file was charged beyond the file's own bytes (at most the limit
+    /// it was loaded under).
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident_bytes
+    }
+
+    /// Index `shared`, whose hash is `id`, within `budget` bytes of memory.
     fn index(
         shared: SharedBytes,
         id: WeightsId,
         name: &str,
         progress: &AtomicU64,
+        budget: u64,
     ) -> Result<WeightsFile, WeightsError> {
         let bytes: &[u8] = (*shared).as_ref();
         if bytes.starts_with(crate::gguf::MAGIC) {
-            return WeightsFile::from_gguf(shared, id, name, progress);
+            return WeightsFile::from_gguf(shared, id, name, progress, budget);
         }
-        let st = SafeTensors::deserialize(bytes).map_err(|e| WeightsError::Malformed {
+        let malformed = |reason: String| WeightsError::Malformed {
             path: name.to_string(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let over = |needs: u64| WeightsError::OverBudget {
+            path: name.to_string(),
+            needs,
+            limit: budget,
+        };
+        // The index's cost, from the header's declared length, before the header is parsed.
+        let header_len = bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes);
+        let index_bytes = header_len
+            .min(bytes.len() as u64)
+            .saturating_mul(SAFETENSORS_INDEX_BYTES_PER_HEADER_BYTE);
+        if index_bytes > budget {
+            return Err(over(index_bytes));
+        }
+        let st = SafeTensors::deserialize(bytes).map_err(|e| malformed(e.to_string()))?;
         let base = bytes.as_ptr() as usize;
         let tensors: BTreeMap<String, TensorInfo> = st
             .tensors()
@@ -137,14 +235,34 @@ impl WeightsFile {
                 (name, info)
             })
             .collect();
+        drop(st);
+        // The `safetensors` crate already refuses overlapping, unordered or out-of-file
+        // offsets; checked again here, as the GGUF index is, since a file whose tensors shared
+        // bytes could be copied more than once.
+        let data_start = (header_len as usize).saturating_add(8);
+        check_disjoint(
+            tensors.iter().map(|(n, i)| (n.as_str(), &i.range)),
+            data_start..bytes.len(),
+        )
+        .map_err(malformed)?;
+        let aligned = |info: &TensorInfo, dtype: DType| {
+            (base + info.range.start).is_multiple_of(dtype.size() as usize)
+        };
+        // A misaligned tensor is copied once at load rather than on every use.
+        let copies = tensors
+            .values()
+            .filter(|i| i.dtype.is_some_and(|d| !aligned(i, d)))
+            .fold(0u64, |a, i| a.saturating_add(i.range.len() as u64));
+        let resident_bytes = index_bytes.saturating_add(copies);
+        if resident_bytes > budget {
+            return Err(over(resident_bytes));
+        }
         let data = tensors
             .iter()
             .filter_map(|(name, info): (&String, &TensorInfo)| {
                 let dtype = info.dtype?;
                 let ty = TensorType::new(dtype, info.shape.clone());
-                let aligned = (base + info.range.start).is_multiple_of(dtype.size() as usize);
-                // A misaligned tensor is copied once here rather than on every use.
-                let t = if aligned {
+                let t = if aligned(info, dtype) {
                     HostTensor::shared(ty, shared.clone(), info.range.clone()).ok()?
                 } else {
                     HostTensor::new(ty, bytes.get(info.range.clone())?.to_vec()).ok()?
@@ -153,26 +271,86 @@ impl WeightsFile {
                 Some((name.clone(), t))
             })
             .collect();
-        Ok(WeightsFile { id, tensors, data })
+        Ok(WeightsFile {
+            id,
+            tensors,
+            data,
+            resident_bytes,
+        })
     }
+}
+
+/// Refuse tensors whose byte ranges leave `within` or share a byte; any order is allowed and
+/// empty ranges overlap nothing. The error names the tensors.
+fn check_disjoint<'a>(
+    ranges: impl Iterator<Item = (&'a str, &'a std::ops::Range<usize>)>,
+    within: std::ops::Range<usize>,
+) -> Result<(), String> {
+    let mut sorted: Vec<(&str, &std::ops::Range<usize>)> =
+        ranges.filter(|(_, r)| !r.is_empty()).collect();
+    sorted.sort_unstable_by_key(|(_, r)| (r.start, r.end));
+    for (name, r) in &sorted {
+        if r.start < within.start || r.end > within.end {
+            return Err(format!(
+                "tensor {name:?}: its data (bytes {}..{}) lies outside the data section (bytes {}..{})",
+                r.start, r.end, within.start, within.end
+            ));
+        }
+    }
+    for pair in sorted.windows(2) {
+        let ((a, ra), (b, rb)) = (pair[0], pair[1]);
+        if rb.start < ra.end {
+            return Err(format!(
+                "tensor {b:?}: its data (bytes {}..{}) overlaps tensor {a:?}'s (bytes {}..{}); \
+                 each tensor must have bytes of its own",
+                rb.start, rb.end, ra.start, ra.end
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl WeightsFile {
     /// A GGUF file's tensors, named as in the file, each dequantised once to f32 (F32, F16,
     /// Q8_0 and Q4_1; tensors of other ggml types are listed but cannot be referenced). Graphs
     /// declare them f32 with the row-major shape. The id is still the hash of the file's bytes.
+    /// The header is decoded within `budget`, and the memory the whole load takes (header,
+    /// index, dequantised tensors) is computed from the index and refused over `budget` before
+    /// any tensor is dequantised.
     fn from_gguf(
         bytes: SharedBytes,
         id: WeightsId,
         name: &str,
         progress: &AtomicU64,
+        budget: u64,
     ) -> Result<WeightsFile, WeightsError> {
-        use crate::gguf::{GgmlType, GgufFile};
-        let gguf_err = |e: crate::gguf::GgufError| WeightsError::Gguf {
+        use crate::gguf::{GgmlType, GgufError, GgufFile};
+        let gguf_err = |e: GgufError| WeightsError::Gguf {
             path: name.to_string(),
             reason: e.to_string(),
         };
-        let g = GgufFile::parse_shared(bytes).map_err(gguf_err)?;
+        let over = |needs: u64| WeightsError::OverBudget {
+            path: name.to_string(),
+            needs,
+            limit: budget,
+        };
+        let g = match GgufFile::parse_shared_within(bytes, budget) {
+            // The caller's limit, not the format's, stopped the header.
+            Err(GgufError::HeaderTooLarge { needs, limit, .. }) if limit == budget => {
+                return Err(over(needs));
+            }
+            r => r.map_err(gguf_err)?,
+        };
+        let resident_bytes = g.tensors.iter().fold(g.header_bytes(), |a, t| {
+            let entry = GGUF_INDEX_ENTRY_BYTES
+                .saturating_add(2 * t.name.len() as u64)
+                .saturating_add(16 * t.shape.len() as u64);
+            a.saturating_add(entry)
+                .saturating_add(g.dequantized_bytes(t))
+        });
+        if resident_bytes > budget {
+            return Err(over(resident_bytes));
+        }
         let mut tensors = BTreeMap::new();
         let mut data = BTreeMap::new();
         for t in &g.tensors {
@@ -195,7 +373,12 @@ impl WeightsFile {
                 data.insert(t.name.clone(), v);
             }
         }
-        Ok(WeightsFile { id, tensors, data })
+        Ok(WeightsFile {
+            id,
+            tensors,
+            data,
+            resident_bytes,
+        })
     }
 
     /// Tensor `name` as a host tensor, if the file has it in a dtype tenet supports.

@@ -363,12 +363,23 @@ fn json_element(v: &serde_json::Value, dtype: DType) -> Result<u64, String> {
             },
             _ => return Err(bad()),
         };
-        let x = x as f32;
-        return Ok(match dtype {
-            DType::F16 => half::f16::from_f32(x).to_bits() as u64,
-            DType::BF16 => half::bf16::from_f32(x).to_bits() as u64,
-            _ => x.to_bits() as u64,
-        });
+        let x32 = x as f32;
+        let (bits, infinite) = match dtype {
+            DType::F16 => {
+                let h = half::f16::from_f32(x32);
+                (h.to_bits() as u64, h.is_infinite())
+            }
+            DType::BF16 => {
+                let h = half::bf16::from_f32(x32);
+                (h.to_bits() as u64, h.is_infinite())
+            }
+            _ => (x32.to_bits() as u64, x32.is_infinite()),
+        };
+        // A finite number the dtype cannot hold is a mistake, not an infinity.
+        if infinite && x.is_finite() {
+            return Err(format!("{v} is outside {dtype}'s range"));
+        }
+        return Ok(bits);
     }
     if dtype == DType::Bool {
         return match v {
@@ -549,6 +560,17 @@ mod tests {
         let mut bad = good[..10].to_vec();
         bad.extend_from_slice(text.as_bytes());
         assert!(read_npy(&bad).is_err());
+    }
+
+    #[test]
+    fn json_values_outside_their_dtype_are_refused_not_made_infinite() {
+        let ty = TensorType::new(DType::F32, [1]);
+        let e = read_json(b"[1e39]", &ty).unwrap_err().to_string();
+        assert!(e.contains("outside f32's range"), "{e}");
+        let f16 = TensorType::new(DType::F16, [1]);
+        assert!(read_json(b"[70000]", &f16).is_err());
+        assert!(read_json(b"[\"inf\"]", &ty).is_ok());
+        assert!(read_json(b"[3.4e38]", &ty).is_ok());
     }
 
     #[test]
