@@ -55,6 +55,14 @@ pub struct NodeArgs {
     /// The largest single blob accepted [default: 2G].
     #[arg(long, value_name = "SIZE", value_parser = size)]
     max_blob: Option<u64>,
+    /// Connections served at once; at the cap the idlest is closed and new ones wait
+    /// [default: 512].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Let session pulls fetch from the node at URL (http://HOST:PORT); repeatable. Pulls from
+    /// anywhere else are refused (an --open node may also pull from loopback addresses).
+    #[arg(long = "pull-from", value_name = "URL")]
+    pull_from: Vec<String>,
     /// Write every request and job phase as a JSON line to this file (`-` = standard error).
     #[arg(long, value_name = "PATH", env = "TENET_EVENT_LOG")]
     event_log: Option<PathBuf>,
@@ -69,15 +77,18 @@ pub struct NodeArgs {
     /// Price per GFLOP advertised in /v1/info.
     #[arg(long, value_name = "PRICE")]
     price_per_gflop: Option<f64>,
-    /// Lie on purpose: flip, noise=AMPLITUDE or collude. For demos and tests of the
-    /// coordinator only: a cheating node's commitments are signed lies and will be slashed.
+    /// Lie on purpose: flip, noise=AMPLITUDE, collude, or withhold (commit, then never
+    /// reveal). For demos and tests of the coordinator only: a cheating node's commitments
+    /// are signed lies (or broken promises) and will be slashed.
     #[arg(long, value_name = "MODE")]
     cheat: Option<String>,
-    /// Join the coordinator at URL: trust its key, register with --stake once listening, send
-    /// heartbeats, deregister on shutdown.
+    /// Join the coordinator at URL: trust its key, register once listening, send heartbeats,
+    /// deregister on shutdown.
     #[arg(long, value_name = "URL")]
     coordinator: Option<String>,
-    /// The stake to register with (with --coordinator) [default: 1000].
+    /// Stake to bond at the first registration (with --coordinator); only the coordinator's
+    /// admin bonds stake, so --api-key must be its admin key. Without it the node gets jobs
+    /// once the admin bonds some (`tenet bond`).
     #[arg(long, value_name = "N", requires = "coordinator")]
     stake: Option<i64>,
     /// An API key of the coordinator's for registering (with --coordinator); without one the
@@ -134,6 +145,10 @@ impl NodeArgs {
         if let Some(v) = self.max_blob {
             c.max_blob_bytes = v;
         }
+        if let Some(v) = self.max_connections {
+            c.max_connections = v;
+        }
+        c.pull_peers.extend(self.pull_from.iter().cloned());
         if let Some(p) = &self.event_log {
             c.event_log = Some(p.clone());
         }
@@ -152,7 +167,7 @@ impl NodeArgs {
                 .membership
                 .get_or_insert_with(|| tenet_node::membership::Membership {
                     coordinator: url.clone(),
-                    stake: 1000,
+                    stake: None,
                     api_key: None,
                     advertise: None,
                     heartbeat_secs: 10.0,
@@ -161,7 +176,7 @@ impl NodeArgs {
         }
         if let Some(m) = &mut c.membership {
             if let Some(s) = self.stake {
-                m.stake = s;
+                m.stake = Some(s);
             }
             if let Some(k) = &self.api_key {
                 m.api_key = Some(k.clone());
@@ -172,7 +187,7 @@ impl NodeArgs {
             if let Some(h) = self.heartbeat {
                 m.heartbeat_secs = h;
             }
-            if m.stake <= 0 {
+            if m.stake.is_some_and(|s| s <= 0) {
                 bail!("--stake must be a positive integer");
             }
             if !(m.heartbeat_secs > 0.0 && m.heartbeat_secs.is_finite()) {
@@ -230,10 +245,14 @@ pub fn run_node(args: &NodeArgs) -> Result<()> {
             );
         }
         if let Some(m) = &c.membership {
+            let stake = match m.stake {
+                Some(s) => format!("bonding stake {s}"),
+                None => "(stake is what the coordinator's admin bonds)".to_string(),
+            };
             let _ = writeln!(
                 out,
-                "  joined the coordinator at {} with stake {}; heartbeat every {} s",
-                m.coordinator, m.stake, m.heartbeat_secs
+                "  joined the coordinator at {} {stake}; heartbeat every {} s",
+                m.coordinator, m.heartbeat_secs
             );
         }
         let _ = out.flush();

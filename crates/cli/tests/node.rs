@@ -296,7 +296,9 @@ fn slow_graph() -> Graph {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
-    let (node, key) = trusted_node("hostile", &["--memory-limit", "1M"]);
+    // 4 MiB: the slow graph's certificate (768 KiB) plus the executor's scratch (its GEMM
+    // packing, the run's tables) fits; the 8 MiB graph below does not.
+    let (node, key) = trusted_node("hostile", &["--memory-limit", "4M"]);
     let c = node.client(&key);
     let expect = |r: tenet_node::RawResponse, status: u16, code: ErrorCode| {
         assert_eq!(r.status, status, "{:?}", String::from_utf8_lossy(&r.body));
@@ -420,7 +422,7 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
     let junk_task = c.put_blob(junk).await.unwrap().hash;
     let e = c.run_job(&job("junk", junk_task, &[])).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidGraph), "{e}");
-    // A graph whose certificate exceeds the node's 1 MiB memory limit.
+    // A graph whose certificate exceeds the node's 4 MiB memory limit.
     let g = GraphBuilder::new();
     let x = g.input("x", DType::F32, &[1 << 20]);
     let huge = g.finish(&[("y", &x.exp())]).unwrap();
@@ -473,7 +475,9 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
     );
     let mut timed = slow_job.clone();
     timed.job.job_id = "slow-2".into();
-    timed.timeout_ms = Some(100);
+    // Long enough that the job's work (10¹¹ units, 209 ms at the top speed admission assumes)
+    // could fit, so it is admitted, runs, and is stopped.
+    timed.timeout_ms = Some(300);
     let t0 = Instant::now();
     let e = c.run_job(&timed).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Timeout), "{e}");
@@ -574,9 +578,18 @@ async fn sessions_keep_tensors_resident_batch_many_ops_and_pull_from_peers() {
         &dir_a,
         &["--trust", &ck, "--trust", &key_b.public().to_hex()],
     );
+    // B pulls from A: a peer its operator lists.
+    let a_url = format!("http://{}", a.addr);
     let b = NodeProc::start(
         &dir_b,
-        &["--trust", &ck, "--trust", &key_a.public().to_hex()],
+        &[
+            "--trust",
+            &ck,
+            "--trust",
+            &key_a.public().to_hex(),
+            "--pull-from",
+            &a_url,
+        ],
     );
     let ca = a.client(&client_key);
     let cb = b.client(&client_key);
@@ -971,8 +984,21 @@ async fn receipts_from_real_commitments_verify_offline_replay_and_catch_alterati
     let bad = tenet(&["receipt", "verify", forged.to_str().unwrap()]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("does NOT verify"));
+    assert!(out.contains("the key you gave"), "{out}");
     // Signed by someone else than the coordinator the caller expects.
     let other = identity::generate().public().to_hex();
     let wrong = tenet(&["receipt", "verify", f, "--coordinator", &other]);
     assert!(!wrong.status.success());
+    // Without --coordinator the check is against the key the receipt names: it says whose
+    // signature that is, and that nobody pinned it.
+    let unpinned = tenet(&["receipt", "verify", f]);
+    let out = String::from_utf8_lossy(&unpinned.stdout);
+    assert!(unpinned.status.success());
+    assert!(
+        out.contains(&coordinator.public().to_hex()) && out.contains("UNPINNED"),
+        "{out}"
+    );
+    let json = tenet(&["receipt", "verify", f, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["coordinator_pinned"], false, "{v}");
 }

@@ -14,14 +14,17 @@ pub enum Cheat {
     Noise(f32),
     /// Add 1 to the first float element: colluding nodes told to cheat this way agree.
     Collude,
+    /// Compute and commit honestly, then never answer the reveal: a node stalling a job.
+    Withhold,
 }
 
 impl Cheat {
-    /// Parse `flip`, `noise=AMPLITUDE` or `collude`.
+    /// Parse `flip`, `noise=AMPLITUDE`, `collude` or `withhold`.
     pub fn parse(text: &str) -> Option<Cheat> {
         match text {
             "flip" => Some(Cheat::Flip),
             "collude" => Some(Cheat::Collude),
+            "withhold" => Some(Cheat::Withhold),
             _ => {
                 let amp: f32 = text.strip_prefix("noise=")?.parse().ok()?;
                 (amp.is_finite() && amp > 0.0).then_some(Cheat::Noise(amp))
@@ -29,9 +32,10 @@ impl Cheat {
         }
     }
 
-    /// Corrupt `t` (f32 tensors only; others are left alone).
+    /// Corrupt `t` (f32 tensors only; others are left alone; a withholding node's results are
+    /// honest).
     pub fn apply(self, t: HostTensor) -> HostTensor {
-        if t.dtype() != DType::F32 || t.numel() == 0 {
+        if t.dtype() != DType::F32 || t.numel() == 0 || self == Cheat::Withhold {
             return t;
         }
         let ty = t.ty().clone();
@@ -39,6 +43,7 @@ impl Cheat {
         match self {
             Cheat::Flip => v[0] = f32::from_bits(v[0].to_bits() ^ 1),
             Cheat::Collude => v[0] += 1.0,
+            Cheat::Withhold => {}
             Cheat::Noise(amp) => {
                 let mut state = 0x9E37_79B9u32;
                 for x in &mut v {
@@ -64,6 +69,9 @@ mod tests {
         assert_eq!(Cheat::parse("noise=0.5"), Some(Cheat::Noise(0.5)));
         assert_eq!(Cheat::parse("noise=-1"), None);
         assert_eq!(Cheat::parse("lie"), None);
+        assert_eq!(Cheat::parse("withhold"), Some(Cheat::Withhold));
+        let honest = HostTensor::from_f32(&[2], &[1.0, 2.0]).unwrap();
+        assert_eq!(Cheat::Withhold.apply(honest.clone()), honest);
         let t = HostTensor::from_f32(&[3], &[1.0, 2.0, 3.0]).unwrap();
         for c in [Cheat::Flip, Cheat::Collude, Cheat::Noise(0.1)] {
             let lied = c.apply(t.clone());

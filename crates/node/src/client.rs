@@ -2,10 +2,16 @@
 //! connection open (reconnecting when the node closed it). One client carries one request at
 //! a time; open several for concurrency. Used by the CLI, the tests, the benchmark, and nodes
 //! pulling tensors from peers.
+//!
+//! Every call is bounded in time and in the size of its answer: by the client's defaults
+//! ([`NodeClient::with_timeout`], [`NodeClient::with_answer_limits`]) or by the caller's own
+//! [`Bounds`] (the `*_within` methods), so a node that never answers, or answers without end,
+//! costs its caller a deadline and at most the limit in memory. A call past its deadline
+//! drops its connection.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -35,6 +41,12 @@ pub enum ClientError {
     Unexpected { status: u16, message: String },
     #[error("`{0}` is not a node address: expected http://HOST:PORT")]
     BadUrl(String),
+    #[error("the node at {addr} did not answer within {limit_ms} ms; the connection was dropped")]
+    Timeout { addr: String, limit_ms: u64 },
+    #[error(
+        "the answer from {addr} is larger than the {limit} bytes this call accepts ({size} bytes declared or received when reading stopped)"
+    )]
+    TooLarge { addr: String, limit: u64, size: u64 },
 }
 
 impl ClientError {
@@ -87,20 +99,88 @@ impl RawResponse {
     }
 }
 
+/// How long one call may take and how large its answer may be.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// The call fails with [`ClientError::Timeout`] (and its connection is dropped) if its
+    /// answer has not been read whole by then: connecting, sending, waiting and reading.
+    pub deadline: Instant,
+    /// The most bytes the answer's body may have ([`ClientError::TooLarge`] beyond it; a
+    /// declared length beyond it fails before any of the body is read).
+    pub max_answer_bytes: u64,
+}
+
+impl Bounds {
+    /// `timeout` from now, answers up to `max_answer_bytes`.
+    pub fn new(timeout: Duration, max_answer_bytes: u64) -> Bounds {
+        let now = Instant::now();
+        // A timeout past what an instant can hold: a century, as good as none.
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
+        Bounds {
+            deadline,
+            max_answer_bytes,
+        }
+    }
+}
+
+/// A connection: the sender, and the task driving the socket, stopped when this is dropped
+/// (so a call abandoned at its deadline closes its socket at once).
+struct Conn {
+    sender: SendRequest<Tracked>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A signed connection to one node.
 pub struct NodeClient {
     addr: String,
     key: KeyPair,
-    conn: Mutex<Option<SendRequest<Tracked>>>,
+    conn: Mutex<Option<Conn>>,
     busy_poll: Duration,
+    timeout: Duration,
+    json_limit: u64,
+    blob_limit: u64,
 }
 
 /// How long a client spins waiting for an answer before sleeping (`busy`): a tiny job's
 /// answer comes back well within it.
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 
+/// How long a call may take unless the client or the call says otherwise: a backstop for
+/// large uploads on slow links; callers that know better pass [`Bounds`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The largest JSON answer read by default (a node's own default request limit).
+pub const DEFAULT_JSON_ANSWER_BYTES: u64 = 64 << 20;
+
+/// The largest blob or tensor answer read by default: a node's default largest blob and a
+/// tensor blob's longest header.
+pub const DEFAULT_BLOB_ANSWER_BYTES: u64 =
+    (2 << 30) + tenet_proto::tensor::MAX_TYPE_TEXT as u64 + 1;
+
+/// The most a reveal's answer can be for a graph with `outputs` outputs: its inline outputs
+/// (at most [`crate::service::INLINE_OUTPUT_BYTES`] in all, hex-encoded, each keyed by its
+/// hash) and, per output, a name, a hash and a type, with room for the JSON around them. What
+/// a coordinator passes as [`Bounds::max_answer_bytes`] to [`NodeClient::reveal_within`].
+pub fn reveal_answer_limit(outputs: usize) -> u64 {
+    // A name, a type, and an inline blob's header in hex; a hash is 64 hex digits, twice per
+    // output (its reference and its blob's key).
+    let ty = tenet_proto::tensor::MAX_TYPE_TEXT;
+    let per_output = (tenet_ir::MAX_NAME_LEN + ty + 2 * (ty + 1) + 2 * 64 + 128) as u64;
+    2 * crate::service::INLINE_OUTPUT_BYTES as u64
+        + (64 << 10)
+        + per_output.saturating_mul(outputs as u64)
+}
+
 /// `http://host:port` or `host:port` → `host:port`.
-fn authority(url: &str) -> Option<String> {
+pub(crate) fn authority(url: &str) -> Option<String> {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let rest = rest.trim_end_matches('/');
     (!rest.is_empty() && !rest.contains('/') && rest.contains(':')).then(|| rest.to_string())
@@ -115,7 +195,30 @@ impl NodeClient {
             key,
             conn: Mutex::new(None),
             busy_poll: DEFAULT_BUSY_POLL,
+            timeout: DEFAULT_TIMEOUT,
+            json_limit: DEFAULT_JSON_ANSWER_BYTES,
+            blob_limit: DEFAULT_BLOB_ANSWER_BYTES,
         })
+    }
+
+    /// Give every call without its own [`Bounds`] at most `timeout` [default: 600 s].
+    pub fn with_timeout(mut self, timeout: Duration) -> NodeClient {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Read JSON answers of at most `json` bytes and blob/tensor answers (and those of raw
+    /// `send`s) of at most `blob` bytes, unless a call passes its own [`Bounds`]
+    /// [default: 64 MiB and 2 GiB plus a tensor header].
+    pub fn with_answer_limits(mut self, json: u64, blob: u64) -> NodeClient {
+        self.json_limit = json;
+        self.blob_limit = blob;
+        self
+    }
+
+    /// The bounds of a call with the client's defaults and answers up to `limit` bytes.
+    fn bounds(&self, limit: u64) -> Bounds {
+        Bounds::new(self.timeout, limit)
     }
 
     /// Spin at most `window` waiting for each answer before sleeping (zero: sleep at once).
@@ -139,7 +242,7 @@ impl NodeClient {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Tracked>, ClientError> {
+    async fn connect(&self) -> Result<Conn, ClientError> {
         let stream = tokio::net::TcpStream::connect(&self.addr)
             .await
             .map_err(|e| self.transport(e))?;
@@ -150,10 +253,11 @@ impl NodeClient {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| self.transport(e))?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let _ = conn.await;
-        });
-        Ok(sender)
+        })
+        .abort_handle();
+        Ok(Conn { sender, task })
     }
 
     /// The signature headers for a request.
@@ -193,7 +297,7 @@ impl NodeClient {
         }
     }
 
-    /// Send a request as it is.
+    /// Send a request as it is (the client's default timeout and blob answer limit).
     pub async fn send(&self, raw: RawRequest) -> Result<RawResponse, ClientError> {
         self.send_counting(raw, None).await
     }
@@ -204,12 +308,57 @@ impl NodeClient {
         raw: RawRequest,
         taken: Option<Arc<AtomicU64>>,
     ) -> Result<RawResponse, ClientError> {
+        self.exchange(raw, taken, self.bounds(self.blob_limit), &mut |_| true)
+            .await
+    }
+
+    /// Send a request as it is, within `bounds`.
+    pub async fn send_within(
+        &self,
+        raw: RawRequest,
+        bounds: Bounds,
+    ) -> Result<RawResponse, ClientError> {
+        self.exchange(raw, None, bounds, &mut |_| true).await
+    }
+
+    /// One request and its answer, within `bounds`; `admit` is asked about each piece of the
+    /// answer's body (its length) before it is kept, and stops the read by saying no.
+    pub(crate) async fn exchange(
+        &self,
+        raw: RawRequest,
+        taken: Option<Arc<AtomicU64>>,
+        bounds: Bounds,
+        admit: &mut (dyn FnMut(u64) -> bool + Send),
+    ) -> Result<RawResponse, ClientError> {
+        let deadline = tokio::time::Instant::from_std(bounds.deadline);
+        let limit_ms = bounds
+            .deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        let work = self.exchange_unbounded(raw, taken, bounds.max_answer_bytes, admit);
+        match tokio::time::timeout_at(deadline, work).await {
+            Ok(answer) => answer,
+            // The connection was taken out of the slot for this call: dropping the call
+            // dropped it, and with it the socket.
+            Err(_) => Err(ClientError::Timeout {
+                addr: self.addr.clone(),
+                limit_ms,
+            }),
+        }
+    }
+
+    async fn exchange_unbounded(
+        &self,
+        raw: RawRequest,
+        taken: Option<Arc<AtomicU64>>,
+        limit: u64,
+        admit: &mut (dyn FnMut(u64) -> bool + Send),
+    ) -> Result<RawResponse, ClientError> {
         let mut guard = self.conn.lock().await;
-        let mut sender = match guard.take() {
-            Some(s) if !s.is_closed() => s,
-            _ => self.connect().await?,
+        let (mut conn, mut reused) = match guard.take() {
+            Some(c) if !c.sender.is_closed() => (c, true),
+            _ => (self.connect().await?, false),
         };
-        sender.ready().await.map_err(|e| self.transport(e))?;
         let mut req = Request::builder()
             .method(raw.method)
             .uri(&raw.path)
@@ -221,25 +370,54 @@ impl NodeClient {
             Some(t) => Tracked::counted(raw.body, t),
             None => Tracked::whole(raw.body),
         };
-        let req = req.body(body).map_err(|e| self.transport(e))?;
+        let mut req = req.body(body).map_err(|e| self.transport(e))?;
         // While the answer is on its way, make the nonce for the next request's signature.
         let key = &self.key;
-        let refill = || {
-            key.refill_nonce(random_bytes());
+        let resp = loop {
+            if let Err(e) = conn.sender.ready().await {
+                // A kept connection the node has closed since (its idle timeout).
+                if reused {
+                    conn = self.connect().await?;
+                    reused = false;
+                    continue;
+                }
+                return Err(self.transport(e));
+            }
+            let refill = || {
+                key.refill_nonce(random_bytes());
+            };
+            let sent = conn.sender.try_send_request(req);
+            match crate::busy::spin_wait(sent, self.busy_poll, refill).await {
+                Ok(resp) => break resp,
+                // A kept connection the node closed (its idle timeout) just as this request
+                // went out, before any of it was written: once more on a new connection.
+                Err(mut e) => match reused.then(|| e.take_message()).flatten() {
+                    Some(unsent) => {
+                        req = unsent;
+                        conn = self.connect().await?;
+                        reused = false;
+                    }
+                    None => return Err(self.transport(e.into_error())),
+                },
+            }
         };
-        let resp = crate::busy::spin_wait(sender.send_request(req), self.busy_poll, refill)
-            .await
-            .map_err(|e| self.transport(e))?;
         let status = resp.status().as_u16();
         let declared = resp
             .headers()
             .get(hyper::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        let body = read_body(resp.into_body(), declared, self.busy_poll)
+            .and_then(|v| v.parse::<u64>().ok());
+        let body = read_body(resp.into_body(), declared, self.busy_poll, limit, admit)
             .await
-            .map_err(|e| self.transport(e))?;
-        *guard = Some(sender);
+            .map_err(|e| match e {
+                ReadError::Http(e) => self.transport(e),
+                ReadError::TooLarge(size) => ClientError::TooLarge {
+                    addr: self.addr.clone(),
+                    limit,
+                    size,
+                },
+            })?;
+        *guard = Some(conn);
         Ok(RawResponse { status, body })
     }
 
@@ -250,7 +428,19 @@ impl NodeClient {
         path: &str,
         body: impl Into<Bytes>,
     ) -> Result<Bytes, ClientError> {
-        self.send(self.signed(method, path, body))
+        self.call_within(method, path, body, self.bounds(self.blob_limit))
+            .await
+    }
+
+    /// [`NodeClient::call`] within `bounds`.
+    pub async fn call_within(
+        &self,
+        method: Method,
+        path: &str,
+        body: impl Into<Bytes>,
+        bounds: Bounds,
+    ) -> Result<Bytes, ClientError> {
+        self.send_within(self.signed(method, path, body), bounds)
             .await?
             .into_result()
     }
@@ -261,7 +451,18 @@ impl NodeClient {
         path: &str,
         body: impl Into<Bytes>,
     ) -> Result<T, ClientError> {
-        parse_answer(&self.call(method, path, body).await?)
+        let bounds = self.bounds(self.json_limit);
+        parse_answer(&self.call_within(method, path, body, bounds).await?)
+    }
+
+    async fn call_json_within<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: impl Into<Bytes>,
+        bounds: Bounds,
+    ) -> Result<T, ClientError> {
+        parse_answer(&self.call_within(method, path, body, bounds).await?)
     }
 
     fn json<T: serde::Serialize>(value: &T) -> Bytes {
@@ -311,7 +512,8 @@ impl NodeClient {
             path,
             body: bytes,
         };
-        parse_answer(&self.send(raw).await?.into_result()?)
+        let bounds = self.bounds(self.json_limit);
+        parse_answer(&self.send_within(raw, bounds).await?.into_result()?)
     }
 
     /// Keep blob `hash` through evictions and restarts (`false`: let it be evicted again).
@@ -323,8 +525,20 @@ impl NodeClient {
     }
 
     pub async fn get_blob(&self, hash: &Hash) -> Result<Bytes, ClientError> {
-        self.call(Method::GET, &format!("/v1/blobs/{hash}"), Bytes::new())
+        self.get_blob_within(hash, self.bounds(self.blob_limit))
             .await
+    }
+
+    /// A blob, read whole by `bounds.deadline` and refused beyond `bounds.max_answer_bytes`
+    /// (for a job output: `tenet_proto::tensor::blob_size` of the graph's output type).
+    pub async fn get_blob_within(&self, hash: &Hash, bounds: Bounds) -> Result<Bytes, ClientError> {
+        self.call_within(
+            Method::GET,
+            &format!("/v1/blobs/{hash}"),
+            Bytes::new(),
+            bounds,
+        )
+        .await
     }
 
     pub async fn run_job(&self, job: &RunJob) -> Result<Committed, ClientError> {
@@ -332,8 +546,28 @@ impl NodeClient {
             .await
     }
 
+    /// [`NodeClient::run_job`] (which answers once the job has committed) within `bounds`.
+    pub async fn run_job_within(
+        &self,
+        job: &RunJob,
+        bounds: Bounds,
+    ) -> Result<Committed, ClientError> {
+        self.call_json_within(Method::POST, "/v1/jobs", Self::json(job), bounds)
+            .await
+    }
+
     pub async fn job_status(&self, id: &str) -> Result<JobStatus, ClientError> {
         self.call_json(Method::GET, &format!("/v1/jobs/{id}"), Bytes::new())
+            .await
+    }
+
+    /// [`NodeClient::job_status`] within `bounds`.
+    pub async fn job_status_within(
+        &self,
+        id: &str,
+        bounds: Bounds,
+    ) -> Result<JobStatus, ClientError> {
+        self.call_json_within(Method::GET, &format!("/v1/jobs/{id}"), Bytes::new(), bounds)
             .await
     }
 
@@ -345,6 +579,18 @@ impl NodeClient {
     pub async fn reveal(&self, id: &str) -> Result<Revealed, ClientError> {
         self.call_json(Method::POST, &format!("/v1/jobs/{id}/reveal"), Bytes::new())
             .await
+    }
+
+    /// A job's reveal within `bounds` (answer limit: [`reveal_answer_limit`] of the graph's
+    /// output count).
+    pub async fn reveal_within(&self, id: &str, bounds: Bounds) -> Result<Revealed, ClientError> {
+        self.call_json_within(
+            Method::POST,
+            &format!("/v1/jobs/{id}/reveal"),
+            Bytes::new(),
+            bounds,
+        )
+        .await
     }
 
     pub async fn create_session(&self) -> Result<String, ClientError> {
@@ -394,19 +640,36 @@ impl NodeClient {
         .map(|_| ())
     }
 
+    /// Run a batch (its answer may carry tensors, so it is read under the blob limit).
     pub async fn batch(&self, sid: &str, batch: &Batch) -> Result<BatchResults, ClientError> {
-        self.call_json(
+        self.call_json_within(
             Method::POST,
             &format!("/v1/sessions/{sid}/batch"),
             Self::json(batch),
+            self.bounds(self.blob_limit),
         )
         .await
     }
 
     /// A resident tensor's (or stored blob's) bytes by hash.
     pub async fn tensor_by_hash(&self, hash: &Hash) -> Result<Bytes, ClientError> {
-        self.call(Method::GET, &format!("/v1/tensors/{hash}"), Bytes::new())
+        self.tensor_by_hash_within(hash, self.bounds(self.blob_limit))
             .await
+    }
+
+    /// [`NodeClient::tensor_by_hash`] within `bounds`.
+    pub async fn tensor_by_hash_within(
+        &self,
+        hash: &Hash,
+        bounds: Bounds,
+    ) -> Result<Bytes, ClientError> {
+        self.call_within(
+            Method::GET,
+            &format!("/v1/tensors/{hash}"),
+            Bytes::new(),
+            bounds,
+        )
+        .await
     }
 
     /// Prometheus text.
@@ -424,28 +687,76 @@ fn parse_answer<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Clien
     })
 }
 
-/// A response body as one buffer. A large one (a blob) is copied frame by frame into a buffer
-/// from the recycle cache, which it returns to when the caller drops it: collecting the frames
-/// first would make hyper allocate, and fault in, fresh memory for every frame and then again
-/// for the joined copy.
+/// Why an answer's body was not read whole.
+enum ReadError {
+    Http(hyper::Error),
+    /// Longer than the call's limit (or than its caller would take): the size declared or
+    /// received when reading stopped.
+    TooLarge(u64),
+}
+
+impl From<hyper::Error> for ReadError {
+    fn from(e: hyper::Error) -> ReadError {
+        ReadError::Http(e)
+    }
+}
+
+/// A response body as one buffer, of at most `limit` bytes, each piece first shown to
+/// `admit`. A large one (a blob) is copied frame by frame into a buffer from the recycle
+/// cache, which it returns to when the caller drops it: collecting the frames first would make
+/// hyper allocate, and fault in, fresh memory for every frame and then again for the joined
+/// copy. A body in one frame (most JSON answers) is kept as it came.
 async fn read_body(
     body: hyper::body::Incoming,
-    declared: Option<usize>,
+    declared: Option<u64>,
     window: Duration,
-) -> Result<Bytes, hyper::Error> {
-    // A declared length sizes the buffer only up to a bound: a lying header must not make the
-    // client reserve without limit (a body longer than declared is an HTTP error in hyper).
-    let Some(len) = declared.filter(|n| (recycle::MIN_BYTES..=MAX_RESERVE).contains(n)) else {
-        return Ok(body.collect().await?.to_bytes());
+    limit: u64,
+    admit: &mut (dyn FnMut(u64) -> bool + Send),
+) -> Result<Bytes, ReadError> {
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        return Err(ReadError::TooLarge(n));
+    }
+    let mut body = body;
+    let mut received = 0u64;
+    let mut take = |n: usize| {
+        received += n as u64;
+        if received > limit || !admit(n as u64) {
+            return Err(ReadError::TooLarge(received));
+        }
+        Ok(())
+    };
+    // A declared length sizes the buffer only up to a bound (and never past the limit).
+    let Some(len) = declared
+        .map(|n| n as usize)
+        .filter(|n| (recycle::MIN_BYTES..=MAX_RESERVE).contains(n))
+    else {
+        let mut first: Option<Bytes> = None;
+        let mut joined: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            take(data.len())?;
+            match first.take() {
+                None if joined.is_empty() => first = Some(data),
+                earlier => {
+                    if let Some(e) = earlier {
+                        joined.extend_from_slice(&e);
+                    }
+                    joined.extend_from_slice(&data);
+                }
+            }
+        }
+        return Ok(first.unwrap_or_else(|| Bytes::from(joined)));
     };
     let mut out = recycle::take(len).unwrap_or_default();
     out.clear();
     out.reserve_exact(len);
-    let mut body = body;
     // A large body arrives in a few hundred socket reads: sleeping between them costs a
     // wake-up each (1024² f32 output: 1.7 ms to fetch instead of 2.1 on this project's VM).
     while let Some(frame) = crate::busy::spin_wait(body.frame(), window, || {}).await {
         if let Ok(data) = frame?.into_data() {
+            take(data.len())?;
             out.extend_from_slice(&data);
         }
     }
@@ -454,3 +765,43 @@ async fn read_body(
 
 /// The most a declared Content-Length reserves up front.
 const MAX_RESERVE: usize = 1 << 30;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenet_proto::commit::{OutputRef, Reveal};
+
+    /// The largest reveal a node can send fits the limit a coordinator passes for it.
+    #[test]
+    fn the_largest_reveal_fits_its_answer_limit() {
+        for outputs in [1usize, 3, 64] {
+            let refs: Vec<OutputRef> = (0..outputs)
+                .map(|i| OutputRef {
+                    name: format!("{i:x<width$}", width = tenet_ir::MAX_NAME_LEN),
+                    hash: Hash::of(&i.to_le_bytes()),
+                    ty: "f".repeat(tenet_proto::tensor::MAX_TYPE_TEXT),
+                })
+                .collect();
+            // All of the inline budget, split over the outputs, each with the longest header.
+            let data = crate::service::INLINE_OUTPUT_BYTES / outputs;
+            let blobs = refs
+                .iter()
+                .map(|r| {
+                    let blob = vec![0xab; data + tenet_proto::tensor::MAX_TYPE_TEXT + 1];
+                    (r.hash, tenet_proto::to_hex(&blob))
+                })
+                .collect();
+            let revealed = Revealed {
+                reveal: Reveal {
+                    job_id: "j".repeat(64),
+                    outputs: refs,
+                    output_hash: Hash::of(b"o"),
+                    salt: Hash::of(b"s"),
+                },
+                blobs,
+            };
+            let size = serde_json::to_vec(&revealed).unwrap().len() as u64;
+            assert!(size <= reveal_answer_limit(outputs), "{outputs}: {size}");
+        }
+    }
+}

@@ -37,8 +37,31 @@ pub struct NodeConfig {
     pub max_blob_bytes: u64,
     /// The largest JSON request body accepted.
     pub max_request_bytes: u64,
-    /// Bytes of tensors all sessions together may keep resident.
+    /// Bytes of tensors all sessions together may keep resident, counting uploads and pulls
+    /// as their bytes arrive.
     pub session_memory_bytes: u64,
+    /// Bytes that blob uploads still arriving may hold on disk together (room is taken as
+    /// their bytes arrive, never for a declared length); beyond it an upload is refused as
+    /// busy.
+    pub max_pending_upload_bytes: u64,
+    /// Connections served at once. At the cap the connection idle longest (no request in
+    /// flight) is closed to make room; if every one is in the middle of a request, new ones
+    /// wait in the listen backlog until one ends.
+    pub max_connections: usize,
+    /// A connection must send a whole request head within this long of opening, or of its
+    /// previous answer (so this is also the keep-alive idle timeout), or it is closed.
+    pub header_timeout_ms: u64,
+    /// A request body that sends nothing for this long is dropped (an upload's temporary
+    /// file and room go with it); 0 = never.
+    pub body_timeout_ms: u64,
+    /// ... and one that averages fewer bytes a second than this, counted from one
+    /// `body_timeout_ms` after it began; 0 = no floor.
+    pub min_body_bytes_per_sec: u64,
+    /// Peers session `pull`s may fetch from (`http://host:port`); an open node may also pull
+    /// from loopback addresses. Any other peer is refused without being contacted.
+    pub pull_peers: Vec<String>,
+    /// Longest one pull may take: connecting, asking, and reading the tensor.
+    pub pull_timeout_ms: u64,
     /// fsync blobs before acknowledging them.
     pub durable: bool,
     /// How far a request's clock may be from the node's.
@@ -75,6 +98,13 @@ impl Default for NodeConfig {
             max_blob_bytes: 2 << 30,
             max_request_bytes: 64 << 20,
             session_memory_bytes: 2 << 30,
+            max_pending_upload_bytes: 4 << 30,
+            max_connections: 512,
+            header_timeout_ms: 30_000,
+            body_timeout_ms: 30_000,
+            min_body_bytes_per_sec: 64 << 10,
+            pull_peers: Vec::new(),
+            pull_timeout_ms: 60_000,
             durable: true,
             max_clock_skew_secs: tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
             busy_poll_us: crate::client::DEFAULT_BUSY_POLL.as_micros() as u64,
@@ -120,6 +150,8 @@ pub enum ConfigError {
     BadCheat(String),
     #[error("{0} must be at least 1")]
     Zero(&'static str),
+    #[error("pull peer `{0}` is not a node address: expected http://HOST:PORT")]
+    BadPeer(String),
 }
 
 impl NodeConfig {
@@ -153,7 +185,34 @@ impl NodeConfig {
         if self.workers == 0 {
             return Err(ConfigError::Zero("workers"));
         }
+        if self.max_connections == 0 {
+            return Err(ConfigError::Zero("max_connections"));
+        }
+        if self.header_timeout_ms == 0 {
+            return Err(ConfigError::Zero("header_timeout_ms"));
+        }
+        self.pull_peer_addrs()?;
         Ok(keys)
+    }
+
+    /// The peers pulls may fetch from, as `host:port`.
+    pub fn pull_peer_addrs(&self) -> Result<Vec<String>, ConfigError> {
+        self.pull_peers
+            .iter()
+            .map(|p| crate::client::authority(p).ok_or_else(|| ConfigError::BadPeer(p.clone())))
+            .collect()
+    }
+
+    /// What the accept loop and body reads enforce.
+    pub fn conn_limits(&self) -> crate::http::ConnLimits {
+        crate::http::ConnLimits {
+            max_connections: self.max_connections,
+            header_timeout: std::time::Duration::from_millis(self.header_timeout_ms),
+            body: crate::http::BodyPace {
+                idle: std::time::Duration::from_millis(self.body_timeout_ms),
+                min_rate: self.min_body_bytes_per_sec,
+            },
+        }
     }
 }
 
@@ -195,6 +254,14 @@ mod tests {
         assert_eq!(c.workers, 2);
         assert_eq!(c.listen.ip().to_string(), "127.0.0.1");
         assert!(toml::from_str::<NodeConfig>("wrokers = 2").is_err());
+        let mut c: NodeConfig = toml::from_str(
+            "open = true\nmax_connections = 8\npull_peers = [\"http://127.0.0.1:9/\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.max_connections, 8);
+        assert_eq!(c.pull_peer_addrs().unwrap(), ["127.0.0.1:9"]);
+        c.pull_peers.push("ftp://x/y".into());
+        assert!(matches!(c.trusted(), Err(ConfigError::BadPeer(_))));
         assert!(matches!(
             NodeConfig::default().trusted(),
             Err(ConfigError::NobodyTrusted)

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tenet_exec::{Backend, CpuBackend, Prepared, RunStats};
 use tenet_ir::{Graph, HostTensor, Limits, WeightSource, WeightsId};
-use tenet_models::{WeightsFile, check_bindings};
+use tenet_models::{WeightsError, WeightsFile, check_bindings};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
 
@@ -41,6 +41,27 @@ pub struct Engine {
 /// Bytes of decoded input tensors kept for reuse.
 const TENSOR_CACHE_BYTES: u64 = 512 << 20;
 
+/// Nodes of planned tasks kept for reuse (a task weighs its node count: its graph and plan
+/// take a few hundred bytes a node, so a cache counted in tasks could hold 256 graphs of a
+/// million ops each).
+const TASK_CACHE_NODES: u64 = 1 << 21;
+
+/// Work units (`tenet_exec::work`) one core does per millisecond at the very most: above any
+/// core's FMA peak (a unit is a flop, a byte moved, or 1/1024 of a node's fixed cost). A job
+/// whose work exceeds its time limit times this speed times the cores cannot finish in time,
+/// and is refused before it runs.
+pub const WORK_PER_MS_PER_CORE: u64 = 500_000_000;
+
+/// A weights file refused: over the memory limit is `exceeds_limits`, anything else (not a
+/// weights file, tensors that share bytes, an amplifying header) `bad_inputs`; both 422.
+fn weights_error(e: WeightsError) -> ApiError {
+    let code = match e {
+        WeightsError::OverBudget { .. } => ErrorCode::ExceedsLimits,
+        _ => ErrorCode::BadInputs,
+    };
+    ApiError::new(code, e.to_string())
+}
+
 /// The weights a job binds: at most one file.
 struct Bound<'a>(Option<&'a WeightsFile>);
 
@@ -56,7 +77,7 @@ impl Engine {
             store,
             backend: backend.with_memory_limit(limits.memory_bytes),
             limits,
-            tasks: Mutex::new(Lru::new(256)),
+            tasks: Mutex::new(Lru::new(TASK_CACHE_NODES)),
             weights: Mutex::new(Lru::new(4)),
             tensors: Mutex::new(Lru::new(TENSOR_CACHE_BYTES)),
         }
@@ -83,7 +104,7 @@ impl Engine {
         let prepared = self.backend.prepare(&graph).map_err(exec_error)?;
         let task = Arc::new(Task { graph, prepared });
         if let Ok(mut c) = self.tasks.lock() {
-            c.insert(*hash, task.clone(), 1);
+            c.insert(*hash, task.clone(), task.graph.nodes().len() as u64);
         }
         Ok(task)
     }
@@ -141,6 +162,24 @@ impl Engine {
         Ok(t)
     }
 
+    /// Refuse a job whose work (`tenet_exec::work` of its task's certificate) could not be
+    /// done within `limit` even at this node's top speed ([`WORK_PER_MS_PER_CORE`] per core).
+    pub fn check_time(&self, task: &Task, limit: std::time::Duration) -> Result<(), ApiError> {
+        let work = tenet_exec::work(task.graph.cost(), task.graph.nodes().len());
+        let speed = WORK_PER_MS_PER_CORE.saturating_mul(self.backend.threads() as u64);
+        let ms = limit.as_millis().min(u64::MAX as u128) as u64;
+        if work > ms.saturating_mul(speed) {
+            return Err(ApiError::new(
+                ErrorCode::ExceedsLimits,
+                format!(
+                    "the job's work is {work} units (flops + bytes + 1024 per op), at least {} ms at this node's top speed of {speed} units a millisecond; its time limit is {ms} ms: raise timeout_ms or split the graph",
+                    work / speed.max(1)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuse a graph whose certificate does not fit this node.
     fn check_cost(&self, graph: &Graph) -> Result<(), ApiError> {
         let cost = graph.cost();
@@ -165,14 +204,17 @@ impl Engine {
         Ok(())
     }
 
-    /// The weights file `hash`, indexed.
+    /// The weights file `hash`, indexed. Loading it (GGUF tensors dequantised to f32, copies
+    /// of misaligned tensors, the index) may take at most the job memory limit beyond the
+    /// file's bytes: a file that would take more is refused as exceeding the node's limits
+    /// before anything is dequantised.
     pub fn weights(&self, hash: &Hash) -> Result<Arc<WeightsFile>, ApiError> {
         if let Some(w) = self.weights.lock().ok().and_then(|mut c| c.get(hash)) {
             return Ok(w);
         }
         let bytes = self.blob(hash, "weights")?;
-        let file = WeightsFile::from_bytes(bytes, &hash.short())
-            .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
+        let file = WeightsFile::from_bytes_within(bytes, &hash.short(), self.limits.memory_bytes)
+            .map_err(weights_error)?;
         let file = Arc::new(file);
         if let Ok(mut c) = self.weights.lock() {
             c.insert(*hash, file.clone(), 1);

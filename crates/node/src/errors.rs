@@ -13,6 +13,7 @@ pub fn store_error(e: StoreError) -> ApiError {
         StoreError::TooLarge { .. } => ErrorCode::TooLarge,
         StoreError::Truncated { .. } => ErrorCode::TruncatedBody,
         StoreError::Full { .. } => ErrorCode::StorageFull,
+        StoreError::Busy { .. } => ErrorCode::Busy,
         StoreError::Io { .. } => ErrorCode::Internal,
     };
     ApiError::new(code, e.to_string())

@@ -17,9 +17,11 @@ use crate::client::{ClientError, NodeClient, RawRequest};
 pub struct Membership {
     /// The coordinator's URL.
     pub coordinator: String,
-    /// The stake the node registers with.
-    #[serde(default = "default_stake")]
-    pub stake: i64,
+    /// Stake to bond at the first registration: only the coordinator's admin may, so
+    /// `api_key` must then be the admin key. Without it the node registers with none (or,
+    /// coming back, with what it had) and gets jobs once the admin bonds some.
+    #[serde(default)]
+    pub stake: Option<i64>,
     /// An API key of the coordinator's, if it does not accept the node's own signature for
     /// registration (it does when it trusts the node's key or runs open).
     #[serde(default)]
@@ -30,10 +32,6 @@ pub struct Membership {
     /// Seconds between heartbeats.
     #[serde(default = "default_heartbeat")]
     pub heartbeat_secs: f64,
-}
-
-fn default_stake() -> i64 {
-    1000
 }
 
 fn default_heartbeat() -> f64 {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
+use hyper::Method;
 use tenet_exec::CpuBackend;
 use tenet_ir::HostTensor;
 use tenet_ir::recycle::Recycled;
@@ -22,6 +23,7 @@ use tenet_proto::wire::{
 use tenet_proto::{ApiError, ErrorCode, Hash, tensor};
 use tenet_store::{Store, StoreConfig};
 
+use crate::client::ClientError;
 use crate::config::{ConfigError, NodeConfig};
 use crate::engine::{Engine, JobLimits, Task};
 use crate::errors::{bad_request, internal, not_found, store_error};
@@ -40,8 +42,11 @@ const MAX_SESSIONS: usize = 4096;
 /// blobs and fetched with `GET /v1/blobs/{hash}`.
 pub const INLINE_OUTPUT_BYTES: usize = 256 << 10;
 
-/// Jobs at most this costly (by certificate) run on the request's own thread.
-const TINY_JOB_FLOPS: u64 = 1 << 20;
+/// Jobs at most this costly run on the request's own thread (the event loop): their work
+/// figure (`tenet_exec::work`: flops, bytes and 1,024 a node, so a long chain of ops on a
+/// tiny tensor is not tiny) at most `TINY_JOB_WORK`, which bounds their run time to about a
+/// millisecond on the slowest path, and their certificate's peak at most `TINY_JOB_BYTES`.
+const TINY_JOB_WORK: u64 = 1 << 16;
 const TINY_JOB_BYTES: u64 = 1 << 20;
 /// Bytes of large job outputs kept in memory for fast fetching (they are also written to the
 /// blob store, in the background).
@@ -132,6 +137,48 @@ struct Session {
     tensors: HashMap<String, ResidentTensor>,
 }
 
+/// Bytes of a session tensor on their way in, counted against the sessions' memory until
+/// this is dropped (by then the tensor is resident, or refused).
+pub(crate) struct Inbound<'a> {
+    node: &'a Node,
+    held: u64,
+}
+
+impl Inbound<'_> {
+    /// Count `n` more bytes; refused if the sessions' memory cannot take them.
+    pub(crate) fn take(&mut self, n: u64) -> Result<(), ApiError> {
+        let node = self.node;
+        let limit = node.config.session_memory_bytes;
+        let before = node.inbound_bytes.fetch_add(n, Ordering::Relaxed);
+        let resident = node.resident_bytes.load(Ordering::Relaxed);
+        if resident.saturating_add(before).saturating_add(n) > limit {
+            node.inbound_bytes.fetch_sub(n, Ordering::Relaxed);
+            let room = limit.saturating_sub(resident).saturating_sub(before);
+            return Err(node.no_room(self.held + n, room + self.held));
+        }
+        self.held += n;
+        Ok(())
+    }
+}
+
+impl Drop for Inbound<'_> {
+    fn drop(&mut self) {
+        self.node
+            .inbound_bytes
+            .fetch_sub(self.held, Ordering::Relaxed);
+    }
+}
+
+/// Whether `host:port` names this machine (a literal loopback address or `localhost`).
+fn is_loopback(addr: &str) -> bool {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// A running node's state.
 pub struct Node {
     config: NodeConfig,
@@ -142,6 +189,11 @@ pub struct Node {
     jobs: Mutex<JobTable>,
     sessions: Mutex<HashMap<String, Arc<Mutex<Session>>>>,
     resident_bytes: AtomicU64,
+    /// Bytes of session tensors still arriving (uploads being read, pulls being fetched),
+    /// counted against `session_memory_bytes` beside the resident ones.
+    inbound_bytes: AtomicU64,
+    /// The peers pulls may fetch from, as `host:port`.
+    pull_peers: Vec<String>,
     /// Large job outputs, for `GET /v1/blobs` without a trip to the disk.
     outputs: Arc<Mutex<Lru<HeldOutput>>>,
     pub(crate) gate: Gate,
@@ -187,6 +239,7 @@ impl Node {
                 quota_bytes: config.disk_quota_bytes,
                 max_blob_bytes: config.max_blob_bytes,
                 durable: config.durable,
+                max_pending_bytes: config.max_pending_upload_bytes,
             },
         )?;
         if config.memory_limit_bytes == 0 {
@@ -233,6 +286,8 @@ impl Node {
             jobs: Mutex::new(JobTable::default()),
             sessions: Mutex::new(HashMap::new()),
             resident_bytes: AtomicU64::new(0),
+            inbound_bytes: AtomicU64::new(0),
+            pull_peers: config.pull_peer_addrs()?,
             outputs: Arc::new(Mutex::new(Lru::new(OUTPUT_CACHE_BYTES))),
             cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
             events,
@@ -321,7 +376,8 @@ impl Node {
         // thread and back would cost more than running it.
         let tiny = self.engine.cached_task(&spec.task).is_some_and(|t| {
             let c = t.graph.cost();
-            c.flops <= TINY_JOB_FLOPS && c.peak_bytes <= TINY_JOB_BYTES
+            tenet_exec::work(c, t.graph.nodes().len()) <= TINY_JOB_WORK
+                && c.peak_bytes <= TINY_JOB_BYTES
         });
         if tiny {
             let outcome = self.execute(spec, &inline, &cancel, limit);
@@ -403,7 +459,11 @@ impl Node {
         cancel: &AtomicBool,
         limit: Duration,
     ) -> Result<Executed, ApiError> {
+        // The deadline covers loading and planning the task too: a graph of a million ops
+        // takes a second to decode and plan before its first step.
+        let deadline = Instant::now() + limit;
         let task = self.engine.task(&spec.task)?;
+        self.engine.check_time(&task, limit)?;
         let weights = spec.weights.map(|w| self.engine.weights(&w)).transpose()?;
         let mut inputs = HashMap::with_capacity(spec.inputs.len());
         for (name, hash) in &spec.inputs {
@@ -415,7 +475,12 @@ impl Node {
         }
         self.job_event(&spec.job_id, "started", serde_json::Value::Null);
         let started = Instant::now();
-        let deadline = started + limit;
+        if started > deadline {
+            return Err(ApiError::new(
+                ErrorCode::Timeout,
+                "the job ran past its time limit while its task and inputs were loaded",
+            ));
+        }
         let (outputs, stats) = self.run_task(
             &task,
             weights.as_deref(),
@@ -584,6 +649,11 @@ impl Node {
         self.job_status(id)
     }
 
+    /// Whether this node was told to withhold its reveals (`--cheat withhold`, for tests).
+    pub fn withholds_reveals(&self) -> bool {
+        self.cheat == Some(crate::cheat::Cheat::Withhold)
+    }
+
     /// Show a committed job's outputs and salt.
     pub fn reveal(&self, id: &str) -> Result<Revealed, ApiError> {
         let mut t = lock(&self.jobs);
@@ -650,16 +720,19 @@ impl Node {
     /// Make `t` resident as `name`, replacing what had that name.
     fn keep(&self, session: &mut Session, name: &str, t: HostTensor) -> Result<Resident, ApiError> {
         let hash = tensor::hash(&t);
-        self.keep_hashed(session, name, t, hash)
+        self.keep_hashed(session, name, t, hash, 0)
     }
 
-    /// [`Node::keep`] for a tensor whose hash is known.
+    /// [`Node::keep`] for a tensor whose hash is known, of which `arriving` bytes are counted
+    /// as arriving (by the caller's [`Inbound`]): the sessions' memory must hold it beside the
+    /// resident tensors and every other tensor still arriving.
     fn keep_hashed(
         &self,
         session: &mut Session,
         name: &str,
         t: HostTensor,
         hash: Hash,
+        arriving: u64,
     ) -> Result<Resident, ApiError> {
         check_name(name, "tensor name")?;
         let add = t.bytes().len() as u64;
@@ -669,11 +742,20 @@ impl Node {
             .map_or(0, |r| r.tensor.bytes().len() as u64);
         let limit = self.config.session_memory_bytes;
         let now = self.resident_bytes.load(Ordering::Relaxed);
-        if now - old + add > limit {
+        let others = self
+            .inbound_bytes
+            .load(Ordering::Relaxed)
+            .saturating_sub(arriving);
+        if now
+            .saturating_sub(old)
+            .saturating_add(others)
+            .saturating_add(add)
+            > limit
+        {
             return Err(ApiError::new(
                 ErrorCode::ExceedsLimits,
                 format!(
-                    "keeping {name} ({add} bytes) would exceed the {limit} bytes of resident tensors this node allows; free some first"
+                    "keeping {name} ({add} bytes) would exceed the {limit} bytes of session tensors this node allows (resident, and {others} bytes arriving); free some first"
                 ),
             ));
         }
@@ -694,13 +776,59 @@ impl Node {
         Ok(resident)
     }
 
-    /// Upload a tensor blob whose blake3 hash is `hash` into a session.
-    pub fn put_tensor(
+    /// Bytes the sessions' memory can still take: what is neither resident nor arriving.
+    fn session_room(&self) -> u64 {
+        self.config
+            .session_memory_bytes
+            .saturating_sub(self.resident_bytes.load(Ordering::Relaxed))
+            .saturating_sub(self.inbound_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Count bytes of a session tensor as they arrive.
+    pub(crate) fn inbound(&self) -> Inbound<'_> {
+        Inbound {
+            node: self,
+            held: 0,
+        }
+    }
+
+    /// Before a tensor upload's body is read: the session exists, the name is valid, and the
+    /// declared length (if any) fits the room the sessions' memory has left. The returned
+    /// [`Inbound`] counts the body's bytes as they arrive.
+    pub(crate) fn tensor_upload(
+        &self,
+        sid: &str,
+        name: &str,
+        declared: Option<u64>,
+    ) -> Result<Inbound<'_>, ApiError> {
+        self.session(sid)?;
+        check_name(name, "tensor name")?;
+        let room = self.session_room();
+        if let Some(size) = declared.filter(|&n| n > room) {
+            return Err(self.no_room(size, room));
+        }
+        Ok(self.inbound())
+    }
+
+    fn no_room(&self, size: u64, room: u64) -> ApiError {
+        ApiError::new(
+            ErrorCode::ExceedsLimits,
+            format!(
+                "{size} bytes do not fit the {room} bytes left of the {} bytes of session tensors this node keeps (resident and arriving); free some first",
+                self.config.session_memory_bytes
+            ),
+        )
+    }
+
+    /// Upload a tensor blob whose blake3 hash is `hash` into a session; `inbound` counted its
+    /// bytes as they arrived ([`Node::tensor_upload`]).
+    pub(crate) fn put_tensor(
         &self,
         sid: &str,
         name: &str,
         blob: Bytes,
         hash: Hash,
+        inbound: Inbound<'_>,
     ) -> Result<Resident, ApiError> {
         let t = tensor::decode_shared(Arc::new(blob))
             .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
@@ -709,7 +837,7 @@ impl Node {
         debug_assert_eq!(tensor::hash(&t), hash);
         let s = self.session(sid)?;
         let mut s = lock(&s);
-        self.keep_hashed(&mut s, name, t, hash)
+        self.keep_hashed(&mut s, name, t, hash, inbound.held)
     }
 
     /// A resident tensor's blob.
@@ -875,7 +1003,30 @@ impl Node {
         })
     }
 
-    /// Fetch tensor `hash` from `peer` and keep it as `name`.
+    /// Whether pulls may fetch from `peer`: one of the configured pull peers, or, on an open
+    /// node, a loopback address.
+    fn pull_allowed(&self, peer: &str) -> Result<(), ApiError> {
+        let addr = crate::client::authority(peer).ok_or_else(|| {
+            bad_request(format!(
+                "pull peer `{peer}` is not a node address: expected http://HOST:PORT"
+            ))
+        })?;
+        if self.pull_peers.contains(&addr) || (self.config.open && is_loopback(&addr)) {
+            return Ok(());
+        }
+        Err(bad_request(format!(
+            "this node does not pull from {addr}: it pulls only from the peers its operator lists (pull_peers, --pull-from URL){}",
+            if self.config.open {
+                " and, being open, from loopback addresses"
+            } else {
+                ""
+            }
+        )))
+    }
+
+    /// Fetch tensor `hash` from `peer` and keep it as `name`: only from an allowed peer,
+    /// within `pull_timeout_ms`, and reading no more than the sessions' memory can still take
+    /// (counted as the bytes arrive).
     async fn pull(
         &self,
         session: &Arc<Mutex<Session>>,
@@ -883,13 +1034,29 @@ impl Node {
         hash: &Hash,
         peer: &str,
     ) -> Result<Resident, ApiError> {
+        check_name(name, "tensor name")?;
+        self.pull_allowed(peer)?;
         let failed = |what: String| ApiError::new(ErrorCode::PeerFailed, what);
         let client = crate::client::NodeClient::new(peer, self.key.clone())
             .map_err(|e| bad_request(e.to_string()))?;
+        let timeout = Duration::from_millis(self.config.pull_timeout_ms);
+        let room = self.session_room();
+        let limit = room.min(
+            self.config
+                .max_blob_bytes
+                .saturating_add(tensor::MAX_TYPE_TEXT as u64 + 1),
+        );
+        let bounds = crate::client::Bounds::new(timeout, limit);
+        let mut inbound = self.inbound();
+        let raw = client.signed(Method::GET, &format!("/v1/tensors/{hash}"), Bytes::new());
         let bytes = client
-            .tensor_by_hash(hash)
+            .exchange(raw, None, bounds, &mut |n| inbound.take(n).is_ok())
             .await
-            .map_err(|e| failed(format!("pulling {} from {peer}: {e}", hash.short())))?;
+            .and_then(|r| r.into_result())
+            .map_err(|e| match e {
+                ClientError::TooLarge { size, .. } => self.no_room(size, room),
+                e => failed(format!("pulling {} from {peer}: {e}", hash.short())),
+            })?;
         if crate::digest::hash(&bytes) != *hash {
             return Err(failed(format!(
                 "peer {peer} sent bytes that do not hash to {hash}"
@@ -897,8 +1064,9 @@ impl Node {
         }
         let t = tensor::decode(&bytes)
             .map_err(|e| failed(format!("peer {peer} sent a malformed tensor: {e}")))?;
+        drop(bytes);
         let mut s = lock(session);
-        self.keep(&mut s, name, t)
+        self.keep_hashed(&mut s, name, t, *hash, inbound.held)
     }
 
     /// The Prometheus text.

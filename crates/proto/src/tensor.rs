@@ -2,9 +2,11 @@
 //! its canonical text (`f32[2,3]`), one zero byte, then the elements little-endian in row-major
 //! order — exactly what [`HostTensor::hash`] hashes, so a tensor blob's address is the tensor's
 //! hash. Decoding is strict: a type written any other way, or a length that does not match, is
-//! refused, so one tensor has exactly one blob.
+//! refused, so one tensor has exactly one blob. A blob's type must also fit the graph limits
+//! (`tenet_ir::Limits`: rank, each dimension, element count), checked from the header alone
+//! before anything is allocated for the elements: a tensor no graph could take is refused.
 
-use tenet_ir::{DType, HostTensor, SharedBytes, TensorType};
+use tenet_ir::{DType, HostTensor, Limits, SharedBytes, TensorType};
 
 use crate::Hash;
 
@@ -24,6 +26,45 @@ pub enum TensorBlobError {
         expected: u64,
         actual: u64,
     },
+    #[error(
+        "tensor blob type `{ty}` has {what} {value}, above the limit of {max} (`tenet_ir::Limits`): no graph can take it; send a smaller tensor"
+    )]
+    Limit {
+        ty: String,
+        /// `rank`, `a dimension of`, or `element count` (`u64::MAX` when it overflows).
+        what: &'static str,
+        value: u64,
+        max: u64,
+    },
+}
+
+/// Refuse a type outside `limits`: rank, each dimension, and element count, as a graph's
+/// values are bounded (a zero-size shape with huge dimensions is refused too).
+pub fn check_limits(ty: &TensorType, limits: &Limits) -> Result<(), TensorBlobError> {
+    let over = |what, value: u64, max: u64| {
+        (value > max).then(|| TensorBlobError::Limit {
+            ty: ty.to_string(),
+            what,
+            value,
+            max,
+        })
+    };
+    if let Some(e) = over("rank", ty.rank() as u64, limits.max_rank as u64) {
+        return Err(e);
+    }
+    for &d in &ty.shape {
+        if let Some(e) = over("a dimension of", d, limits.max_dim) {
+            return Err(e);
+        }
+    }
+    match over(
+        "element count",
+        ty.numel().unwrap_or(u64::MAX),
+        limits.max_elements,
+    ) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// The blob of `t`.
@@ -45,12 +86,19 @@ pub fn header(ty: &TensorType) -> Vec<u8> {
     out
 }
 
+/// How many bytes a blob of type `ty` has (its header and its elements); `None` when the
+/// element bytes overflow. What a caller that knows the type passes as an answer's size limit.
+pub fn blob_size(ty: &TensorType) -> Option<u64> {
+    let header = ty.to_string().len() as u64 + 1;
+    ty.bytes()?.checked_add(header)
+}
+
 /// The address of `t`'s blob (equal to `Hash::of(&encode(t))`, without building the blob).
 pub fn hash(t: &HostTensor) -> Hash {
     Hash(t.hash())
 }
 
-/// Parse a canonical type text.
+/// Parse a canonical type text (its size is not checked here: see [`check_limits`]).
 pub fn parse_type(text: &str) -> Option<TensorType> {
     let (name, rest) = text.split_once('[')?;
     let dims = rest.strip_suffix(']')?;
@@ -74,13 +122,14 @@ pub fn data_offset(head: &[u8]) -> Option<usize> {
     head.iter().position(|&b| b == 0).map(|zero| zero + 1)
 }
 
-/// Check a blob's header and length: its type and where its elements start.
+/// Check a blob's header, limits and length: its type and where its elements start.
 fn parse(bytes: &[u8]) -> Result<(TensorType, usize), TensorBlobError> {
     let start = data_offset(bytes).ok_or(TensorBlobError::NoHeader)?;
     let head = &bytes[..start - 1];
     let text = std::str::from_utf8(head)
         .map_err(|_| TensorBlobError::BadType(String::from_utf8_lossy(head).into()))?;
     let ty = parse_type(text).ok_or_else(|| TensorBlobError::BadType(text.to_string()))?;
+    check_limits(&ty, &Limits::default())?;
     let actual = (bytes.len() - start) as u64;
     let expected = ty
         .bytes()
@@ -147,6 +196,7 @@ mod tests {
         let back = decode(&blob).unwrap();
         assert_eq!(back.ty(), t.ty());
         assert_eq!(back.bytes(), t.bytes());
+        assert_eq!(blob_size(t.ty()), Some(blob.len() as u64));
         let scalar = HostTensor::from_i64(&[], &[7]).unwrap();
         assert_eq!(decode(&encode(&scalar)).unwrap().to_i64_vec(), vec![7]);
     }
@@ -177,6 +227,70 @@ mod tests {
             "decode_shared refuses what decode refuses"
         );
         assert_eq!(shared(b"f32[2]"), Err(TensorBlobError::NoHeader));
+    }
+
+    /// A header alone (no elements follow): the limits are checked before the length.
+    fn header_only(ty: &str) -> Vec<u8> {
+        let mut b = ty.as_bytes().to_vec();
+        b.push(0);
+        b
+    }
+
+    #[test]
+    fn types_beyond_the_graph_limits_are_refused_naming_the_limit() {
+        let limits = Limits::default();
+        // Rank 200, each dimension 1: one element, but no graph has rank 200.
+        let rank200 = format!("f32[{}]", vec!["1"; 200].join(","));
+        let mut blob = header_only(&rank200);
+        blob.extend_from_slice(&[0; 4]);
+        match decode(&blob) {
+            Err(TensorBlobError::Limit {
+                what, value, max, ..
+            }) => {
+                assert_eq!((what, value, max), ("rank", 200, limits.max_rank as u64));
+            }
+            other => panic!("rank 200: {other:?}"),
+        }
+        assert!(decode(&blob).unwrap_err().to_string().contains("rank 200"));
+        // Zero elements, so zero data bytes, but a dimension of 2^64 - 1.
+        for ty in ["f32[0,18446744073709551615]", "u8[18446744073709551615,0]"] {
+            let e = decode(&header_only(ty)).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TensorBlobError::Limit {
+                        what: "a dimension of",
+                        value: u64::MAX,
+                        ..
+                    }
+                ),
+                "{ty}: {e:?}"
+            );
+            let shared = decode_shared(std::sync::Arc::new(header_only(ty)));
+            assert!(matches!(shared, Err(TensorBlobError::Limit { .. })), "{ty}");
+        }
+        // Each dimension within its limit, the product over it (or overflowing).
+        let e = decode(&header_only("f32[1048576,1048576,2]")).unwrap_err();
+        assert!(
+            matches!(e, TensorBlobError::Limit { what: "element count", value, .. } if value == 1 << 41)
+        );
+        let e = decode(&header_only("f32[4294967296,4294967296,4294967296]")).unwrap_err();
+        assert!(matches!(
+            e,
+            TensorBlobError::Limit {
+                what: "element count",
+                value: u64::MAX,
+                ..
+            }
+        ));
+        // At the limits exactly: a shape the graph limits allow is only checked for length.
+        let rank8 = format!("f32[{}]", ["1"; 8].join(","));
+        let mut ok = header_only(&rank8);
+        ok.extend_from_slice(&[0; 4]);
+        assert_eq!(decode(&ok).unwrap().ty().rank(), 8);
+        let zero = header_only("f32[0,1099511627776]");
+        assert_eq!(decode(&zero).unwrap().bytes().len(), 0);
+        assert!(check_limits(&TensorType::new(DType::F32, vec![1; 9]), &limits).is_err());
     }
 
     /// A blob placed at `pad` bytes into a buffer that starts on a 64-byte boundary.

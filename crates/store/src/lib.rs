@@ -8,6 +8,10 @@
 //! unpinned blobs are evicted. Pins are persistent (`pins/` holds one empty file per pinned
 //! blob) or transient ([`Hold`], released on drop, for blobs a running job is reading).
 //!
+//! Room is taken as bytes arrive, never for a length a writer only declared: an upload that
+//! promises 2 GiB and sends nothing evicts nothing. Writes in progress together hold at most
+//! `max_pending_bytes`, and nothing is evicted for room that eviction could not make.
+//!
 //! Calls are blocking file I/O, short for the small reads and writes a node does per request.
 
 use std::collections::HashMap;
@@ -28,6 +32,9 @@ pub struct StoreConfig {
     pub max_blob_bytes: u64,
     /// fsync each blob (and its directory) before it becomes visible.
     pub durable: bool,
+    /// The most bytes that writes still in progress may hold together (taken as their bytes
+    /// arrive); a write beyond it is refused as [`StoreError::Busy`].
+    pub max_pending_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -36,9 +43,14 @@ impl Default for StoreConfig {
             quota_bytes: 8 << 30,
             max_blob_bytes: 2 << 30,
             durable: true,
+            max_pending_bytes: 4 << 30,
         }
     }
 }
+
+/// How far ahead of the bytes written a writer of known length reserves room, so that the
+/// store's lock is taken once per this many bytes rather than once per write.
+const RESERVE_STEP: u64 = 4 << 20;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +67,10 @@ pub enum StoreError {
         "no room for {needed} more bytes: the {quota}-byte quota is full of pinned or in-use blobs"
     )]
     Full { needed: u64, quota: u64 },
+    #[error(
+        "uploads in progress already hold {pending} bytes and this store lets them hold {max} together; try again when they finish"
+    )]
+    Busy { pending: u64, max: u64 },
     #[error("blob store I/O at {path}: {source}")]
     Io {
         path: String,
@@ -244,35 +260,37 @@ impl Store {
     }
 
     /// Start streaming a blob that must hash to `expected`; `declared` is its size if known
-    /// (room is reserved up front and the body must have exactly that many bytes).
+    /// (the body must then have exactly that many bytes). Nothing is reserved yet: room is
+    /// made as the bytes are written, so a declared length alone evicts nothing.
     pub fn writer(
         self: &Arc<Self>,
         expected: Hash,
         declared: Option<u64>,
     ) -> Result<BlobWriter, StoreError> {
         let max = self.config.max_blob_bytes;
-        let reserve = declared.unwrap_or(0);
-        if reserve > max {
-            return Err(StoreError::TooLarge { size: reserve, max });
+        if let Some(size) = declared {
+            if size > max {
+                return Err(StoreError::TooLarge { size, max });
+            }
+            let quota = self.config.quota_bytes;
+            if size > quota {
+                return Err(StoreError::Full {
+                    needed: size,
+                    quota,
+                });
+            }
         }
-        self.make_room(reserve)?;
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         let tmp =
             self.root
                 .join("tmp")
                 .join(format!("{}-{n}-{}", std::process::id(), expected.short()));
-        let file = match fs::File::create(&tmp) {
-            Ok(f) => f,
-            Err(e) => {
-                self.lock().reserved -= reserve;
-                return Err(io(&tmp)(e));
-            }
-        };
+        let file = fs::File::create(&tmp).map_err(io(&tmp))?;
         Ok(BlobWriter {
             store: self.clone(),
             expected,
             declared,
-            reserved: reserve,
+            reserved: 0,
             written: 0,
             hasher: Some(blake3::Hasher::new()),
             durable: self.config.durable,
@@ -281,23 +299,43 @@ impl Store {
         })
     }
 
-    /// Reserve `bytes` more, evicting least recently used unpinned blobs as needed.
+    /// Reserve `bytes` more for a write in progress, evicting least recently used unpinned
+    /// blobs as needed — and none at all if evicting every one of them would not make room.
     fn make_room(&self, bytes: u64) -> Result<(), StoreError> {
         let mut ix = self.lock();
+        let max = self.config.max_pending_bytes;
+        if ix.reserved.saturating_add(bytes) > max {
+            return Err(StoreError::Busy {
+                pending: ix.reserved,
+                max,
+            });
+        }
         let quota = self.config.quota_bytes;
-        while ix.total + ix.reserved + bytes > quota {
-            let victim = ix
-                .blobs
-                .iter()
-                .filter(|(_, e)| !e.pinned && e.holds == 0)
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(h, e)| (*h, e.size));
-            let Some((hash, size)) = victim else {
-                return Err(StoreError::Full {
-                    needed: bytes,
-                    quota,
-                });
-            };
+        let over = (ix.total + ix.reserved)
+            .saturating_add(bytes)
+            .saturating_sub(quota);
+        if over == 0 {
+            ix.reserved += bytes;
+            return Ok(());
+        }
+        let mut victims: Vec<(u64, Hash, u64)> = ix
+            .blobs
+            .iter()
+            .filter(|(_, e)| !e.pinned && e.holds == 0)
+            .map(|(h, e)| (e.last_used, *h, e.size))
+            .collect();
+        if victims.iter().map(|v| v.2).sum::<u64>() < over {
+            return Err(StoreError::Full {
+                needed: bytes,
+                quota,
+            });
+        }
+        victims.sort_unstable();
+        let mut freed = 0;
+        for (_, hash, size) in victims {
+            if freed >= over {
+                break;
+            }
             // Removing the file under the lock keeps the index and the disk in step; eviction
             // is rare and unlinking is quick.
             let p = self.path(&hash);
@@ -308,6 +346,7 @@ impl Store {
             }
             ix.blobs.remove(&hash);
             ix.total -= size;
+            freed += size;
         }
         ix.reserved += bytes;
         Ok(())
@@ -405,8 +444,13 @@ impl BlobWriter {
             });
         }
         if after > self.reserved {
-            self.store.make_room(after - self.reserved)?;
-            self.reserved = after;
+            // Room for the bytes in hand, and with a known length a step more (never past it).
+            let target = match self.declared {
+                Some(d) => after.max((self.reserved + RESERVE_STEP).min(d)),
+                None => after,
+            };
+            self.store.make_room(target - self.reserved)?;
+            self.reserved = target;
         }
         if let Some(h) = self.hasher.as_mut() {
             h.update(bytes);

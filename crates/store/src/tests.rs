@@ -7,6 +7,7 @@ fn config(quota: u64) -> StoreConfig {
         quota_bytes: quota,
         max_blob_bytes: 1 << 20,
         durable: true,
+        max_pending_bytes: 4 << 20,
     }
 }
 
@@ -80,13 +81,91 @@ fn least_recently_used_unpinned_blobs_are_evicted_under_the_quota() {
     let s = Store::open(dir.path(), config(1000)).unwrap();
     assert_eq!(s.stats().pinned, 1);
     assert_eq!(s.stats().blobs, 3, "reopening does not evict");
-    s.put_bytes(&blob(8)).unwrap_err();
     assert!(matches!(
         s.put_bytes(&blob(9)),
         Err(StoreError::Full { .. })
     ));
     assert!(s.contains(&a).is_some());
-    assert_eq!(s.stats().blobs, 1, "everything unpinned was evicted trying");
+    assert_eq!(
+        s.stats().blobs,
+        3,
+        "nothing is evicted for room that evicting everything unpinned could not make"
+    );
+}
+
+fn tmp_files(dir: &Path) -> usize {
+    fs::read_dir(dir.join("tmp")).unwrap().count()
+}
+
+/// Issue 29, item 10: uploads that declare a length and send nothing held quota and evicted
+/// every unpinned blob, and real uploads failed while they stayed open.
+#[test]
+fn a_declared_length_alone_reserves_nothing_and_evicts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), config(3000)).unwrap();
+    let kept: Vec<Hash> = (1..=3u8)
+        .map(|b| s.put_bytes(&[b; 1000]).unwrap())
+        .collect();
+    // Four uploads that each promise as much as the whole quota, with no bytes yet.
+    let promised: Vec<BlobWriter> = (0..4u8)
+        .map(|i| s.writer(Hash::of(&[i]), Some(3000)).unwrap())
+        .collect();
+    assert!(
+        kept.iter().all(|h| s.contains(h).is_some()),
+        "nothing evicted"
+    );
+    // A real upload still succeeds, evicting only what its own bytes need (the oldest blob).
+    let fresh = s.put_bytes(&[9; 1000]).unwrap();
+    assert!(s.contains(&fresh).is_some());
+    assert!(s.contains(&kept[0]).is_none());
+    assert!(s.contains(&kept[1]).is_some() && s.contains(&kept[2]).is_some());
+    assert_eq!(tmp_files(dir.path()), 4);
+    drop(promised);
+    assert_eq!(tmp_files(dir.path()), 0);
+    // A length beyond the quota or the blob limit is refused before anything is written.
+    assert!(matches!(
+        s.writer(Hash::of(b"x"), Some(3001)),
+        Err(StoreError::Full { .. })
+    ));
+    assert!(matches!(
+        s.writer(Hash::of(b"x"), Some(2 << 20)),
+        Err(StoreError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn room_is_taken_as_bytes_arrive_and_writes_in_progress_are_bounded_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(
+        dir.path(),
+        StoreConfig {
+            max_pending_bytes: 1500,
+            ..config(3000)
+        },
+    )
+    .unwrap();
+    let kept: Vec<Hash> = (1..=3u8)
+        .map(|b| s.put_bytes(&[b; 1000]).unwrap())
+        .collect();
+    let data = [7u8; 1000];
+    let mut w = s.writer(Hash::of(&data), Some(1000)).unwrap();
+    w.write(&data[..400]).unwrap();
+    // The bytes that arrived needed room: the least recently used blob made it.
+    assert!(s.contains(&kept[0]).is_none());
+    assert!(s.contains(&kept[1]).is_some());
+    let mut other = s.writer(Hash::of(b"other"), None).unwrap();
+    other.write(&[1; 500]).unwrap();
+    let busy = other.write(&[1; 600]).unwrap_err();
+    assert!(
+        matches!(busy, StoreError::Busy { max: 1500, .. }),
+        "{busy:?}"
+    );
+    assert!(busy.to_string().contains("try again"));
+    drop(other);
+    w.write(&data[400..]).unwrap();
+    assert!(!w.finish().unwrap());
+    assert_eq!(s.get(&Hash::of(&data)).unwrap(), data);
+    assert_eq!(tmp_files(dir.path()), 0);
 }
 
 #[test]
