@@ -2,6 +2,7 @@
 //! invocation), and against the FMA peak measured in the same run. Medians over repeats; the
 //! machine is shared and noisy, so only ratios from one run mean much.
 
+pub mod hostile;
 pub mod load;
 pub mod node;
 mod numpy;
