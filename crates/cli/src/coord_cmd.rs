@@ -29,9 +29,14 @@ pub struct CoordinatorArgs {
     /// directory].
     #[arg(long, value_name = "URL")]
     ledger: Option<String>,
-    /// An API key clients may present as `authorization: Bearer KEY`; repeatable.
+    /// An API key clients may present as `authorization: Bearer KEY`; repeatable. Callers
+    /// deploy, call, read, and register nodes without stake.
     #[arg(long = "api-key", value_name = "KEY")]
     api_keys: Vec<String>,
+    /// The admin's key (`authorization: Bearer KEY`): what callers may do, and bond stake to
+    /// nodes (`tenet bond`). Keep it apart from the API keys.
+    #[arg(long = "admin-key", value_name = "KEY", env = "TENET_ADMIN_KEY")]
+    admin_keys: Vec<String>,
     /// A client public key whose signed requests are accepted; repeatable.
     #[arg(long = "trust", value_name = "KEY")]
     trust: Vec<String>,
@@ -58,6 +63,29 @@ pub struct CoordinatorArgs {
     /// Seconds a node may take to commit or reveal.
     #[arg(long, default_value_t = 60.0)]
     node_timeout: f64,
+    /// The largest task, by its certificate's peak memory, that may be deployed (the
+    /// coordinator referees disagreements by running a task itself) [default: the memory
+    /// available at start].
+    #[arg(long, value_name = "BYTES")]
+    max_task_memory: Option<u64>,
+    /// The largest task, by its certificate's flops, that may be deployed, in GFLOP.
+    #[arg(long, value_name = "GFLOP", default_value_t = 10_000)]
+    max_task_gflop: u64,
+    /// Connections served at once; at the cap the connection idle longest is closed and new
+    /// ones wait. Keep it below the open-file limit (`ulimit -n`).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_connections: usize,
+    /// Seconds a connection may take to send a request head (also the keep-alive idle
+    /// timeout).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    header_timeout: f64,
+    /// Seconds a request body may send nothing before it is dropped.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    body_timeout: f64,
+    /// The fewest bytes a second a request body must average (from one --body-timeout after
+    /// it began); 0: no floor.
+    #[arg(long, value_name = "BYTES", default_value_t = 65536)]
+    min_body_rate: u64,
 }
 
 pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
@@ -70,6 +98,26 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
     {
         bail!("--replicas, --node-timeout and --health-interval must be above 0");
     }
+    let secs = |v: f64, flag: &str| {
+        if v > 0.0 && v.is_finite() {
+            Ok(std::time::Duration::from_secs_f64(v))
+        } else {
+            Err(anyhow::anyhow!(
+                "{flag} must be a number of seconds above 0"
+            ))
+        }
+    };
+    if a.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    let conn = tenet_node::http::ConnLimits {
+        max_connections: a.max_connections,
+        header_timeout: secs(a.header_timeout, "--header-timeout")?,
+        body: tenet_node::http::BodyPace {
+            idle: secs(a.body_timeout, "--body-timeout")?,
+            min_rate: a.min_body_rate,
+        },
+    };
     if let Some(alpha) = a.spot_check
         && !(alpha > 0.0 && alpha <= 1.0)
     {
@@ -83,6 +131,7 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
             .unwrap_or_else(|| tenet_node::config::data_dir_for("coordinator")),
         ledger_url: a.ledger.clone(),
         api_keys: a.api_keys.clone(),
+        admin_keys: a.admin_keys.clone(),
         trusted_keys: a.trust.clone(),
         open: a.open,
         core: CoordinatorConfig {
@@ -92,8 +141,11 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
             slash_fraction: a.slash,
             reward: 1,
             node_timeout: std::time::Duration::from_secs_f64(a.node_timeout),
+            max_task_bytes: a.max_task_memory.unwrap_or(0),
+            max_task_flops: a.max_task_gflop.saturating_mul(1_000_000_000),
         },
         health_interval: std::time::Duration::from_secs_f64(a.health_interval),
+        conn,
     };
     let dir = config.data_dir.clone();
     let open = a.open;
@@ -140,6 +192,9 @@ pub struct Remote {
     /// API key (sent as `authorization: Bearer KEY`).
     #[arg(long, value_name = "KEY", env = "TENET_API_KEY")]
     api_key: Option<String>,
+    /// The coordinator's admin key, sent in place of the API key (bonding stake needs it).
+    #[arg(long, value_name = "KEY", env = "TENET_ADMIN_KEY")]
+    admin_key: Option<String>,
     /// Sign requests with this key file instead (see `tenet key new`).
     #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
@@ -206,7 +261,7 @@ impl Client {
         };
         Ok(Client {
             http: NodeClient::new(&r.coordinator, key)?,
-            api_key: r.api_key.clone(),
+            api_key: r.admin_key.clone().or_else(|| r.api_key.clone()),
             signed: r.key.is_some(),
         })
     }
@@ -488,7 +543,10 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
     })
 }
 
-pub fn register(remote: &Remote, url: &str, stake: i64) -> Result<()> {
+pub fn register(remote: &Remote, url: &str, stake: Option<i64>) -> Result<()> {
+    if stake.is_some_and(|s| s <= 0) {
+        bail!("--stake must be a positive whole number");
+    }
     let client = Client::new(remote)?;
     runtime()?.block_on(async {
         let body = serde_json::to_vec(&json!({"url": url, "stake": stake}))?;
@@ -500,6 +558,35 @@ pub fn register(remote: &Remote, url: &str, stake: i64) -> Result<()> {
             n["id"].as_str().unwrap_or("?"),
             url,
             n["stake"]
+        );
+        if n["stake"].as_i64() == Some(0) {
+            println!(
+                "  it gets no jobs until the coordinator's admin bonds stake to it: tenet bond {} --amount N --admin-key KEY",
+                n["id"].as_str().unwrap_or("NODE")
+            );
+        }
+        Ok(())
+    })
+}
+
+/// `tenet bond`: the admin bonds stake to a node (or takes some back) and names its operator.
+pub fn bond(remote: &Remote, node: &str, amount: i64, operator: Option<&str>) -> Result<()> {
+    let client = Client::new(remote)?;
+    runtime()?.block_on(async {
+        let body = serde_json::to_vec(&json!({"amount": amount, "operator": operator}))?;
+        let n = client
+            .call(
+                Method::POST,
+                &format!("/v1/nodes/{node}/stake"),
+                body,
+                "application/json",
+            )
+            .await?;
+        println!(
+            "node {} now has stake {} (operator {})",
+            n["id"].as_str().unwrap_or("?"),
+            n["stake"],
+            n["operator"].as_str().unwrap_or("?")
         );
         Ok(())
     })

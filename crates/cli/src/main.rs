@@ -84,6 +84,54 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// Start a coordinator and 3 nodes on 127.0.0.1 as processes; honest clients call a small
+    /// task for --seconds with nobody else on the network, then as long again while attackers
+    /// run each class of issue 29 at a bounded rate: honest success, p50/p99 against the quiet
+    /// run, what each attack got back, and every process's peak memory against its limit.
+    /// Exit status 1 when the goals (100% honest success, p99 within 2x, memory within
+    /// limits, every honest job decided) are not met, or an attack got another answer than
+    /// its class expects.
+    #[command(
+        after_help = "Classes (--only, by name or issue item): 1 weights, 2 chain, \
+        3 bench, 4 sybil, 5 stall (a withholding 4th node; only with --stall or --only), 6 json, \
+        7 wait, 8 pull, 9 conns, 10 declared, 11 session, 12 values.\n\nExample:\n  \
+        tenet bench hostile --seconds 20\n  tenet bench hostile --only json,wait,values --json"
+    )]
+    Hostile {
+        /// Length of each phase (quiet, then under attack), in seconds.
+        #[arg(long, default_value_t = 20.0, value_name = "SECS")]
+        seconds: f64,
+        /// Concurrent honest clients.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Attempts per second of each attack class.
+        #[arg(long, default_value_t = 2.0, value_name = "PER_SEC")]
+        rate: f64,
+        /// The most attempts of each attack class.
+        #[arg(long, default_value_t = 200, value_name = "N")]
+        max_per_class: usize,
+        /// Only these attack classes (comma-separated names or numbers) [default: all but
+        /// stall].
+        #[arg(long, value_name = "CLASS,...", value_delimiter = ',')]
+        only: Vec<String>,
+        /// Also start a 4th node that commits and never reveals (class 5): each job it is
+        /// drawn for waits the coordinator's node timeout, by design.
+        #[arg(long)]
+        stall: bool,
+        /// Idle connections held to each process (class 9; a node's default cap is 512).
+        #[arg(long, default_value_t = 600, value_name = "N")]
+        idle: usize,
+        /// Ops in the tanh chain (class 2).
+        #[arg(long, default_value_t = 100_000, value_name = "N")]
+        chain_ops: usize,
+        /// Seconds after the attack phase that held connections may still be closed by the
+        /// servers before they count as never closed.
+        #[arg(long, default_value_t = 35.0, value_name = "SECS")]
+        linger: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -276,16 +324,38 @@ enum Command {
     /// they reveal; answer with the agreed result and a signed receipt; slash liars.
     #[command(
         after_help = "Example:\n  tenet coordinator --open --listen 127.0.0.1:7080 --data-dir /tmp/coord\n  \
-        tenet node --trust <the coordinator's key> ...\n  tenet register http://127.0.0.1:7070 --stake 1000"
+        tenet node --trust <the coordinator's key> ...\n  tenet register http://127.0.0.1:7070 --stake 1000 --admin-key ADMIN"
     )]
     Coordinator(coord_cmd::CoordinatorArgs),
     /// Register a node with a coordinator (the node must trust the coordinator's key).
+    #[command(
+        after_help = "Without --stake the node is registered with none and gets no jobs until the admin bonds some \
+        (`tenet bond`). --stake bonds stake to a node the coordinator has never seen, and needs the admin key."
+    )]
     Register {
         /// The node's URL.
         url: String,
-        /// The stake it puts at risk.
+        /// Stake to bond to a new node (with --admin-key).
         #[arg(long)]
-        stake: i64,
+        stake: Option<i64>,
+        #[command(flatten)]
+        remote: coord_cmd::Remote,
+    },
+    /// Bond stake to a registered node (or take some back with a negative amount), as the
+    /// coordinator's admin; name the operator who answers for it.
+    #[command(
+        after_help = "Example:\n  tenet bond 3296827fdce9... --amount 1000 --operator alice --admin-key ADMIN\n\n\
+        No two replicas of a job belong to the same operator (a node without one is its own)."
+    )]
+    Bond {
+        /// The node's id (its public key, 64 hex characters).
+        node: String,
+        /// Stake to add; negative to take back (never below zero).
+        #[arg(long, allow_negative_numbers = true)]
+        amount: i64,
+        /// Who answers for the node: one operator never holds two replicas of a job.
+        #[arg(long)]
+        operator: Option<String>,
         #[command(flatten)]
         remote: coord_cmd::Remote,
     },
@@ -412,6 +482,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Key { command } => node_cmd::key(&command),
         Command::Coordinator(args) => coord_cmd::run_coordinator(&args),
         Command::Register { url, stake, remote } => coord_cmd::register(&remote, &url, stake),
+        Command::Bond {
+            node,
+            amount,
+            operator,
+            remote,
+        } => coord_cmd::bond(&remote, &node, amount, operator.as_deref()),
         Command::Deploy {
             graph,
             weights,
@@ -555,6 +631,52 @@ fn run(cli: Cli) -> Result<()> {
             }
             if !report.nothing_lost() {
                 bail!("jobs were lost or failed under load");
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                Some(BenchWhat::Hostile {
+                    seconds,
+                    clients,
+                    rate,
+                    max_per_class,
+                    only,
+                    stall,
+                    idle,
+                    chain_ops,
+                    linger,
+                    json,
+                }),
+            ..
+        } => {
+            let exe = std::env::current_exe().context("finding the tenet binary")?;
+            let config = tenet_bench::hostile::HostileConfig {
+                seconds,
+                clients,
+                rate,
+                max_per_class,
+                classes: tenet_bench::hostile::parse_classes(&only, stall)
+                    .map_err(anyhow::Error::msg)?,
+                idle_per_process: idle,
+                chain_ops,
+                linger_secs: linger,
+                ..tenet_bench::hostile::HostileConfig::new(exe)
+            };
+            let report = tenet_bench::hostile::run(&config, |what| {
+                eprintln!("tenet bench hostile: {what}...")
+            })
+            .map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            if !report.goals_met() {
+                bail!("the network did not meet its goals under attack");
+            }
+            if !report.attacks_as_expected() {
+                bail!("some attacks were answered otherwise than expected (see the table)");
             }
             Ok(())
         }

@@ -56,6 +56,9 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
         Some(dir) => Some(replay(&receipt, dir)?),
         None => None,
     };
+    // Without --coordinator the signature is checked against the key the receipt itself
+    // names: anyone can make such a receipt with a key of their own, so say so.
+    let pinned = a.coordinator.is_some();
     if a.json {
         println!(
             "{}",
@@ -63,18 +66,28 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
                 "verified": true, "job_id": receipt.job.job_id, "task": receipt.job.task,
                 "output_hash": receipt.output_hash, "nodes": receipt.nodes.len(),
                 "replicas": receipt.replicas, "coordinator": receipt.coordinator,
-                "replayed": replayed.is_some(),
+                "coordinator_pinned": pinned, "replayed": replayed.is_some(),
             })
         );
     } else {
+        let signer = if pinned {
+            format!(
+                "signed by coordinator {}, the key you gave",
+                receipt.coordinator
+            )
+        } else {
+            format!(
+                "signed by {}, the key the receipt names: UNPINNED — anyone can sign a receipt with a key of their own; pass --coordinator KEY to check it is the coordinator you trust",
+                receipt.coordinator
+            )
+        };
         println!(
-            "receipt verified: job {} on task {}\n  output hash {}\n  {} of {} node(s) agreed, each signature and commitment opening checked\n  signed by coordinator {}",
+            "receipt verified: job {} on task {}\n  output hash {}\n  {} of {} node(s) agreed, each signature and commitment opening checked\n  {signer}",
             receipt.job.job_id,
             receipt.job.task.short(),
             receipt.output_hash,
             receipt.nodes.len(),
             receipt.replicas,
-            receipt.coordinator
         );
         if let Some(msg) = replayed {
             println!("  {msg}");

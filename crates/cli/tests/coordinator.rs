@@ -222,7 +222,8 @@ async fn one_liar_of_three_is_caught_in_every_one_of_50_exact_jobs_and_slashed()
         stake -= (stake as f64 * 0.1).floor() as i64;
     }
     assert_eq!(liar_rec.stake, stake);
-    assert_eq!(l.stake_events(liar).await.unwrap().len(), 50);
+    // The bond at registration, then fifty slashes.
+    assert_eq!(l.stake_events(liar).await.unwrap().len(), 51);
     for honest in [&c.ids[0], &c.ids[2]] {
         let r = l.node(honest).await.unwrap().unwrap();
         assert_eq!((r.agreed, r.disagreed, r.stake), (50, 0, 1050));
@@ -493,7 +494,8 @@ async fn restart_resumes_every_unfinished_state(ledger_url: Option<String>) {
     // Each job settled exactly once: three slashes of the liar, three credits per honest node.
     let liar_rec = l.node(liar).await.unwrap().unwrap();
     assert_eq!((liar_rec.stake, liar_rec.disagreed), (729, 3));
-    assert_eq!(l.stake_events(liar).await.unwrap().len(), 3);
+    // The bond at registration, then three slashes.
+    assert_eq!(l.stake_events(liar).await.unwrap().len(), 4);
     for honest in [&c.ids[0], &c.ids[2]] {
         let r = l.node(honest).await.unwrap().unwrap();
         assert_eq!((r.stake, r.agreed), (1003, 3));
@@ -620,6 +622,7 @@ async fn the_health_monitor_benches_a_dead_node_and_brings_it_back_and_deregiste
         .register_node(&c.nodes[0].url, 500, None)
         .await
         .unwrap();
-    assert_eq!((again.state, again.stake), (NodeState::Active, 500));
+    // Coming back keeps the stake it had: a registration's stake is bonded to new nodes only.
+    assert_eq!((again.state, again.stake), (NodeState::Active, 1000));
     c.coordinator.heartbeat(&c.ids[0]).await.unwrap();
 }

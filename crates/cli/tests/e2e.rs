@@ -57,6 +57,8 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
         &d("coord"),
         "--api-key",
         "secret",
+        "--admin-key",
+        "admin",
     ]);
     let words: Vec<&str> = line.split_whitespace().collect();
     let (ckey, curl) = (words[2].to_string(), words.last().unwrap().to_string());
@@ -80,6 +82,17 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
         }
         let (p, line) = spawn(&args);
         let url = line.split_whitespace().last().unwrap().to_string();
+        if i == 0 {
+            // A caller's key cannot claim stake: only the admin bonds it.
+            let claimed = tenet()
+                .args(["register", &url, "--stake", "1000", "--coordinator", &curl])
+                .args(["--api-key", "secret"])
+                .output()
+                .unwrap();
+            assert!(!claimed.status.success());
+            let err = String::from_utf8_lossy(&claimed.stderr);
+            assert!(err.contains("403") && err.contains("admin"), "{err}");
+        }
         let reg = tenet()
             .args([
                 "register",
@@ -88,8 +101,8 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
                 "1000",
                 "--coordinator",
                 &curl,
-                "--api-key",
-                "secret",
+                "--admin-key",
+                "admin",
             ])
             .output()
             .unwrap();
@@ -245,6 +258,8 @@ fn coordinator_args<'a>(data: &'a str, listen: &'a str, extra: &[&'a str]) -> Ve
         data,
         "--api-key",
         "secret",
+        "--admin-key",
+        "admin",
     ];
     a.extend(extra);
     a
@@ -274,7 +289,7 @@ fn a_node_joins_by_itself_sends_heartbeats_runs_jobs_and_leaves_on_sigterm() {
         "--coordinator",
         &curl,
         "--api-key",
-        "secret",
+        "admin",
         "--stake",
         "700",
         "--heartbeat",
@@ -352,7 +367,7 @@ fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_
         let url = line.split_whitespace().last().unwrap().to_string();
         ok(tenet()
             .args(["register", &url, "--stake", "1000", "--coordinator", &curl])
-            .args(["--api-key", "secret"])
+            .args(["--admin-key", "admin"])
             .output()
             .unwrap());
         nodes.push(p);

@@ -34,6 +34,10 @@ pub struct CoordinatorConfig {
     pub reward: i64,
     /// How long a node may take to commit or reveal.
     pub node_timeout: Duration,
+    /// The largest task this coordinator deploys, by its certificate: it must be able to
+    /// referee any task it accepts (0: the memory available when it starts).
+    pub max_task_bytes: u64,
+    pub max_task_flops: u64,
 }
 
 impl Default for CoordinatorConfig {
@@ -45,6 +49,8 @@ impl Default for CoordinatorConfig {
             slash_fraction: 0.1,
             reward: 1,
             node_timeout: Duration::from_secs(60),
+            max_task_bytes: 0,
+            max_task_flops: 10_000_000_000_000,
         }
     }
 }
@@ -56,8 +62,13 @@ pub enum DispatchError {
     Ledger(#[from] LedgerError),
     #[error("blob store: {0}")]
     Store(#[from] tenet_store::StoreError),
-    #[error("only {have} healthy node(s) are registered; the job needs {need}")]
+    #[error(
+        "only {have} healthy node(s) with bonded stake and of different operators are registered; the job needs {need}"
+    )]
     NotEnoughNodes { have: usize, need: usize },
+    /// No node (or too few) advertises limits the task's certificate fits: nothing was sent.
+    #[error("{0}")]
+    ExceedsLimits(String),
     #[error("the job failed on the nodes: {0}")]
     Nodes(String),
     #[error("the refereeing run failed: {0}")]
@@ -101,6 +112,32 @@ pub struct Coordinator<L: Ledger> {
     clients: Mutex<HashMap<String, Arc<NodeClient>>>,
     /// Jobs being driven by this process; the flag turns true when one ends.
     running: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// What deployed tasks need of a node and what their outputs weigh, by task id.
+    facts: Mutex<HashMap<Hash, Arc<TaskFacts>>>,
+}
+
+/// What the coordinator keeps of a deployed task to schedule and check its jobs.
+#[derive(Debug)]
+pub(crate) struct TaskFacts {
+    pub need: Need,
+    /// Each output's name and its tensor blob's size: the most a node's answer may carry.
+    pub outputs: Vec<(String, u64)>,
+}
+
+/// What a task needs of a node, by its cost certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Need {
+    pub peak_bytes: u64,
+    pub flops: u64,
+}
+
+impl Need {
+    /// Whether `node`'s advertised limits take it (an unknown limit, 0, takes anything: the
+    /// node still checks the certificate itself before running).
+    pub fn fits(&self, node: &NodeRecord) -> bool {
+        let within = |need: u64, limit: i64| limit <= 0 || need <= limit as u64;
+        within(self.peak_bytes, node.memory_limit) && within(self.flops, node.max_flops)
+    }
 }
 
 pub(crate) fn now() -> i64 {
@@ -130,6 +167,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             config,
             clients: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            facts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -159,18 +197,97 @@ impl<L: Ledger + 'static> Coordinator<L> {
         Ok(client)
     }
 
-    /// Pick up to `n` distinct active nodes not in `exclude`, weighted by stake × score.
+    /// Whether a task with this certificate may be deployed: within the coordinator's own
+    /// limits, since it referees disagreements by running the task itself.
+    pub fn check_deployable(&self, cost: &tenet_ir::Cost) -> Result<(), DispatchError> {
+        let memory = match self.config.max_task_bytes {
+            0 => tenet_exec::available_memory().unwrap_or(4 << 30),
+            m => m,
+        };
+        if cost.peak_bytes > memory || cost.flops > self.config.max_task_flops {
+            return Err(DispatchError::ExceedsLimits(format!(
+                "the task needs {} bytes of memory and {} flops by its certificate; this coordinator deploys tasks of at most {memory} bytes and {} flops (it must be able to referee them)",
+                cost.peak_bytes, cost.flops, self.config.max_task_flops
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many healthy staked nodes advertise limits that take a task with this certificate.
+    pub async fn nodes_able(&self, cost: &tenet_ir::Cost) -> Result<usize, DispatchError> {
+        let need = Need {
+            peak_bytes: cost.peak_bytes,
+            flops: cost.flops,
+        };
+        Ok(self
+            .ledger
+            .nodes()
+            .await?
+            .iter()
+            .filter(|r| r.state == NodeState::Active && r.stake > 0 && need.fits(r))
+            .count())
+    }
+
+    /// What task `task` needs of a node, from its certificate.
+    pub(crate) fn need(&self, task: &Hash) -> Result<Need, DispatchError> {
+        Ok(self.facts(task)?.need)
+    }
+
+    /// What the coordinator keeps of task `task` (decoded once, then cached).
+    pub(crate) fn facts(&self, task: &Hash) -> Result<Arc<TaskFacts>, DispatchError> {
+        if let Some(f) = lock(&self.facts).get(task) {
+            return Ok(f.clone());
+        }
+        let graph = tenet_ir::codec::decode(&self.store.get(task)?).map_err(|e| {
+            DispatchError::Internal(format!("the stored task {task} does not decode: {e}"))
+        })?;
+        let cost = graph.cost();
+        let outputs = graph
+            .outputs()
+            .iter()
+            .map(|o| {
+                let ty = &graph.node(o.node).ty;
+                let bytes = ty.bytes().unwrap_or(u64::MAX);
+                let blob = bytes.saturating_add(tensor::header(ty).len() as u64);
+                (o.name.clone(), blob)
+            })
+            .collect();
+        let facts = Arc::new(TaskFacts {
+            need: Need {
+                peak_bytes: cost.peak_bytes,
+                flops: cost.flops,
+            },
+            outputs,
+        });
+        lock(&self.facts).insert(*task, facts.clone());
+        Ok(facts)
+    }
+
+    /// Pick up to `n` active nodes with stake whose limits take `need`, none of them in
+    /// `exclude` nor of the same operator as a node in `exclude` or as each other, weighted
+    /// by stake × score. One party (an operator, or a node without one) never holds two
+    /// replicas of a job, however many nodes it runs or however much stake it has.
     pub(crate) async fn pick(
         &self,
         n: usize,
         exclude: &HashSet<String>,
+        need: Need,
     ) -> Result<Vec<NodeRecord>, DispatchError> {
-        let mut pool: Vec<NodeRecord> = self
-            .ledger
-            .nodes()
-            .await?
+        let all = self.ledger.nodes().await?;
+        let mut parties: HashSet<String> = all
+            .iter()
+            .filter(|r| exclude.contains(&r.id))
+            .map(|r| r.party().to_string())
+            .collect();
+        let mut pool: Vec<NodeRecord> = all
             .into_iter()
-            .filter(|r| r.state == NodeState::Active && r.stake > 0 && !exclude.contains(&r.id))
+            .filter(|r| {
+                r.state == NodeState::Active
+                    && r.stake > 0
+                    && !exclude.contains(&r.id)
+                    && !parties.contains(r.party())
+                    && need.fits(r)
+            })
             .collect();
         let mut chosen = Vec::new();
         while chosen.len() < n && !pool.is_empty() {
@@ -185,9 +302,36 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 x -= weights[i];
                 i += 1;
             }
-            chosen.push(pool.swap_remove(i));
+            let picked = pool.swap_remove(i);
+            parties.insert(picked.party().to_string());
+            pool.retain(|r| !parties.contains(r.party()));
+            chosen.push(picked);
         }
         Ok(chosen)
+    }
+
+    /// Why fewer than `want` nodes could be picked for `need`: no node's limits take the task
+    /// (nothing is sent to any node), or too few healthy parties.
+    async fn shortfall(&self, have: usize, want: usize, need: Need) -> DispatchError {
+        let Ok(nodes) = self.ledger.nodes().await else {
+            return DispatchError::NotEnoughNodes { have, need: want };
+        };
+        let staked: Vec<&NodeRecord> = nodes
+            .iter()
+            .filter(|r| r.state == NodeState::Active && r.stake > 0)
+            .collect();
+        let fitting = staked.iter().filter(|r| need.fits(r)).count();
+        if fitting < want && fitting < staked.len() {
+            let most = staked.iter().map(|r| r.memory_limit).max().unwrap_or(0);
+            let flops = staked.iter().map(|r| r.max_flops).max().unwrap_or(0);
+            return DispatchError::ExceedsLimits(format!(
+                "the task needs {} bytes of memory and {} flops by its certificate; {fitting} of the {} healthy staked node(s) take that (the largest limits: {most} bytes, {flops} flops), and the job needs {want}",
+                need.peak_bytes,
+                need.flops,
+                staked.len()
+            ));
+        }
+        DispatchError::NotEnoughNodes { have, need: want }
     }
 
     /// How many replicas a new job gets: `replicas`, or in spot-check mode one, replicated
@@ -210,12 +354,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
             )));
         }
         let want = self.replicas_for_new_job();
-        let chosen = self.pick(want, &HashSet::new()).await?;
+        let need = self.need(&req.task)?;
+        let chosen = self.pick(want, &HashSet::new(), need).await?;
         if chosen.len() < want {
-            return Err(DispatchError::NotEnoughNodes {
-                have: chosen.len(),
-                need: want,
-            });
+            return Err(self.shortfall(chosen.len(), want, need).await);
         }
         let mut inputs = BTreeMap::new();
         for (name, t) in &req.inputs {

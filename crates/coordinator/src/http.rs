@@ -1,7 +1,12 @@
 //! The coordinator's REST API for clients: deploy a task, call it, read jobs and receipts;
-//! register nodes. The only module of this crate that knows routes and statuses. Clients
-//! authenticate with an API key (`authorization: Bearer KEY`) or by signing requests as nodes
-//! require (a trusted Ed25519 key); `--open` accepts anyone, for local use.
+//! register nodes; bond stake. The only module of this crate that knows routes and statuses.
+//! Clients authenticate with an API key (`authorization: Bearer KEY`) or by signing requests as
+//! nodes require (a trusted Ed25519 key); the admin with an admin key, which alone may bond
+//! stake; `--open` accepts anyone as admin, for local use.
+//!
+//! A body is read only after its sender is authenticated, and only up to what its route can
+//! need: a call to a task may send at most what the task's declared inputs take (as JSON or
+//! safetensors), every other body at most `max_request_bytes`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -12,10 +17,10 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response};
 use serde_json::{Value, json};
-use tenet_ir::{Graph, HostTensor, Op};
+use tenet_ir::{Graph, Op};
 use tenet_ledger::{AssignmentState, JobRecord, JobState, Ledger, NodeRecord, NodeState};
 use tenet_node::gate::Gate;
-use tenet_node::http::{Reply, body, collect_body, error_reply, json_reply};
+use tenet_node::http::{Reply, body, collect_body_paced, error_reply, json_reply};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -28,11 +33,78 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// Who may call, and how much they may send.
 pub struct Access {
+    /// Callers' bearer keys: deploy, call, read, register nodes without stake.
     pub api_keys: Vec<String>,
+    /// The admin's bearer keys: everything a caller may do, and bond stake.
+    pub admin_keys: Vec<String>,
     pub gate: Gate,
     pub open: bool,
     pub max_request_bytes: u64,
+    /// Connections, request heads and bodies: the accept loop's limits, shared with nodes.
+    pub conn: tenet_node::http::ConnLimits,
 }
+
+/// Who sent a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Caller {
+    /// An admin key (or anyone, on an open coordinator).
+    Admin,
+    /// An API key or a trusted signing key.
+    Client,
+    /// A registered node signing for itself (its heartbeats and leaving).
+    Node,
+}
+
+impl Caller {
+    /// A node acts only for itself (the gate admits its own key only on its own routes); a
+    /// caller may not speak for a node: deregistering the network's nodes, or keeping a dead
+    /// one alive, is not a caller's to do.
+    fn require_node_or_admin(self, what: &str) -> Result<(), ApiError> {
+        if matches!(self, Caller::Node | Caller::Admin) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("{what} is for the node itself (signed with its key) or the admin"),
+        ))
+    }
+
+    fn require_admin(self, what: &str) -> Result<(), ApiError> {
+        if self == Caller::Admin {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "{what} takes the coordinator's admin key (--admin-key): stake is bonded by the admin, never claimed by a registrant; register without stake and ask the admin to run `tenet stake bond`"
+            ),
+        ))
+    }
+}
+
+/// The largest graph a deploy may send (its decoder bounds it further by `Limits`).
+const MAX_GRAPH_BODY_BYTES: u64 = 256 << 20;
+
+/// The largest body of any other route (registrations, bonds).
+const MAX_SMALL_BODY_BYTES: u64 = 64 << 10;
+
+/// A blob store failure as the client sees it.
+fn store_error(e: tenet_store::StoreError) -> ApiError {
+    use tenet_store::StoreError as S;
+    let code = match &e {
+        S::NotFound(_) => ErrorCode::NotFound,
+        S::HashMismatch { .. } => ErrorCode::HashMismatch,
+        S::TooLarge { .. } => ErrorCode::TooLarge,
+        S::Truncated { .. } => ErrorCode::TruncatedBody,
+        S::Full { .. } => ErrorCode::StorageFull,
+        S::Busy { .. } => ErrorCode::Busy,
+        S::Io { .. } => ErrorCode::Internal,
+    };
+    ApiError::new(code, e.to_string())
+}
+
+/// Room for a safetensors call body beyond its tensors' bytes: its JSON header.
+const SAFETENSORS_SLACK_BYTES: u64 = 64 << 10;
 
 /// The service: the core plus access rules.
 pub struct Service<L: Ledger> {
@@ -42,6 +114,17 @@ pub struct Service<L: Ledger> {
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, message)
+}
+
+/// A weights file (or safetensors body) refused: `exceeds_limits` (422) when loading it would
+/// take more memory than this machine has available
+/// ([`tenet_models::default_max_resident_bytes`]), else `otherwise`.
+fn weights_error(e: tenet_models::WeightsError, otherwise: ErrorCode) -> ApiError {
+    let code = match e {
+        tenet_models::WeightsError::OverBudget { .. } => ErrorCode::ExceedsLimits,
+        _ => otherwise,
+    };
+    ApiError::new(code, e.to_string())
 }
 
 fn not_found(message: impl Into<String>) -> ApiError {
@@ -57,6 +140,7 @@ fn dispatch_error(e: DispatchError) -> ApiError {
         DispatchError::BadRequest(_) => ErrorCode::BadInputs,
         DispatchError::NotEnoughNodes { .. } | DispatchError::Nodes(_) => ErrorCode::Busy,
         DispatchError::Undecided(_) => ErrorCode::Conflict,
+        DispatchError::ExceedsLimits(_) => ErrorCode::ExceedsLimits,
         DispatchError::Ledger(_)
         | DispatchError::Store(_)
         | DispatchError::Referee(_)
@@ -76,6 +160,7 @@ fn ledger_error(e: tenet_ledger::LedgerError) -> ApiError {
 fn node_json(n: &NodeRecord) -> Value {
     json!({
         "id": n.id, "url": n.url, "stake": n.stake, "state": n.state.as_str(),
+        "operator": n.party(), "memory_limit": n.memory_limit, "max_flops": n.max_flops,
         "agreed": n.agreed, "disagreed": n.disagreed, "score": n.score(),
         "last_heartbeat": n.last_heartbeat,
     })
@@ -130,59 +215,51 @@ impl<L: Ledger + 'static> Service<L> {
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("stored task {id}: {e}")))
     }
 
-    async fn authorize(
-        &self,
-        req: Request<Incoming>,
-    ) -> Result<(Method, String, Bytes, Option<String>), ApiError> {
-        let method = req.method().clone();
-        let path_q = req
-            .uri()
-            .path_and_query()
-            .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
-        let content_type = req
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+    /// Who is calling, from the headers alone; with the body hash they signed, if they did.
+    async fn authorize(&self, req: &Request<Incoming>) -> Result<(Caller, Option<Hash>), ApiError> {
         let bearer = req
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::to_string);
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if let Some(key) = bearer {
+            return if self.access.admin_keys.iter().any(|k| k == key) {
+                Ok((Caller::Admin, None))
+            } else if self.access.api_keys.iter().any(|k| k == key) {
+                Ok((Caller::Client, None))
+            } else {
+                Err(ApiError::new(ErrorCode::Unauthenticated, "unknown API key"))
+            };
+        }
         let signed = req.headers().contains_key(tenet_proto::auth::KEY_HEADER);
+        if !signed && self.access.open {
+            return Ok((Caller::Admin, None));
+        }
         let itself = if signed {
             self.node_speaking_for_itself(req.uri().path()).await
         } else {
             None
         };
-        let auth = if let Some(key) = bearer {
-            if !self.access.api_keys.contains(&key) {
-                return Err(ApiError::new(ErrorCode::Unauthenticated, "unknown API key"));
-            }
-            None
-        } else if signed || !self.access.open {
-            let h = req.headers();
-            Some(self.access.gate.admit_also(
-                |n| h.get(n).and_then(|v| v.to_str().ok()),
-                method.as_str(),
-                &path_q,
-                tenet_proto::unix_now(),
-                itself.as_ref(),
-            )?)
+        let path_q = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+        let h = req.headers();
+        let auth = self.access.gate.admit_also(
+            |n| h.get(n).and_then(|v| v.to_str().ok()),
+            req.method().as_str(),
+            &path_q,
+            tenet_proto::unix_now(),
+            itself.as_ref(),
+        )?;
+        let caller = if self.access.open {
+            Caller::Admin
+        } else if itself == Some(auth.key) {
+            Caller::Node
         } else {
-            None
+            Caller::Client
         };
-        let body = collect_body(req, self.access.max_request_bytes).await?;
-        if let Some(a) = auth
-            && tenet_node::digest::hash(&body) != a.body_hash
-        {
-            return Err(ApiError::new(
-                ErrorCode::BadSignature,
-                "the body does not hash to the signed x-tenet-body-hash",
-            ));
-        }
-        Ok((method, path_q, body, content_type))
+        Ok((caller, Some(auth.body_hash)))
     }
 
     /// On `/v1/nodes/{id}` and `/v1/nodes/{id}/heartbeat`, a registered node may sign with
@@ -206,12 +283,82 @@ impl<L: Ledger + 'static> Service<L> {
         let result = if public {
             self.public(req.uri().path())
         } else {
-            match self.authorize(req).await {
-                Ok((method, path, body, ct)) => self.route(&method, &path, body, ct).await,
-                Err(e) => Err(e),
-            }
+            self.serve(req).await
         };
         result.unwrap_or_else(|e| error_reply(&e))
+    }
+
+    /// Authenticate, find out how large a body the route may take, read it (no more), check
+    /// it against its signature, and route.
+    async fn serve(&self, req: Request<Incoming>) -> Result<Reply, ApiError> {
+        let (caller, signed_hash) = self.authorize(&req).await?;
+        let method = req.method().clone();
+        let path_q = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let (path, query) = path_q.split_once('?').unwrap_or((&path_q, ""));
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        if let ("PUT", ["v1", "blobs", h]) = (method.as_str(), parts.as_slice()) {
+            let hash = Hash::parse(h).map_err(|e| bad(e.to_string()))?;
+            if signed_hash.is_some_and(|signed| signed != hash) {
+                return Err(bad(format!(
+                    "a blob upload's signed body hash must be its address {hash}"
+                )));
+            }
+            return self.put_blob(req, hash).await;
+        }
+        // A call's task is loaded before its body is read: the body may be no larger than
+        // the task's inputs need, and a call to a task that is not here reads nothing.
+        let task = match (method.as_str(), parts.as_slice()) {
+            ("POST", ["v1", "tasks", id, "run"]) => {
+                let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
+                Some((id, self.load_task(&id)?))
+            }
+            _ => None,
+        };
+        let limit = match &task {
+            Some((_, graph)) => {
+                let types = graph.inputs().map(|(_, _, t)| t);
+                let need = if content_type.as_deref() == Some("application/octet-stream") {
+                    types
+                        .map(|t| t.bytes().unwrap_or(u64::MAX))
+                        .fold(SAFETENSORS_SLACK_BYTES, u64::saturating_add)
+                } else {
+                    tenet_proto::run_body::max_json_body(types)
+                };
+                need.min(self.access.max_request_bytes)
+            }
+            None => match (method.as_str(), parts.as_slice()) {
+                ("POST", ["v1", "tasks"]) => MAX_GRAPH_BODY_BYTES,
+                _ => MAX_SMALL_BODY_BYTES,
+            }
+            .min(self.access.max_request_bytes),
+        };
+        let body = collect_body_paced(req, limit, self.access.conn.body).await?;
+        if let Some(signed) = signed_hash
+            && tenet_node::digest::hash(&body) != signed
+        {
+            return Err(ApiError::new(
+                ErrorCode::BadSignature,
+                "the body does not hash to the signed x-tenet-body-hash",
+            ));
+        }
+        let request = Routed {
+            caller,
+            method: &method,
+            path,
+            query,
+            body,
+            content_type: content_type.as_deref(),
+            task,
+        };
+        self.route(request).await
     }
 
     fn public(&self, path: &str) -> Result<Reply, ApiError> {
@@ -232,19 +379,24 @@ impl<L: Ledger + 'static> Service<L> {
         }))
     }
 
-    async fn route(
-        &self,
-        method: &Method,
-        path_q: &str,
-        body: Bytes,
-        content_type: Option<String>,
-    ) -> Result<Reply, ApiError> {
-        let (path, query) = path_q.split_once('?').unwrap_or((path_q, ""));
+    async fn route(&self, r: Routed<'_>) -> Result<Reply, ApiError> {
+        let Routed {
+            caller,
+            method,
+            path,
+            query,
+            body,
+            content_type,
+            task,
+        } = r;
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let ledger = &self.core.ledger;
         match (method.as_str(), parts.as_slice()) {
             ("POST", ["v1", "nodes"]) => {
                 let (url, stake) = registration(&body)?;
+                if stake > 0 {
+                    caller.require_admin("registering a node with stake")?;
+                }
                 let n = self
                     .core
                     .register_node(&url, stake, None)
@@ -256,6 +408,9 @@ impl<L: Ledger + 'static> Service<L> {
                 let key = PublicKey::parse(id)
                     .ok_or_else(|| bad(format!("`{id}` is not a node id (64 hex characters)")))?;
                 let (url, stake) = registration(&body)?;
+                if stake > 0 {
+                    caller.require_admin("registering a node with stake")?;
+                }
                 let n = self
                     .core
                     .register_node(&url, stake, Some(&key))
@@ -271,24 +426,31 @@ impl<L: Ledger + 'static> Service<L> {
                     .ok_or_else(|| not_found(format!("no node {id}")))?;
                 json_reply(&node_json(&n))
             }
-            ("POST", ["v1", "nodes", id, "heartbeat"]) => json_reply(&node_json(
-                &self.core.heartbeat(id).await.map_err(dispatch_error)?,
-            )),
-            ("DELETE", ["v1", "nodes", id]) => json_reply(&node_json(
-                &self.core.deregister(id).await.map_err(dispatch_error)?,
-            )),
+            ("POST", ["v1", "nodes", id, "stake"]) => {
+                caller.require_admin("bonding stake")?;
+                let (amount, operator) = bond_request(&body)?;
+                let n = self
+                    .core
+                    .bond(id, amount, operator.as_deref())
+                    .await
+                    .map_err(dispatch_error)?;
+                json_reply(&node_json(&n))
+            }
+            ("POST", ["v1", "nodes", id, "heartbeat"]) => {
+                caller.require_node_or_admin("a heartbeat")?;
+                json_reply(&node_json(
+                    &self.core.heartbeat(id).await.map_err(dispatch_error)?,
+                ))
+            }
+            ("DELETE", ["v1", "nodes", id]) => {
+                caller.require_node_or_admin("deregistering a node")?;
+                json_reply(&node_json(
+                    &self.core.deregister(id).await.map_err(dispatch_error)?,
+                ))
+            }
             ("GET", ["v1", "nodes"]) => {
                 let nodes = ledger.nodes().await.map_err(ledger_error)?;
                 json_reply(&nodes.iter().map(node_json).collect::<Vec<_>>())
-            }
-            ("PUT", ["v1", "blobs", h]) => {
-                let hash = Hash::parse(h).map_err(|e| bad(e.to_string()))?;
-                let existed = self
-                    .core
-                    .store()
-                    .put(&hash, &body)
-                    .map_err(|e| ApiError::new(ErrorCode::HashMismatch, e.to_string()))?;
-                json_reply(&json!({"hash": hash, "size": body.len(), "existed": existed}))
             }
             ("GET" | "HEAD", ["v1", "blobs", h]) => {
                 let hash = Hash::parse(h).map_err(|e| bad(e.to_string()))?;
@@ -302,6 +464,9 @@ impl<L: Ledger + 'static> Service<L> {
             ("POST", ["v1", "tasks"]) => {
                 let graph = tenet_ir::decode_any(&body)
                     .map_err(|e| ApiError::new(ErrorCode::InvalidGraph, e.to_string()))?;
+                self.core
+                    .check_deployable(graph.cost())
+                    .map_err(dispatch_error)?;
                 let files = weight_files(&graph);
                 if files.len() > 1 {
                     return Err(ApiError::new(
@@ -317,7 +482,7 @@ impl<L: Ledger + 'static> Service<L> {
                         )
                     })?;
                     let file = tenet_models::WeightsFile::from_bytes(bytes, &w.short())
-                        .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
+                        .map_err(|e| weights_error(e, ErrorCode::BadInputs))?;
                     tenet_models::check_bindings(&graph, std::slice::from_ref(&file))
                         .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
                 }
@@ -326,16 +491,22 @@ impl<L: Ledger + 'static> Service<L> {
                     .store()
                     .put_bytes(&graph.to_bytes())
                     .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-                json_reply(&task_json(&id, &graph))
+                let mut v = task_json(&id, &graph);
+                v["nodes_able"] = json!(
+                    self.core
+                        .nodes_able(graph.cost())
+                        .await
+                        .map_err(dispatch_error)?
+                );
+                json_reply(&v)
             }
             ("GET", ["v1", "tasks", id]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
                 json_reply(&task_json(&id, &self.load_task(&id)?))
             }
-            ("POST", ["v1", "tasks", id, "run"]) => {
-                let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
-                let graph = self.load_task(&id)?;
-                let req = self.job_request(&id, &graph, &body, content_type.as_deref(), query)?;
+            ("POST", ["v1", "tasks", _, "run"]) => {
+                let (id, graph) = task.ok_or_else(|| internal("the call's task was not loaded"))?;
+                let req = self.job_request(&id, &graph, &body, content_type, query)?;
                 if query_param(query, "async") == Some("true") {
                     let job_id = self.core.submit(req).await.map_err(dispatch_error)?;
                     let mut r = json_reply(&json!({
@@ -360,8 +531,17 @@ impl<L: Ledger + 'static> Service<L> {
                 }))
             }
             ("GET", ["v1", "jobs", id]) => {
-                if let Some(secs) = query_param(query, "wait").and_then(|s| s.parse::<f64>().ok()) {
-                    let limit = std::time::Duration::from_secs_f64(secs.clamp(0.0, MAX_WAIT_SECS));
+                if let Some(wait) = query_param(query, "wait") {
+                    let secs = wait
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "wait={wait}: say how many seconds to wait, from 0 to {MAX_WAIT_SECS}"
+                            ))
+                        })?;
+                    let limit = std::time::Duration::from_secs_f64(secs.min(MAX_WAIT_SECS));
                     self.core.wait(id, limit).await;
                 }
                 json_reply(&self.job_view(id).await?)
@@ -380,6 +560,31 @@ impl<L: Ledger + 'static> Service<L> {
                 "no route {method} {path}; see /openapi.json"
             ))),
         }
+    }
+
+    /// Stream a blob (a weights file) into the store as it arrives, hashed on the way: it is
+    /// never whole in memory, and becomes visible only if it hashes to its address.
+    async fn put_blob(&self, req: Request<Incoming>, hash: Hash) -> Result<Reply, ApiError> {
+        let store = self.core.store().clone();
+        if let Some(size) = store.contains(&hash) {
+            // Already here: the body need not be read at all.
+            return json_reply(&json!({"hash": hash, "size": size, "existed": true}));
+        }
+        let declared = tenet_node::http::declared_length(&req)?;
+        let mut writer = store.writer(hash, declared).map_err(store_error)?;
+        let mut body = req.into_body();
+        // At the pace every body must keep: one that stalls or trickles is dropped, and its
+        // temporary file and room in the store with it.
+        let mut paced = tenet_node::http::Paced::new(self.access.conn.body);
+        while let Some(data) = paced.next(&mut body).await? {
+            writer.write(&data).map_err(store_error)?;
+        }
+        let size = writer.written();
+        let existed = tokio::task::spawn_blocking(move || writer.finish())
+            .await
+            .map_err(|e| internal(e.to_string()))?
+            .map_err(store_error)?;
+        json_reply(&json!({"hash": hash, "size": size, "existed": existed}))
     }
 
     /// A job as clients see it: its record and replicas, and once decided its outputs, its
@@ -445,70 +650,49 @@ impl<L: Ledger + 'static> Service<L> {
         let parse_tier = |t: &str| {
             Tier::parse(t).ok_or_else(|| bad(format!("tier `{t}` is not exact or tolerant")))
         };
-        let mut inputs = BTreeMap::new();
-        let (tier, seed) = if content_type == Some("application/octet-stream") {
+        let (inputs, tier, seed) = if content_type == Some("application/octet-stream") {
             let file = tenet_models::WeightsFile::from_bytes(body.to_vec(), "request body")
-                .map_err(|e| bad(e.to_string()))?;
-            for (_, name, _) in graph.inputs() {
+                .map_err(|e| weights_error(e, ErrorCode::BadRequest))?;
+            let mut inputs = BTreeMap::new();
+            for (_, name, ty) in graph.inputs() {
                 let t = file.tensor(name).ok_or_else(|| {
                     ApiError::new(
                         ErrorCode::BadInputs,
                         format!("the safetensors body has no tensor {name}"),
                     )
                 })?;
+                if t.ty() != ty {
+                    return Err(ApiError::new(
+                        ErrorCode::BadInputs,
+                        format!("input {name} is {}, the task needs {ty}", t.ty()),
+                    ));
+                }
                 inputs.insert(name.to_string(), t.clone());
             }
-            (
-                param("tier")
-                    .map(parse_tier)
-                    .transpose()?
-                    .unwrap_or_default(),
-                param("seed").and_then(|s| s.parse().ok()).unwrap_or(0),
-            )
+            let seed = param("seed")
+                .map(|s| {
+                    s.parse::<u64>().map_err(|_| {
+                        bad(format!(
+                            "seed={s}: a seed is a whole number from 0 to 18446744073709551615"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let tier = param("tier").map(parse_tier).transpose()?;
+            (inputs, tier, seed)
         } else {
-            let v: Value = serde_json::from_slice(body).map_err(|e| {
-                bad(format!(
-                    "expected {{\"inputs\": {{name: tensor}}}} as JSON: {e}"
-                ))
+            let declared: Vec<(&str, &tenet_ir::TensorType)> =
+                graph.inputs().map(|(_, n, t)| (n, t)).collect();
+            let run = tenet_proto::run_body::decode_run_json(body, &declared).map_err(|e| {
+                let code = match e {
+                    tenet_proto::run_body::RunBodyError::TooLarge { .. } => ErrorCode::TooLarge,
+                    tenet_proto::run_body::RunBodyError::Invalid(_) => ErrorCode::BadInputs,
+                };
+                ApiError::new(code, e.to_string())
             })?;
-            let given = v["inputs"]
-                .as_object()
-                .ok_or_else(|| bad("\"inputs\" must be an object"))?;
-            for (_, name, ty) in graph.inputs() {
-                let t = given.get(name).ok_or_else(|| {
-                    ApiError::new(
-                        ErrorCode::BadInputs,
-                        format!("input {name} ({ty}) is missing"),
-                    )
-                })?;
-                let t: HostTensor = tenet_models::tensor_from_json(t, ty).map_err(|e| {
-                    ApiError::new(ErrorCode::BadInputs, format!("input {name}: {e}"))
-                })?;
-                inputs.insert(name.to_string(), t);
-            }
-            if let Some(extra) = given.keys().find(|k| !inputs.contains_key(*k)) {
-                return Err(ApiError::new(
-                    ErrorCode::BadInputs,
-                    format!("the task has no input {extra}"),
-                ));
-            }
-            (
-                v["tier"]
-                    .as_str()
-                    .map(parse_tier)
-                    .transpose()?
-                    .unwrap_or_default(),
-                v["seed"].as_u64().unwrap_or(0),
-            )
+            (run.inputs, run.tier, run.seed)
         };
-        for (_, name, ty) in graph.inputs() {
-            if inputs[name].ty() != ty {
-                return Err(ApiError::new(
-                    ErrorCode::BadInputs,
-                    format!("input {name} is {}, the task needs {ty}", inputs[name].ty()),
-                ));
-            }
-        }
+        let (tier, seed) = (tier.unwrap_or_default(), seed.unwrap_or(0));
         Ok(JobRequest {
             task: *task,
             weights: weights_of(graph),
@@ -533,18 +717,49 @@ fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
         .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
 }
 
-/// `{"url", "stake"}` of a node registration.
+/// `{"url", "stake"?}` of a node registration (stake 0 when absent: only the admin bonds).
 fn registration(body: &[u8]) -> Result<(String, i64), ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| bad(format!("expected {{\"url\", \"stake\"}}: {e}")))?;
     let url = v["url"]
         .as_str()
         .ok_or_else(|| bad("\"url\" is required"))?;
-    let stake = v["stake"]
-        .as_i64()
-        .filter(|s| *s > 0)
-        .ok_or_else(|| bad("\"stake\" must be a positive integer"))?;
+    let stake = match &v["stake"] {
+        Value::Null => 0,
+        s => s
+            .as_i64()
+            .filter(|s| *s >= 0)
+            .ok_or_else(|| bad("\"stake\" must be a whole number, 0 or more"))?,
+    };
     Ok((url.to_string(), stake))
+}
+
+/// `{"amount", "operator"?}` of a bond: stake to add (negative: to take back) and who answers
+/// for the node.
+fn bond_request(body: &[u8]) -> Result<(i64, Option<String>), ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("expected {{\"amount\", \"operator\"}}: {e}")))?;
+    let amount = v["amount"]
+        .as_i64()
+        .ok_or_else(|| bad("\"amount\" must be a whole number (negative to unbond)"))?;
+    let operator = match &v["operator"] {
+        Value::Null => None,
+        Value::String(o) => Some(o.clone()),
+        _ => return Err(bad("\"operator\" must be a string")),
+    };
+    Ok((amount, operator))
+}
+
+/// A request once authenticated and read.
+struct Routed<'a> {
+    caller: Caller,
+    method: &'a Method,
+    path: &'a str,
+    query: &'a str,
+    body: Bytes,
+    content_type: Option<&'a str>,
+    /// The task a call names, loaded before its body was read.
+    task: Option<(Hash, Graph)>,
 }
 
 /// Serve until `shutdown` resolves; in-flight calls get ten seconds to finish.
@@ -553,6 +768,9 @@ pub async fn serve<L: Ledger + 'static>(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
-    tenet_node::http::serve_connections(listener, shutdown, move |req| service.clone().handle(req))
-        .await;
+    let limits = service.access.conn;
+    tenet_node::http::serve_connections_with(listener, limits, shutdown, move |req| {
+        service.clone().handle(req)
+    })
+    .await;
 }

@@ -27,12 +27,16 @@ pub struct ServiceConfig {
     /// `sqlite://PATH` or `postgres://…`; default: SQLite in the data directory.
     pub ledger_url: Option<String>,
     pub api_keys: Vec<String>,
+    /// Admin bearer keys: what callers may do, and bond stake to nodes.
+    pub admin_keys: Vec<String>,
     /// Client public keys (hex) whose signed requests are accepted.
     pub trusted_keys: Vec<String>,
     pub open: bool,
     pub core: CoordinatorConfig,
     /// How often the health monitor runs; nodes silent for three intervals are probed.
     pub health_interval: std::time::Duration,
+    /// Connections, request heads and bodies (the node's accept loop and its defaults).
+    pub conn: tenet_node::http::ConnLimits,
 }
 
 /// What a coordinator found when it started.
@@ -61,14 +65,29 @@ pub enum StartError {
         "nobody could call this coordinator: give an --api-key, --trust a client key, or run with --open for local use"
     )]
     NobodyAllowed,
+    #[error(
+        "an admin key may not also be an API key: callers must not be able to bond stake; give the admin a key of its own"
+    )]
+    SharedAdminKey,
 }
 
 /// Start a coordinator, resume the jobs its ledger holds unfinished, watch its nodes' health,
 /// and serve until Ctrl-C or SIGTERM; `ready` hears where it listens, its key and what it
 /// resumed.
 pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Result<(), StartError> {
-    if config.api_keys.is_empty() && config.trusted_keys.is_empty() && !config.open {
+    if config.api_keys.is_empty()
+        && config.admin_keys.is_empty()
+        && config.trusted_keys.is_empty()
+        && !config.open
+    {
         return Err(StartError::NobodyAllowed);
+    }
+    if config
+        .admin_keys
+        .iter()
+        .any(|k| config.api_keys.contains(k))
+    {
+        return Err(StartError::SharedAdminKey);
     }
     let trusted = config
         .trusted_keys
@@ -110,6 +129,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             core,
             access: http::Access {
                 api_keys: config.api_keys.clone(),
+                admin_keys: config.admin_keys.clone(),
                 gate: tenet_node::gate::Gate::new(
                     trusted,
                     config.open,
@@ -117,6 +137,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
                 ),
                 open: config.open,
                 max_request_bytes: 1 << 30,
+                conn: config.conn,
             },
         });
         let listener = tokio::net::TcpListener::bind(config.listen)

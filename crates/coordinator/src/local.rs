@@ -105,6 +105,7 @@ impl LocalNetwork {
             core: core.clone(),
             access: Access {
                 api_keys: vec![api_key.clone()],
+                admin_keys: Vec::new(),
                 gate: tenet_node::gate::Gate::new(
                     Vec::new(),
                     false,
@@ -112,6 +113,7 @@ impl LocalNetwork {
                 ),
                 open: false,
                 max_request_bytes: 1 << 30,
+                conn: tenet_node::http::ConnLimits::default(),
             },
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -25,6 +25,7 @@ use tenet_exec::Backend;
 use tenet_ledger::{
     Assignment, AssignmentState, JobState, Ledger, NodeRecord, NodeState, Settlement, Verdict,
 };
+use tenet_node::client::{Bounds, reveal_answer_limit};
 use tenet_node::{ClientError, NodeClient};
 use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash, output_refs};
 use tenet_proto::receipt::{Attestation, Receipt};
@@ -48,9 +49,47 @@ struct Revealed {
     attestations: Vec<Attestation>,
     /// Nodes whose reveal contradicted their own commitment.
     liars: Vec<String>,
+    /// Nodes that committed and then did not reveal in time.
+    withheld: Vec<String>,
     failures: Vec<String>,
     /// Reveals to record with the decision: (node, output hash, salt).
     unrecorded: Vec<(String, String, String)>,
+}
+
+/// Why a replica did not commit.
+struct Failure {
+    message: String,
+    /// The node answered, refusing this job on its merits (over its limits, an input it
+    /// cannot take, no room now): no sign of ill health.
+    refused: bool,
+}
+
+impl Failure {
+    fn fault(message: String) -> Failure {
+        Failure {
+            message,
+            refused: false,
+        }
+    }
+
+    fn from_client(e: ClientError) -> Failure {
+        let refused = matches!(
+            e.code(),
+            Some(
+                ErrorCode::ExceedsLimits
+                    | ErrorCode::InvalidGraph
+                    | ErrorCode::BadInputs
+                    | ErrorCode::TooLarge
+                    | ErrorCode::Busy
+                    | ErrorCode::StorageFull
+                    | ErrorCode::Timeout
+            )
+        );
+        Failure {
+            message: e.to_string(),
+            refused,
+        }
+    }
 }
 
 enum RevealError {
@@ -125,7 +164,12 @@ impl<L: Ledger + 'static> Coordinator<L> {
             return Ok(false);
         }
         let tried: HashSet<String> = asg.into_iter().map(|a| a.node_id).collect();
-        let extra = self.pick(replicas, &tried).await?;
+        let job =
+            self.ledger.job(job_id).await?.ok_or_else(|| {
+                DispatchError::Internal(format!("job {job_id} is not in the ledger"))
+            })?;
+        let need = self.need(&self.spec_of(&job)?.task)?;
+        let extra = self.pick(replicas, &tried, need).await?;
         for n in &extra {
             self.ledger.assign(job_id, &n.id).await?;
         }
@@ -197,19 +241,23 @@ impl<L: Ledger + 'static> Coordinator<L> {
                         fresh.push((node, json));
                     }
                     Err(e) => {
-                        failures.push(format!("{}: {e}", short(&node)));
+                        failures.push(format!("{}: {}", short(&node), e.message));
                         self.ledger.fail_assignment(job_id, &node).await?;
-                        // A node that cannot run a job it was given is not healthy.
-                        self.ledger
-                            .set_node_state(&node, NodeState::Unhealthy)
-                            .await?;
+                        // A node that cannot be reached, or answers wrongly, is not healthy;
+                        // one that refuses this job on its merits (over its limits, busy) is.
+                        if !e.refused {
+                            self.ledger
+                                .set_node_state(&node, NodeState::Unhealthy)
+                                .await?;
+                        }
                         lost += 1;
                     }
                 }
             }
             if lost > 0 {
                 let tried: HashSet<String> = asg.iter().map(|a| a.node_id.clone()).collect();
-                for r in self.pick(lost, &tried).await? {
+                let need = self.need(&run.job.task)?;
+                for r in self.pick(lost, &tried, need).await? {
                     self.ledger.assign(job_id, &r.id).await?;
                 }
             }
@@ -243,24 +291,32 @@ impl<L: Ledger + 'static> Coordinator<L> {
     }
 
     /// One replica's commit step, checked: signed by that node, for this job.
-    async fn commit_on(&self, node: &NodeRecord, run: &RunJob) -> Result<Commitment, String> {
-        let client = self.client(node).map_err(|e| e.to_string())?;
+    async fn commit_on(&self, node: &NodeRecord, run: &RunJob) -> Result<Commitment, Failure> {
+        let client = self
+            .client(node)
+            .map_err(|e| Failure::fault(e.to_string()))?;
         let work = async {
-            self.ship(&client, run).await.map_err(|e| e.to_string())?;
+            self.ship(&client, run)
+                .await
+                .map_err(Failure::from_client)?;
             match client.run_job(run).await {
                 Ok(c) => Ok(c.commitment),
                 // The node already has this job: a coordinator before a restart sent it.
                 Err(e) if e.code() == Some(ErrorCode::Conflict) => {
-                    committed_earlier(&client, &run.job.job_id).await
+                    committed_earlier(&client, &run.job.job_id)
+                        .await
+                        .map_err(Failure::fault)
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(Failure::from_client(e)),
             }
         };
         let c = tokio::time::timeout(self.config.node_timeout, work)
             .await
-            .map_err(|_| "timed out".to_string())??;
+            .map_err(|_| Failure::fault("timed out".into()))??;
         if !c.verify() || c.node.to_hex() != node.id || c.job != run.job {
-            return Err("its commitment is not signed by it for this job".into());
+            return Err(Failure::fault(
+                "its commitment is not signed by it for this job".into(),
+            ));
         }
         Ok(c)
     }
@@ -297,8 +353,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 },
             ));
         }
-        let answers =
-            futures_util::future::join_all(asked.iter().map(|(_, c)| self.reveal_from(c))).await;
+        let answers = self
+            .gather_reveals(spec.tier, asked.iter().map(|(_, c)| c).collect())
+            .await;
         let mut seen = Revealed::default();
         for ((state, c), answer) in asked.iter().zip(answers) {
             match answer {
@@ -322,7 +379,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     seen.liars.push(c.node.clone());
                 }
                 Err(RevealError::Failed(why)) => {
+                    // Committing binds a node to reveal: one that does not (down, stalling,
+                    // an answer too large or too slow) is slashed when the job settles.
                     seen.failures.push(format!("{}: {why}", short(&c.node)));
+                    seen.withheld.push(c.node.clone());
                     self.ledger.fail_assignment(job_id, &c.node).await?;
                     self.ledger
                         .set_node_state(&c.node, NodeState::Unhealthy)
@@ -333,29 +393,115 @@ impl<L: Ledger + 'static> Coordinator<L> {
         Ok(seen)
     }
 
-    /// One replica's reveal, checked against its commitment.
+    /// Every replica's reveal, as they arrive. In the exact tier, once a strict majority of
+    /// the committed replicas has revealed the same result, no later reveal can change the
+    /// decision: the rest get a grace (twice the time the majority took, at least
+    /// [`REVEAL_GRACE`]) and are then counted as withheld, so a node that commits and stalls
+    /// costs a call a fraction of a second, not the node timeout.
+    async fn gather_reveals(
+        &self,
+        tier: Tier,
+        asked: Vec<&Committed>,
+    ) -> Vec<Result<(Replica, Hash), RevealError>> {
+        use futures_util::StreamExt;
+        let total = asked.len();
+        let started = tokio::time::Instant::now();
+        let mut pending: futures_util::stream::FuturesUnordered<_> = asked
+            .iter()
+            .enumerate()
+            .map(|(i, c)| async move { (i, self.reveal_from(c).await) })
+            .collect();
+        let mut answers: Vec<Option<Result<(Replica, Hash), RevealError>>> =
+            (0..total).map(|_| None).collect();
+        let mut cutoff = None;
+        loop {
+            let next = match cutoff {
+                Some(at) => tokio::time::timeout_at(at, pending.next())
+                    .await
+                    .ok()
+                    .flatten(),
+                None => pending.next().await,
+            };
+            let Some((i, answer)) = next else { break };
+            answers[i] = Some(answer);
+            if tier == Tier::Exact && cutoff.is_none() && majority_revealed(&answers, total) {
+                cutoff =
+                    Some(tokio::time::Instant::now() + REVEAL_GRACE.max(started.elapsed() * 2));
+            }
+        }
+        drop(pending);
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(RevealError::Failed(
+                        "it had not revealed when a majority had, nor within the grace after"
+                            .into(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// One replica's reveal, checked against its commitment; the reveal and every output it
+    /// makes us fetch together get the node timeout.
     async fn reveal_from(&self, c: &Committed) -> Result<(Replica, Hash), RevealError> {
-        let revealed = tokio::time::timeout(
-            self.config.node_timeout,
-            c.client.reveal(&c.commitment.job.job_id),
-        )
-        .await
-        .map_err(|_| RevealError::Failed("reveal timed out".into()))?
-        .map_err(|e| RevealError::Failed(e.to_string()))?;
+        tokio::time::timeout(self.config.node_timeout, self.reveal_unbounded(c))
+            .await
+            .map_err(|_| {
+                RevealError::Failed(format!(
+                    "its reveal did not arrive within {:?}",
+                    self.config.node_timeout
+                ))
+            })?
+    }
+
+    async fn reveal_unbounded(&self, c: &Committed) -> Result<(Replica, Hash), RevealError> {
+        // No answer is read past what the task's outputs can weigh.
+        let facts = self
+            .facts(&c.commitment.job.task)
+            .map_err(|e| RevealError::Failed(e.to_string()))?;
+        // One deadline for the reveal and every output fetch it needs.
+        let deadline = Bounds::new(self.config.node_timeout, 0).deadline;
+        let bounds = |max_answer_bytes| Bounds {
+            deadline,
+            max_answer_bytes,
+        };
+        let revealed = c
+            .client
+            .reveal_within(
+                &c.commitment.job.job_id,
+                bounds(reveal_answer_limit(facts.outputs.len())),
+            )
+            .await
+            .map_err(|e| RevealError::Failed(e.to_string()))?;
         if !revealed.reveal.opens(&c.commitment) {
             return Err(RevealError::Lied(
                 "its reveal does not open its commitment".into(),
             ));
         }
+        if revealed.reveal.outputs.len() != facts.outputs.len() {
+            return Err(RevealError::Lied(format!(
+                "it revealed {} outputs; the task has {}",
+                revealed.reveal.outputs.len(),
+                facts.outputs.len()
+            )));
+        }
         let mut outputs = Vec::new();
-        for o in &revealed.reveal.outputs {
+        for (o, (name, most)) in revealed.reveal.outputs.iter().zip(&facts.outputs) {
+            if o.name != *name {
+                return Err(RevealError::Lied(format!(
+                    "it revealed an output {:?} where the task has {name:?}",
+                    o.name
+                )));
+            }
             let bytes = match revealed.blobs.get(&o.hash) {
                 Some(hex) => {
                     tenet_proto::from_hex(hex).ok_or_else(|| RevealError::Lied("bad hex".into()))?
                 }
                 None => c
                     .client
-                    .get_blob(&o.hash)
+                    .get_blob_within(&o.hash, bounds(*most))
                     .await
                     .map_err(|e| RevealError::Failed(e.to_string()))?
                     .to_vec(),
@@ -403,12 +549,20 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 node_id: r.node.clone(),
                 agreed: decision.agreed[i],
                 score: decision.scores[i],
+                withheld: false,
             })
             .collect();
         verdicts.extend(seen.liars.iter().map(|l| Verdict {
             node_id: l.clone(),
             agreed: false,
             score: 0.0,
+            withheld: false,
+        }));
+        verdicts.extend(seen.withheld.iter().map(|l| Verdict {
+            node_id: l.clone(),
+            agreed: false,
+            score: 0.0,
+            withheld: true,
         }));
         let agreeing: Vec<Attestation> = seen
             .attestations
@@ -424,7 +578,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             job: spec.clone(),
             output_hash: output_hash(&outputs_refs),
             outputs: outputs_refs,
-            replicas: (seen.replicas.len() + seen.liars.len()) as u32,
+            replicas: (seen.replicas.len() + seen.liars.len() + seen.withheld.len()) as u32,
             tolerance: if spec.tier == Tier::Tolerant {
                 self.config.tolerance
             } else {
@@ -501,6 +655,26 @@ impl<L: Ledger + 'static> Coordinator<L> {
         .map_err(|e| DispatchError::Referee(e.to_string()))?
         .map_err(DispatchError::Referee)
     }
+}
+
+/// How long the last replicas of an exact job get to reveal once a majority has, at least.
+const REVEAL_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether a strict majority of `total` replicas has revealed one output hash.
+fn majority_revealed(
+    answers: &[Option<Result<(Replica, Hash), RevealError>>],
+    total: usize,
+) -> bool {
+    let hashes: Vec<Hash> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Some(Ok((r, _))) => Some(r.output_hash),
+            _ => None,
+        })
+        .collect();
+    hashes
+        .iter()
+        .any(|h| hashes.iter().filter(|x| *x == h).count() * 2 > total)
 }
 
 /// The commitment a node made for `job_id` before this coordinator restarted, waiting while

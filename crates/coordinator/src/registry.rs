@@ -1,7 +1,10 @@
-//! The node registry: a node is registered with a stake (by an operator, or by the node for
-//! itself), becomes active once it answers `/v1/info` as the key it claims, sends heartbeats,
-//! and deregisters when it leaves. A health monitor probes nodes whose heartbeats stopped and
-//! marks them unhealthy (no new jobs), and brings back unhealthy nodes that answer again.
+//! The node registry: a node is registered (by an operator, or by the node for itself),
+//! becomes active once it answers `/v1/info` as the key it claims — its advertised memory and
+//! flop limits recorded — sends heartbeats, and deregisters when it leaves. Stake is never
+//! what a registrant claims: only the admin bonds it ([`Coordinator::bond`], or a first
+//! registration the admin makes), and a node coming back keeps the stake it had. A health
+//! monitor probes nodes whose heartbeats stopped and marks them unhealthy (no new jobs), and
+//! brings back unhealthy nodes that answer again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +12,7 @@ use std::time::Duration;
 use tenet_ledger::{Ledger, LedgerError, NodeRecord, NodeState};
 use tenet_node::NodeClient;
 use tenet_proto::auth::PublicKey;
+use tenet_proto::wire::NodeInfo;
 
 use crate::dispatch::{Coordinator, DispatchError, now};
 
@@ -16,32 +20,34 @@ use crate::dispatch::{Coordinator, DispatchError, now};
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl<L: Ledger + 'static> Coordinator<L> {
-    /// Ask the node at `url` who it is.
-    async fn probe(&self, url: &str) -> Result<PublicKey, DispatchError> {
+    /// Ask the node at `url` who it is and what it takes.
+    async fn probe(&self, url: &str) -> Result<NodeInfo, DispatchError> {
         let client = NodeClient::new(url, self.key.clone())
             .map_err(|e| DispatchError::BadRequest(e.to_string()))?;
-        let info = tokio::time::timeout(PROBE_TIMEOUT, client.info())
+        tokio::time::timeout(PROBE_TIMEOUT, client.info())
             .await
             .map_err(|_| DispatchError::Nodes(format!("{url} did not answer /v1/info in time")))?
-            .map_err(|e| DispatchError::Nodes(format!("{url}: {e}")))?;
-        Ok(info.node_id)
+            .map_err(|e| DispatchError::Nodes(format!("{url}: {e}")))
     }
 
-    /// Register the node at `url` with `stake` and activate it. Its id is what it says in
-    /// `/v1/info`; when `expect` is given (a node registering itself) it must say that.
-    /// Jobs reach it only if it trusts this coordinator's key.
+    /// Register the node at `url` and activate it. Its id is what it says in `/v1/info`; when
+    /// `expect` is given (a node registering itself) it must say that. `stake` is bonded only
+    /// to a node the ledger has never seen, and only the admin may ask for it (the HTTP layer
+    /// checks); a node coming back keeps the stake it had. Jobs reach it only if it has stake
+    /// and trusts this coordinator's key.
     pub async fn register_node(
         &self,
         url: &str,
         stake: i64,
         expect: Option<&PublicKey>,
     ) -> Result<NodeRecord, DispatchError> {
-        if stake <= 0 {
+        if stake < 0 {
             return Err(DispatchError::BadRequest(
-                "a node's stake must be a positive integer".into(),
+                "a node's stake cannot be negative".into(),
             ));
         }
-        let id = self.probe(url).await?;
+        let info = self.probe(url).await?;
+        let id = info.node_id;
         if let Some(expected) = expect
             && *expected != id
         {
@@ -49,7 +55,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 "the node at {url} answers as {id}, not as {expected}"
             )));
         }
-        let mut record = NodeRecord {
+        let record = NodeRecord {
             id: id.to_hex(),
             url: url.to_string(),
             stake,
@@ -59,13 +65,32 @@ impl<L: Ledger + 'static> Coordinator<L> {
             agreed: 0,
             disagreed: 0,
             score_sum: 0.0,
+            operator: String::new(),
+            memory_limit: clamp_i64(info.memory_limit_bytes),
+            max_flops: clamp_i64(info.max_job_flops),
         };
         self.ledger.register_node(&record).await?;
         self.ledger
             .set_node_state(&record.id, NodeState::Active)
             .await?;
-        record.state = NodeState::Active;
-        Ok(record)
+        self.registered(&record.id).await
+    }
+
+    /// The admin bonds `delta` more stake to node `id` (negative: takes it back, never below
+    /// zero) and, when given, names the operator who answers for it: no job's replicas share
+    /// an operator.
+    pub async fn bond(
+        &self,
+        id: &str,
+        delta: i64,
+        operator: Option<&str>,
+    ) -> Result<NodeRecord, DispatchError> {
+        if operator.is_some_and(|o| o.is_empty() || o.len() > 200) {
+            return Err(DispatchError::BadRequest(
+                "an operator is a name of 1 to 200 bytes".into(),
+            ));
+        }
+        Ok(self.ledger.bond(id, delta, operator, now()).await?)
     }
 
     /// A registered node is alive: note the time, and bring it back if it was unhealthy.
@@ -122,12 +147,23 @@ impl<L: Ledger + 'static> Coordinator<L> {
             if !due {
                 continue;
             }
-            let alive = self
+            let info = self
                 .probe(&node.url)
                 .await
-                .is_ok_and(|id| id.to_hex() == node.id);
-            if alive {
+                .ok()
+                .filter(|i| i.node_id.to_hex() == node.id);
+            let alive = info.is_some();
+            if let Some(info) = info {
                 self.ledger.heartbeat(&node.id, now()).await?;
+                let limits = (
+                    clamp_i64(info.memory_limit_bytes),
+                    clamp_i64(info.max_job_flops),
+                );
+                if limits != (node.memory_limit, node.max_flops) {
+                    self.ledger
+                        .set_node_limits(&node.id, limits.0, limits.1)
+                        .await?;
+                }
             }
             let to = if alive {
                 NodeState::Active
@@ -152,4 +188,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
             let _ = self.check_health(every * 3).await;
         }
     }
+}
+
+/// A limit as the ledger stores it.
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }

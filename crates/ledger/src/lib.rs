@@ -105,9 +105,25 @@ pub struct NodeRecord {
     pub disagreed: i64,
     /// Sum of per-job scores (1 for agreement in the exact tier; 1/(1+distance) in tolerant).
     pub score_sum: f64,
+    /// Who answers for the node's stake, as the admin named them when bonding (empty: the node
+    /// answers for itself). No two replicas of a job share an operator.
+    pub operator: String,
+    /// The most tensor memory and flops one job may need on this node, as it advertises them
+    /// (0: not known).
+    pub memory_limit: i64,
+    pub max_flops: i64,
 }
 
 impl NodeRecord {
+    /// The party a job's replicas must not repeat: the operator, or the node itself.
+    pub fn party(&self) -> &str {
+        if self.operator.is_empty() {
+            &self.id
+        } else {
+            &self.operator
+        }
+    }
+
     /// Mean score over decided jobs (1.0 for a node with none yet).
     pub fn score(&self) -> f64 {
         let n = self.agreed + self.disagreed;
@@ -169,6 +185,8 @@ pub struct Verdict {
     pub node_id: String,
     pub agreed: bool,
     pub score: f64,
+    /// The node committed but never revealed (slashed as if it had disagreed).
+    pub withheld: bool,
 }
 
 /// How a decided job settles, all in one transaction: its result and receipt, how each judged
@@ -191,9 +209,35 @@ pub struct Settlement<'a> {
 /// Why the ledger records a slash for a disagreeing replica.
 pub const DISAGREED: &str = "its committed result disagreed with the decided result";
 
+/// Why the ledger records a slash for a replica that committed and then withheld its reveal.
+pub const WITHHELD: &str = "it committed to a result and did not reveal it in time";
+
+/// The reason recorded when the admin bonds stake to a node (or takes it back).
+pub const BONDED: &str = "bonded by the admin";
+pub const UNBONDED: &str = "unbonded by the admin";
+
 /// Everything the coordinator records. Every method is one transaction.
 pub trait Ledger: Send + Sync {
+    /// Record a new node with its stake (a stake event when positive), or bring back a node
+    /// that deregistered: its URL, state, times and limits are updated, but its stake and
+    /// operator stay what they were (stake moves only by bonds, slashes and credits).
     fn register_node(&self, node: &NodeRecord) -> impl Future<Output = Result<()>> + Send;
+    /// The admin bonds `delta` more stake to a node (negative: takes it back, never below zero)
+    /// and, when given, names its operator; one transaction with its stake event.
+    fn bond(
+        &self,
+        id: &str,
+        delta: i64,
+        operator: Option<&str>,
+        at: i64,
+    ) -> impl Future<Output = Result<NodeRecord>> + Send;
+    /// The limits a node advertises (from its `/v1/info`).
+    fn set_node_limits(
+        &self,
+        id: &str,
+        memory_limit: i64,
+        max_flops: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
     fn set_node_state(&self, id: &str, state: NodeState)
     -> impl Future<Output = Result<()>> + Send;
     fn heartbeat(&self, id: &str, at: i64) -> impl Future<Output = Result<()>> + Send;

@@ -73,13 +73,25 @@ CREATE TABLE stake_events (
 CREATE INDEX stake_events_by_node ON stake_events (node_id);
 ";
 
+/// Who answers for a node's stake (the admin names the operator when bonding: replicas of one
+/// job never share an operator), and the limits the node advertises (the coordinator sends a
+/// job only to nodes whose limits its certificate fits).
+const NODE_OPERATOR_LIMITS: &str = "
+ALTER TABLE nodes ADD COLUMN operator TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN memory_limit BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN max_flops BIGINT NOT NULL DEFAULT 0
+";
+
 /// Migrations in order: (version, statements for SQLite, statements for PostgreSQL).
 pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
     let stake = match d {
         Dialect::Sqlite => STAKE_EVENTS_SQLITE,
         Dialect::Postgres => STAKE_EVENTS_POSTGRES,
     };
-    vec![(1, statements(NODES_JOBS).chain(statements(stake)).collect())]
+    vec![
+        (1, statements(NODES_JOBS).chain(statements(stake)).collect()),
+        (2, statements(NODE_OPERATOR_LIMITS).collect()),
+    ]
 }
 
 fn statements(sql: &'static str) -> impl Iterator<Item = &'static str> {

@@ -8,8 +8,8 @@ use sqlx::{AnyPool, Row};
 
 use crate::schema::{Dialect, migrations};
 use crate::{
-    Assignment, AssignmentState, DISAGREED, JobRecord, JobState, Ledger, LedgerError, NodeRecord,
-    NodeState, Result, Settlement, StakeEvent,
+    Assignment, AssignmentState, BONDED, DISAGREED, JobRecord, JobState, Ledger, LedgerError,
+    NodeRecord, NodeState, Result, Settlement, StakeEvent, UNBONDED, WITHHELD,
 };
 
 /// A ledger in SQLite or PostgreSQL.
@@ -166,6 +166,9 @@ fn node_row(r: &AnyRow) -> Result<NodeRecord> {
         agreed: r.try_get("agreed")?,
         disagreed: r.try_get("disagreed")?,
         score_sum: r.try_get("score_sum")?,
+        operator: r.try_get("operator")?,
+        memory_limit: r.try_get("memory_limit")?,
+        max_flops: r.try_get("max_flops")?,
     })
 }
 
@@ -206,8 +209,7 @@ macro_rules! sql {
     };
 }
 
-const NODE_COLS: &str =
-    "id, url, stake, state, registered_at, last_heartbeat, agreed, disagreed, score_sum";
+const NODE_COLS: &str = "id, url, stake, state, registered_at, last_heartbeat, agreed, disagreed, score_sum, operator, memory_limit, max_flops";
 const JOB_COLS: &str = "id, task, weights, inputs, tier, seed, replicas, state, created_at, updated_at, output_hash, receipt, error";
 
 impl SqlLedger {
@@ -290,15 +292,15 @@ async fn slash_in(
         .await?;
     let stake = stake.ok_or_else(|| LedgerError::NotFound(format!("node {node_id}")))?;
     let amount = (stake as f64 * fraction).floor() as i64;
-    move_stake(tx, node_id, job_id, -amount, reason, at).await?;
+    move_stake(tx, node_id, Some(job_id), -amount, reason, at).await?;
     Ok(amount)
 }
 
-/// Add `delta` to a node's stake inside `tx`, with its stake event.
+/// Add `delta` to a node's stake inside `tx`, with its stake event (for a job, or none).
 async fn move_stake(
     tx: &mut Tx<'_>,
     node_id: &str,
-    job_id: &str,
+    job_id: Option<&str>,
     delta: i64,
     reason: &str,
     at: i64,
@@ -315,7 +317,7 @@ async fn move_stake(
         "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(node_id)
-    .bind(job_id)
+    .bind(job_id.map(str::to_string))
     .bind(delta)
     .bind(reason)
     .bind(at)
@@ -326,30 +328,117 @@ async fn move_stake(
 
 impl Ledger for SqlLedger {
     async fn register_node(&self, n: &NodeRecord) -> Result<()> {
-        let existing = self.node(&n.id).await?;
-        if existing
-            .as_ref()
-            .is_some_and(|e| e.state != NodeState::Deregistered)
-        {
+        if n.stake < 0 {
             return Err(LedgerError::Conflict(format!(
-                "node {} is already registered",
+                "node {} cannot start with a negative stake",
                 n.id
             )));
         }
-        let sql = if existing.is_some() {
-            "UPDATE nodes SET url = $2, stake = $3, state = $4, registered_at = $5, last_heartbeat = $6 WHERE id = $1"
-        } else {
-            "INSERT INTO nodes (id, url, stake, state, registered_at, last_heartbeat) VALUES ($1, $2, $3, $4, $5, $6)"
-        };
-        sqlx::query(sql)
+        let mut tx = self.pool.begin().await?;
+        // Write first, so the transaction holds the writer lock before it reads the node.
+        sqlx::query("UPDATE nodes SET url = url WHERE id = $1")
             .bind(&n.id)
-            .bind(&n.url)
-            .bind(n.stake)
-            .bind(n.state.as_str())
-            .bind(n.registered_at)
-            .bind(n.last_heartbeat)
+            .execute(&mut *tx)
+            .await?;
+        let existing: Option<String> = sqlx::query_scalar("SELECT state FROM nodes WHERE id = $1")
+            .bind(&n.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        match existing.as_deref().map(NodeState::parse).transpose()? {
+            Some(NodeState::Deregistered) => {
+                // Coming back keeps the stake it had: leaving and rejoining must not undo a
+                // slash or raise a stake that only the admin bonds.
+                sqlx::query(
+                    "UPDATE nodes SET url = $2, state = $3, registered_at = $4, last_heartbeat = $5, memory_limit = $6, max_flops = $7 WHERE id = $1",
+                )
+                .bind(&n.id)
+                .bind(&n.url)
+                .bind(n.state.as_str())
+                .bind(n.registered_at)
+                .bind(n.last_heartbeat)
+                .bind(n.memory_limit)
+                .bind(n.max_flops)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Some(_) => {
+                return Err(LedgerError::Conflict(format!(
+                    "node {} is already registered",
+                    n.id
+                )));
+            }
+            None => {
+                sqlx::query(
+                    "INSERT INTO nodes (id, url, stake, state, registered_at, last_heartbeat, operator, memory_limit, max_flops) VALUES ($1, $2, 0, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(&n.id)
+                .bind(&n.url)
+                .bind(n.state.as_str())
+                .bind(n.registered_at)
+                .bind(n.last_heartbeat)
+                .bind(&n.operator)
+                .bind(n.memory_limit)
+                .bind(n.max_flops)
+                .execute(&mut *tx)
+                .await?;
+                if n.stake > 0 {
+                    move_stake(&mut tx, &n.id, None, n.stake, BONDED, n.registered_at).await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn bond(
+        &self,
+        id: &str,
+        delta: i64,
+        operator: Option<&str>,
+        at: i64,
+    ) -> Result<NodeRecord> {
+        let mut tx = self.pool.begin().await?;
+        let r = sqlx::query("UPDATE nodes SET operator = COALESCE($1, operator) WHERE id = $2")
+            .bind(operator.map(str::to_string))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        if r.rows_affected() == 0 {
+            return Err(LedgerError::NotFound(format!("node {id}")));
+        }
+        let stake: i64 = sqlx::query_scalar("SELECT stake FROM nodes WHERE id = $1")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let after = stake.checked_add(delta).filter(|s| *s >= 0).ok_or_else(|| {
+            LedgerError::Conflict(format!(
+                "node {id} has a stake of {stake}: {delta} would take it below zero or past the largest stake"
+            ))
+        })?;
+        if delta != 0 {
+            let reason = if delta > 0 { BONDED } else { UNBONDED };
+            move_stake(&mut tx, id, None, delta, reason, at).await?;
+        }
+        let node = sqlx::query(sql!("SELECT {NODE_COLS} FROM nodes WHERE id = $1"))
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let node = node_row(&node)?;
+        debug_assert_eq!(node.stake, after);
+        Ok(node)
+    }
+
+    async fn set_node_limits(&self, id: &str, memory_limit: i64, max_flops: i64) -> Result<()> {
+        let r = sqlx::query("UPDATE nodes SET memory_limit = $1, max_flops = $2 WHERE id = $3")
+            .bind(memory_limit)
+            .bind(max_flops)
+            .bind(id)
             .execute(&self.pool)
             .await?;
+        if r.rows_affected() == 0 {
+            return Err(LedgerError::NotFound(format!("node {id}")));
+        }
         Ok(())
     }
 
@@ -618,17 +707,11 @@ impl Ledger for SqlLedger {
             .execute(&mut *tx)
             .await?;
             if v.agreed {
-                move_stake(&mut tx, &v.node_id, job_id, s.reward, "credit", s.at).await?;
+                move_stake(&mut tx, &v.node_id, Some(job_id), s.reward, "credit", s.at).await?;
             } else {
-                let amount = slash_in(
-                    &mut tx,
-                    &v.node_id,
-                    job_id,
-                    s.slash_fraction,
-                    DISAGREED,
-                    s.at,
-                )
-                .await?;
+                let reason = if v.withheld { WITHHELD } else { DISAGREED };
+                let amount =
+                    slash_in(&mut tx, &v.node_id, job_id, s.slash_fraction, reason, s.at).await?;
                 slashed.push((v.node_id.clone(), amount));
             }
         }
@@ -672,7 +755,7 @@ impl Ledger for SqlLedger {
 
     async fn credit(&self, node_id: &str, job_id: &str, amount: i64, at: i64) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        move_stake(&mut tx, node_id, job_id, amount, "credit", at).await?;
+        move_stake(&mut tx, node_id, Some(job_id), amount, "credit", at).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -18,6 +18,9 @@ fn node(id: &str, stake: i64) -> NodeRecord {
         agreed: 0,
         disagreed: 0,
         score_sum: 0.0,
+        operator: String::new(),
+        memory_limit: 0,
+        max_flops: 0,
     }
 }
 
@@ -48,9 +51,9 @@ fn conflict<T: std::fmt::Debug>(r: Result<T, LedgerError>) {
 
 /// The suite. `reopen` connects again to the same database (a coordinator restart).
 async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
-    assert_eq!(l.schema_version().await.unwrap(), 1);
+    assert_eq!(l.schema_version().await.unwrap(), 2);
     // Nodes: register, refuse duplicates, heartbeat, states, re-register after leaving.
-    for (id, stake) in [("a", 1000), ("b", 1000), ("c", 500)] {
+    for (id, stake) in [("a", 1000), ("b", 1000), ("c", 700)] {
         l.register_node(&node(id, stake)).await.unwrap();
     }
     conflict(l.register_node(&node("a", 5)).await);
@@ -68,8 +71,12 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     l.set_node_state("c", NodeState::Deregistered)
         .await
         .unwrap();
-    l.register_node(&node("c", 700)).await.unwrap();
-    assert_eq!(l.node("c").await.unwrap().unwrap().stake, 700);
+    // Coming back keeps the stake it had, whatever the registration claims.
+    let mut back = node("c", 1_000_000_000_000_000);
+    back.url = "http://127.0.0.1:2/c".into();
+    l.register_node(&back).await.unwrap();
+    let c = l.node("c").await.unwrap().unwrap();
+    assert_eq!((c.stake, c.url.as_str()), (700, "http://127.0.0.1:2/c"));
     assert_eq!(l.nodes().await.unwrap().len(), 3);
 
     // A job and its state machine.
@@ -131,16 +138,19 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
             node_id: "a".into(),
             agreed: true,
             score: 1.0,
+            withheld: false,
         },
         Verdict {
             node_id: "b".into(),
             agreed: true,
             score: 1.0,
+            withheld: false,
         },
         Verdict {
             node_id: "c".into(),
             agreed: false,
             score: 0.0,
+            withheld: false,
         },
     ];
     let reveals = [("c".to_string(), "evil".to_string(), "s3".to_string())];
@@ -205,9 +215,16 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     assert_eq!(l.node("c").await.unwrap().unwrap().stake, 245);
     assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1020);
     let ev = l.stake_events("c").await.unwrap();
-    assert_eq!(ev.iter().map(|e| e.delta).collect::<Vec<_>>(), [-350, -105]);
-    assert_eq!(ev[0].job_id.as_deref(), Some("j1"));
-    assert_eq!(ev[0].reason, tenet_ledger::DISAGREED);
+    assert_eq!(
+        ev.iter().map(|e| e.delta).collect::<Vec<_>>(),
+        [700, -350, -105]
+    );
+    assert_eq!(
+        (ev[0].job_id.as_deref(), ev[0].reason.as_str()),
+        (None, tenet_ledger::BONDED)
+    );
+    assert_eq!(ev[1].job_id.as_deref(), Some("j1"));
+    assert_eq!(ev[1].reason, tenet_ledger::DISAGREED);
     conflict(l.slash("c", "j1", 1.5, "bad", 1).await);
     assert!(matches!(
         l.slash("zz", "j1", 0.5, "x", 1).await,
@@ -248,13 +265,88 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         taken += t.await.unwrap();
     }
     assert_eq!(l.node("a").await.unwrap().unwrap().stake, 1020 - taken);
-    assert_eq!(l.stake_events("a").await.unwrap().len(), 22);
+    assert_eq!(l.stake_events("a").await.unwrap().len(), 23);
+
+    // Bonds: only through `bond`, never below zero, with an event and an operator.
+    let b = l.bond("b", 500, Some("alice"), 500).await.unwrap();
+    assert_eq!(
+        (b.stake, b.operator.as_str(), b.party()),
+        (1510, "alice", "alice")
+    );
+    let b = l.bond("b", -10, None, 501).await.unwrap();
+    assert_eq!((b.stake, b.operator.as_str()), (1500, "alice"));
+    conflict(l.bond("b", -1501, None, 502).await);
+    conflict(l.bond("b", i64::MAX, None, 502).await);
+    assert_eq!(l.node("b").await.unwrap().unwrap().stake, 1500);
+    assert!(matches!(
+        l.bond("zz", 1, None, 1).await,
+        Err(LedgerError::NotFound(_))
+    ));
+    let ev = l.stake_events("b").await.unwrap();
+    let last: Vec<(i64, &str)> = ev[ev.len() - 2..]
+        .iter()
+        .map(|e| (e.delta, e.reason.as_str()))
+        .collect();
+    assert_eq!(
+        last,
+        [(500, tenet_ledger::BONDED), (-10, tenet_ledger::UNBONDED)]
+    );
+    assert_eq!(l.node("a").await.unwrap().unwrap().party(), "a");
+    l.set_node_limits("b", 1 << 30, 1_000_000).await.unwrap();
+    let b = l.node("b").await.unwrap().unwrap();
+    assert_eq!((b.memory_limit, b.max_flops), (1 << 30, 1_000_000));
+
+    // A replica that committed and withheld its reveal is slashed with its own reason.
+    l.create_job(&job("j4", 400), &nodes[..2]).await.unwrap();
+    l.record_commitments(
+        "j4",
+        &[("a".into(), "{}".into()), ("b".into(), "{}".into())],
+        401,
+    )
+    .await
+    .unwrap();
+    let verdicts = [
+        Verdict {
+            node_id: "a".into(),
+            agreed: true,
+            score: 1.0,
+            withheld: false,
+        },
+        Verdict {
+            node_id: "b".into(),
+            agreed: false,
+            score: 0.0,
+            withheld: true,
+        },
+    ];
+    let slashed = l
+        .decide_job(
+            "j4",
+            &Settlement {
+                output_hash: "good",
+                receipt: "{}",
+                reveals: &[],
+                verdicts: &verdicts,
+                slash_fraction: 0.1,
+                reward: 0,
+                at: 402,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(slashed, [("b".to_string(), 150)]);
+    let ev = l.stake_events("b").await.unwrap();
+    let last = ev.last().unwrap();
+    assert_eq!(
+        (last.delta, last.reason.as_str(), last.job_id.as_deref()),
+        (-150, tenet_ledger::WITHHELD, Some("j4"))
+    );
 
     // Everything is still there after reconnecting (a restart), and j2 is still unfinished.
     let again = reopen().await;
     assert_eq!(
         again.schema_version().await.unwrap(),
-        1,
+        2,
         "migrations are not re-applied"
     );
     assert_eq!(again.node("c").await.unwrap().unwrap().stake, 245);

@@ -19,6 +19,8 @@ pub enum ErrorCode {
     ReplayedNonce,
     /// The key is valid but not one this node trusts.
     UntrustedKey,
+    /// The caller is known but may not do this (bonding stake takes the admin's key).
+    Forbidden,
     /// No such blob, job, session or tensor.
     NotFound,
     /// The uploaded bytes do not hash to the address they were sent to.
@@ -56,7 +58,7 @@ impl ErrorCode {
         match self {
             BadRequest | HashMismatch | TruncatedBody => 400,
             Unauthenticated | BadSignature | StaleTimestamp | ReplayedNonce => 401,
-            UntrustedKey => 403,
+            UntrustedKey | Forbidden => 403,
             NotFound => 404,
             Conflict | Cancelled => 409,
             TooLarge => 413,
@@ -79,6 +81,7 @@ impl ErrorCode {
             StaleTimestamp => "stale_timestamp",
             ReplayedNonce => "replayed_nonce",
             UntrustedKey => "untrusted_key",
+            Forbidden => "forbidden",
             NotFound => "not_found",
             HashMismatch => "hash_mismatch",
             TruncatedBody => "truncated_body",
@@ -158,6 +161,7 @@ mod tests {
             StaleTimestamp,
             ReplayedNonce,
             UntrustedKey,
+            Forbidden,
             NotFound,
             HashMismatch,
             TruncatedBody,

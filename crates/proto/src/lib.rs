@@ -1,7 +1,8 @@
 //! `tenet-proto`: what travels between tenet's parties, and nothing that moves it.
 //!
 //! Content addresses ([`Hash`]), the tensor blob encoding ([`tensor`]), signed requests
-//! ([`auth`]), commitments to results ([`commit`]), receipts ([`receipt`]), the JSON bodies of the node API ([`wire`]),
+//! ([`auth`]), commitments to results ([`commit`]), receipts ([`receipt`]), the JSON bodies of the node API ([`wire`]), the
+//! coordinator's call body, decoded against the task's inputs ([`run_body`]),
 //! and the one table that maps an error to an HTTP status ([`error`]). This crate does no I/O: it
 //! knows the bytes, not the sockets. Only this crate knows the wire format.
 
@@ -11,6 +12,7 @@ pub mod error;
 mod hash;
 mod nonces;
 pub mod receipt;
+pub mod run_body;
 pub mod tensor;
 pub mod wire;
 
