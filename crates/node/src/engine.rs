@@ -41,6 +41,11 @@ pub struct Engine {
 /// Bytes of decoded input tensors kept for reuse.
 const TENSOR_CACHE_BYTES: u64 = 512 << 20;
 
+/// Weights files kept for reuse, in jobs' memory limits: a file weighs its bytes plus what
+/// it holds once loaded (dequantised or copied tensors, its index), so a node holds at most
+/// this many limits' worth of weights however many files its clients name.
+const WEIGHTS_CACHE_JOBS: u64 = 2;
+
 /// Nodes of planned tasks kept for reuse (a task weighs its node count: its graph and plan
 /// take a few hundred bytes a node, so a cache counted in tasks could hold 256 graphs of a
 /// million ops each).
@@ -78,7 +83,9 @@ impl Engine {
             backend: backend.with_memory_limit(limits.memory_bytes),
             limits,
             tasks: Mutex::new(Lru::new(TASK_CACHE_NODES)),
-            weights: Mutex::new(Lru::new(4)),
+            weights: Mutex::new(Lru::new(
+                limits.memory_bytes.saturating_mul(WEIGHTS_CACHE_JOBS),
+            )),
             tensors: Mutex::new(Lru::new(TENSOR_CACHE_BYTES)),
         }
     }
@@ -213,11 +220,13 @@ impl Engine {
             return Ok(w);
         }
         let bytes = self.blob(hash, "weights")?;
+        let file_bytes = bytes.len() as u64;
         let file = WeightsFile::from_bytes_within(bytes, &hash.short(), self.limits.memory_bytes)
             .map_err(weights_error)?;
         let file = Arc::new(file);
         if let Ok(mut c) = self.weights.lock() {
-            c.insert(*hash, file.clone(), 1);
+            let weight = file_bytes.saturating_add(file.resident_bytes());
+            c.insert(*hash, file.clone(), weight);
         }
         Ok(file)
     }
@@ -239,5 +248,47 @@ impl Engine {
         task.prepared
             .run_stoppable(inputs, &Bound(weights), seed, stop)
             .map_err(exec_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Weights files are kept by what they weigh, not by how many they are: a node whose
+    /// clients name many large files holds at most two jobs' memory of them (it held four
+    /// files of any size).
+    #[test]
+    fn the_weights_cache_holds_at_most_two_memory_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), tenet_store::StoreConfig::default()).unwrap();
+        let limit = 1 << 20;
+        let engine = Engine::new(
+            store.clone(),
+            CpuBackend::auto(),
+            JobLimits {
+                memory_bytes: limit,
+                flops: 1 << 30,
+            },
+        );
+        let mut hashes = Vec::new();
+        for i in 0..6u8 {
+            // 900 KB each, every one within a job's memory limit on its own.
+            let data = vec![i; 900_000];
+            let file =
+                tenet_models::write_safetensors(&[("w", tenet_ir::DType::U8, vec![900_000], data)])
+                    .unwrap();
+            let hash = store.put_bytes(&file).unwrap();
+            let loaded = engine.weights(&hash).unwrap();
+            assert!(loaded.tensor("w").is_some());
+            hashes.push(hash);
+        }
+        let mut cache = engine.weights.lock().unwrap();
+        let kept = hashes.iter().filter(|h| cache.get(h).is_some()).count();
+        assert!(kept >= 1, "the last file is kept");
+        assert!(
+            kept as u64 * 900_000 <= 2 * limit,
+            "{kept} files of 900 KB kept against a 1 MiB job limit"
+        );
     }
 }
