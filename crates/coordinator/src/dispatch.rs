@@ -114,6 +114,9 @@ pub struct Coordinator<L: Ledger> {
     running: Mutex<HashMap<String, watch::Receiver<bool>>>,
     /// What deployed tasks need of a node and what their outputs weigh, by task id.
     facts: Mutex<HashMap<Hash, Arc<TaskFacts>>>,
+    /// Work whose memory grows with a task — a weights file loaded to check a deploy, a
+    /// referee run — one at a time, so the coordinator holds at most one task's worth.
+    heavy: tokio::sync::Semaphore,
 }
 
 /// What the coordinator keeps of a deployed task to schedule and check its jobs.
@@ -168,6 +171,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             clients: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
+            heavy: tokio::sync::Semaphore::new(1),
         }
     }
 
@@ -197,13 +201,28 @@ impl<L: Ledger + 'static> Coordinator<L> {
         Ok(client)
     }
 
+    /// The memory one task may take here (a referee run, a weights file loaded):
+    /// `max_task_bytes`, or the memory available.
+    pub fn task_memory(&self) -> u64 {
+        match self.config.max_task_bytes {
+            0 => tenet_exec::available_memory().unwrap_or(4 << 30),
+            m => m,
+        }
+    }
+
+    /// A turn at work whose memory grows with a task (loading a weights file, refereeing):
+    /// one at a time.
+    pub async fn heavy_turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, DispatchError> {
+        self.heavy
+            .acquire()
+            .await
+            .map_err(|e| DispatchError::Internal(e.to_string()))
+    }
+
     /// Whether a task with this certificate may be deployed: within the coordinator's own
     /// limits, since it referees disagreements by running the task itself.
     pub fn check_deployable(&self, cost: &tenet_ir::Cost) -> Result<(), DispatchError> {
-        let memory = match self.config.max_task_bytes {
-            0 => tenet_exec::available_memory().unwrap_or(4 << 30),
-            m => m,
-        };
+        let memory = self.task_memory();
         if cost.peak_bytes > memory || cost.flops > self.config.max_task_flops {
             return Err(DispatchError::ExceedsLimits(format!(
                 "the task needs {} bytes of memory and {} flops by its certificate; this coordinator deploys tasks of at most {memory} bytes and {} flops (it must be able to referee them)",

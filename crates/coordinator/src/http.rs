@@ -481,8 +481,13 @@ impl<L: Ledger + 'static> Service<L> {
                             format!("the task's weights {w} are not here: upload them first with PUT /v1/blobs/{w}"),
                         )
                     })?;
-                    let file = tenet_models::WeightsFile::from_bytes(bytes, &w.short())
-                        .map_err(|e| weights_error(e, ErrorCode::BadInputs))?;
+                    let _turn = self.core.heavy_turn().await.map_err(dispatch_error)?;
+                    let file = tenet_models::WeightsFile::from_bytes_within(
+                        bytes,
+                        &w.short(),
+                        self.core.task_memory(),
+                    )
+                    .map_err(|e| weights_error(e, ErrorCode::BadInputs))?;
                     tenet_models::check_bindings(&graph, std::slice::from_ref(&file))
                         .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
                 }

@@ -623,16 +623,19 @@ impl<L: Ledger + 'static> Coordinator<L> {
     /// Run the job on the coordinator's own executor: its output hash decides an exact-tier
     /// disagreement.
     async fn referee(&self, spec: &JobSpec) -> Result<Hash, DispatchError> {
+        let _turn = self.heavy_turn().await?;
         let store = self.store.clone();
         let spec = spec.clone();
+        let memory = self.task_memory();
         tokio::task::spawn_blocking(move || -> Result<Hash, String> {
             let graph = tenet_ir::codec::decode(&store.get(&spec.task).map_err(|e| e.to_string())?)
                 .map_err(|e| e.to_string())?;
             let weights = match spec.weights {
                 Some(w) => vec![
-                    tenet_models::WeightsFile::from_bytes(
+                    tenet_models::WeightsFile::from_bytes_within(
                         store.get(&w).map_err(|e| e.to_string())?,
                         &w.short(),
+                        memory,
                     )
                     .map_err(|e| e.to_string())?,
                 ],
@@ -645,6 +648,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 inputs.insert(name.clone(), t);
             }
             let outs = tenet_exec::CpuBackend::auto()
+                .with_memory_limit(memory)
                 .prepare(&graph)
                 .map_err(|e| e.to_string())?
                 .run(&inputs, &tenet_models::WeightSet(weights), spec.seed)
