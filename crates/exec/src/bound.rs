@@ -25,7 +25,9 @@
 //!
 //! **Time.** [`work`] is a function of the certificate and the node count: the run performs
 //! O(work) operations (planning and every step are linear in what they touch) and asks its
-//! stop function at least once per [`crate::POLL_ELEMENTS`] element operations of a step.
+//! stop function at least once per [`crate::POLL_ELEMENTS`] element operations of a step (an
+//! op on the reference's code: every [`tenet_reference::POLL_WORK`] multiply-adds or window
+//! taps of a product, convolution or pooling).
 
 use tenet_ir::{Cost, DType, Graph, NodeId, Op, ReduceOp};
 

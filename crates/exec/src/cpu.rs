@@ -8,7 +8,7 @@ use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::gemm::{Epilogue, Strided, sgemm, sgemm_then};
 use tenet_kernels::norm::{self, Affine};
-use tenet_reference::{RunError, check_inputs, eval_op};
+use tenet_reference::{RunError, check_inputs, eval_op, eval_op_polled};
 
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
@@ -355,7 +355,14 @@ impl CpuPrepared {
                 {
                     normalized
                 } else {
-                    eval_op(*id, &node.op, &node.ty, &operands, seed)?
+                    // The reference's code, asking `poll` as a long product, convolution or
+                    // pooling goes.
+                    eval_op_polled(*id, &node.op, &node.ty, &operands, seed, &poll).map_err(
+                        |e| match e {
+                            RunError::Stopped => ExecError::Stopped,
+                            e => e.into(),
+                        },
+                    )?
                 };
                 (*id, Val::Owned(value))
             }

@@ -316,6 +316,25 @@ fn long_steps_ask_to_stop_as_they_go() {
             let a = g.input("a", DType::F32, &[16, 64, 64]);
             g.finish(&[("y", &a.matmul(&a))]).unwrap()
         }),
+        // Ops on the reference's code ask every POLL_WORK multiply-adds or taps.
+        ("i32 matmul (the reference's code)", {
+            let g = GraphBuilder::new();
+            let a = g.input("a", DType::I32, &[256, 256]);
+            g.finish(&[("y", &a.matmul(&a))]).unwrap()
+        }),
+        ("conv2d (the reference's code)", {
+            let g = GraphBuilder::new();
+            let x = g.input("x", DType::F32, &[1, 16, 64, 64]);
+            let w = g.input("w", DType::F32, &[16, 16, 3, 3]);
+            let y = x.conv2d(&w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1);
+            g.finish(&[("y", &y)]).unwrap()
+        }),
+        ("max_pool2d (the reference's code)", {
+            let g = GraphBuilder::new();
+            let x = g.input("x", DType::I32, &[1, 8, 256, 256]);
+            g.finish(&[("y", &x.max_pool2d([5, 5], [1, 1], [2, 2, 2, 2]))])
+                .unwrap()
+        }),
     ];
     for (what, graph) in cases {
         let (inputs, weights) = random_io(&graph, 8);

@@ -34,6 +34,9 @@ pub enum RunError {
     },
     #[error("node {node} (gather): index {index} is out of range for an axis of size {size}")]
     IndexOutOfRange { node: NodeId, index: i64, size: u64 },
+    /// The caller's stop function said stop while an op ran ([`eval_op_polled`]).
+    #[error("stopped by the caller")]
+    Stopped,
 }
 
 /// Run `graph` on named `inputs`, reading weights from `weights`; `seed` feeds the random ops.
@@ -57,6 +60,7 @@ pub fn run(
         last_use[o.node.index()] = usize::MAX;
     }
     let mut values: Vec<Option<HostTensor>> = vec![None; nodes.len()];
+    let never = Stopper::new(&|| false);
     for (i, node) in nodes.iter().enumerate() {
         let operands: Vec<&HostTensor> = node
             .op
@@ -76,6 +80,7 @@ pub fn run(
             inputs,
             weights,
             seed,
+            &never,
         )?;
         values[i] = Some(value);
         for o in node.op.operands() {
@@ -106,7 +111,22 @@ pub fn eval_op(
     operands: &[&HostTensor],
     seed: u64,
 ) -> Result<HostTensor, RunError> {
-    eval(
+    eval_op_polled(node, op, ty, operands, seed, &|| false)
+}
+
+/// [`eval_op`], asking `stop` as a long op (a product, a convolution, a pooling) goes, every
+/// [`POLL_WORK`] multiply-adds or window taps: once it says yes the op is abandoned with
+/// [`RunError::Stopped`]. The bits of an op that runs to its end are the same.
+pub fn eval_op_polled(
+    node: NodeId,
+    op: &Op,
+    ty: &TensorType,
+    operands: &[&HostTensor],
+    seed: u64,
+    stop: &dyn Fn() -> bool,
+) -> Result<HostTensor, RunError> {
+    let stopper = Stopper::new(stop);
+    let t = eval(
         node,
         op,
         ty,
@@ -114,7 +134,53 @@ pub fn eval_op(
         &HashMap::new(),
         &tenet_ir::NoWeights,
         seed,
-    )
+        &stopper,
+    )?;
+    stopper.result(t)
+}
+
+/// Multiply-adds (or window taps) between two questions to a caller's stop function.
+pub const POLL_WORK: u64 = 1 << 18;
+
+/// Asks a stop function as a long op goes. Once it says stop, every later step of the op is
+/// skipped and the op's values are never used: the op returns [`RunError::Stopped`].
+struct Stopper<'a> {
+    stop: &'a dyn Fn() -> bool,
+    work: std::cell::Cell<u64>,
+    stopped: std::cell::Cell<bool>,
+}
+
+impl<'a> Stopper<'a> {
+    fn new(stop: &'a dyn Fn() -> bool) -> Stopper<'a> {
+        Stopper {
+            stop,
+            work: std::cell::Cell::new(0),
+            stopped: std::cell::Cell::new(false),
+        }
+    }
+
+    /// Whether to skip the next piece of `work`: the op has been told to stop.
+    fn skip(&self, work: u64) -> bool {
+        if self.stopped.get() {
+            return true;
+        }
+        let done = self.work.get().saturating_add(work);
+        if done < POLL_WORK {
+            self.work.set(done);
+            return false;
+        }
+        self.work.set(0);
+        let stop = (self.stop)();
+        self.stopped.set(stop);
+        stop
+    }
+
+    fn result(&self, t: HostTensor) -> Result<HostTensor, RunError> {
+        if self.stopped.get() {
+            return Err(RunError::Stopped);
+        }
+        Ok(t)
+    }
 }
 
 /// Check that `inputs` are exactly the graph's inputs, each of its declared type.
@@ -314,6 +380,7 @@ fn eval(
     inputs: &HashMap<String, HostTensor>,
     weights: &dyn WeightSource,
     seed: u64,
+    stopper: &Stopper<'_>,
 ) -> Result<HostTensor, RunError> {
     let ids = op.operands();
     let arg = |n: &NodeId| -> &HostTensor {
@@ -366,7 +433,7 @@ fn eval(
         }
         Op::Cast { x } => cast(arg(x), ty),
         Op::Reduce { op, x, axes, .. } => reduce(*op, arg(x), axes, ty),
-        Op::MatMul { a, b } => matmul(arg(a), arg(b), ty),
+        Op::MatMul { a, b } => matmul(arg(a), arg(b), ty, stopper),
         Op::Reshape { x } => tensor(ty, arg(x).bytes().to_vec()),
         Op::Permute { x, perm } => {
             let x = arg(x);
@@ -499,13 +566,14 @@ fn eval(
             window,
             *groups as usize,
             ty,
+            stopper,
         ),
         Op::Pool2d {
             kind,
             x,
             kernel,
             window,
-        } => pool2d(*kind, arg(x), *kernel, window, ty),
+        } => pool2d(*kind, arg(x), *kernel, window, ty, stopper),
         Op::Random { dist, key } => {
             let n = ty.numel().unwrap_or(0);
             let scale = 1.0 / 16_777_216.0;
@@ -819,7 +887,7 @@ fn reduce(op: ReduceOp, x: &HostTensor, axes: &[u32], ty: &TensorType) -> HostTe
     }
 }
 
-fn matmul(a: &HostTensor, b: &HostTensor, ty: &TensorType) -> HostTensor {
+fn matmul(a: &HostTensor, b: &HostTensor, ty: &TensorType, stopper: &Stopper<'_>) -> HostTensor {
     let (ra, rb, r) = (a.shape().len(), b.shape().len(), ty.rank());
     let (m, k, n) = (
         a.shape()[ra - 2] as usize,
@@ -837,6 +905,10 @@ fn matmul(a: &HostTensor, b: &HostTensor, ty: &TensorType) -> HostTensor {
                 for i in 0..m {
                     for j in 0..n {
                         let mut acc = 0.0f32;
+                        if stopper.skip(k as u64) {
+                            out.push(acc);
+                            continue;
+                        }
                         for p in 0..k {
                             acc = x[i * k + p].mul_add(y[p * n + j], acc);
                         }
@@ -853,6 +925,10 @@ fn matmul(a: &HostTensor, b: &HostTensor, ty: &TensorType) -> HostTensor {
                 for i in 0..m {
                     for j in 0..n {
                         let mut acc = 0i64;
+                        if stopper.skip(k as u64) {
+                            out.push(acc);
+                            continue;
+                        }
                         for p in 0..k {
                             acc = acc.wrapping_add(x[i * k + p].wrapping_mul(y[p * n + j]));
                         }
@@ -1013,6 +1089,7 @@ fn conv2d(
     win: &Window2d,
     groups: usize,
     ty: &TensorType,
+    stopper: &Stopper<'_>,
 ) -> HostTensor {
     let (xv, wv) = (x.to_f32_vec(), w.to_f32_vec());
     let bv = bias.map(|b| b.to_f32_vec());
@@ -1025,6 +1102,9 @@ fn conv2d(
         let [n, o, oh, ow] = [idx[0], idx[1], idx[2], idx[3]];
         let g = o / og;
         let mut acc = 0.0f32;
+        if stopper.skip((cg * kh * kw) as u64) {
+            return acc;
+        }
         for ci in 0..cg {
             for i in 0..kh {
                 let Some(ih) = tap(oh, i, win.stride[0], win.padding[0], win.dilation[0], h) else {
@@ -1056,8 +1136,10 @@ fn pool2d(
     kernel: [u32; 2],
     win: &Window2d,
     ty: &TensorType,
+    stopper: &Stopper<'_>,
 ) -> HostTensor {
     let xs = strides(x.shape());
+    let taps = (kernel[0] as u64).saturating_mul(kernel[1] as u64);
     let (h, w) = (x.shape()[2], x.shape()[3]);
     let window = |idx: &[usize]| -> Vec<usize> {
         let mut taps = Vec::new();
@@ -1078,6 +1160,9 @@ fn pool2d(
     match vals(x) {
         Vals::F(v) => {
             let out = indices(&ty.shape).map(|idx| {
+                if stopper.skip(taps) {
+                    return NAN;
+                }
                 let taps = window(&idx);
                 match kind {
                     PoolKind::Max => taps.iter().map(|&t| v[t]).reduce(fmax).unwrap_or(NAN),
@@ -1095,8 +1180,12 @@ fn pool2d(
             floats_to(ty, out.collect::<Vec<_>>())
         }
         Vals::I(v) => {
-            let out =
-                indices(&ty.shape).map(|idx| window(&idx).iter().map(|&t| v[t]).max().unwrap_or(0));
+            let out = indices(&ty.shape).map(|idx| {
+                if stopper.skip(taps) {
+                    return 0;
+                }
+                window(&idx).iter().map(|&t| v[t]).max().unwrap_or(0)
+            });
             ints_to(ty, out.collect::<Vec<_>>())
         }
     }

@@ -10,6 +10,6 @@ pub mod math;
 pub mod philox;
 
 pub use interp::{
-    RunError, binary_f32, check_inputs, eval_op, fold_lanes, layer_norm_row, rms_norm_row, run,
-    softmax_row, sum_ordered, unary_f32,
+    POLL_WORK, RunError, binary_f32, check_inputs, eval_op, eval_op_polled, fold_lanes,
+    layer_norm_row, rms_norm_row, run, softmax_row, sum_ordered, unary_f32,
 };
