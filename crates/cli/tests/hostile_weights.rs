@@ -8,9 +8,8 @@
 //! allocates what the file claims fails here, as an allocation failure, rather than taking
 //! the machine's memory.
 
-use std::io::{BufRead, Read};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, WeightsId};
 use tenet_node::{ClientError, Method, NodeClient, RawRequest, identity};
@@ -46,26 +45,9 @@ fn limited() -> Command {
 
 /// Start a `tenet` service under the limit; it and its `… listening on http://…` line.
 fn spawn_limited(args: &[&str]) -> (Proc, String) {
-    let mut child = limited()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start tenet");
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("piped stdout"))
-        .read_line(&mut first)
-        .expect("read the first line");
-    if !first.contains("listening on http://") {
-        let mut err = String::new();
-        let _ = child
-            .stderr
-            .take()
-            .expect("piped stderr")
-            .read_to_string(&mut err);
-        panic!("tenet did not start: {first}{err}");
-    }
-    (Proc(child), first.trim().to_string())
+    let mut c = limited();
+    c.args(args);
+    common::spawn_service(c)
 }
 
 /// A directory removed when the test ends.

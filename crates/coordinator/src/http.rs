@@ -21,6 +21,7 @@ use tenet_ir::{Graph, Op};
 use tenet_ledger::{AssignmentState, JobRecord, JobState, Ledger, NodeRecord, NodeState};
 use tenet_node::gate::Gate;
 use tenet_node::http::{Reply, body, collect_body_paced, error_reply, json_reply};
+use tenet_node::store_error;
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -87,21 +88,6 @@ const MAX_GRAPH_BODY_BYTES: u64 = 256 << 20;
 
 /// The largest body of any other route (registrations, bonds).
 const MAX_SMALL_BODY_BYTES: u64 = 64 << 10;
-
-/// A blob store failure as the client sees it.
-fn store_error(e: tenet_store::StoreError) -> ApiError {
-    use tenet_store::StoreError as S;
-    let code = match &e {
-        S::NotFound(_) => ErrorCode::NotFound,
-        S::HashMismatch { .. } => ErrorCode::HashMismatch,
-        S::TooLarge { .. } => ErrorCode::TooLarge,
-        S::Truncated { .. } => ErrorCode::TruncatedBody,
-        S::Full { .. } => ErrorCode::StorageFull,
-        S::Busy { .. } => ErrorCode::Busy,
-        S::Io { .. } => ErrorCode::Internal,
-    };
-    ApiError::new(code, e.to_string())
-}
 
 /// Room for a safetensors call body beyond its tensors' bytes: its JSON header.
 const SAFETENSORS_SLACK_BYTES: u64 = 64 << 10;

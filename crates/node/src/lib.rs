@@ -30,6 +30,8 @@ use std::sync::Arc;
 pub use bytes::Bytes;
 pub use client::{ClientError, NodeClient, RawRequest, RawResponse};
 pub use config::NodeConfig;
+/// A blob store failure as an API error: the node and the coordinator map it the same way.
+pub use errors::store_error;
 pub use hyper::Method;
 pub use service::{Node, StartError};
 

@@ -41,8 +41,15 @@ pub fn tenet() -> Command {
 /// Start `tenet ARGS` (a node or coordinator) and return it with the first line it prints
 /// (`… listening on http://…`); panics with its standard error if it does not start.
 pub fn spawn_tenet<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> (Proc, String) {
-    let mut child = tenet()
-        .args(args)
+    let mut c = tenet();
+    c.args(args);
+    spawn_service(c)
+}
+
+/// Start `command` (a `tenet` node or coordinator, however it is wrapped) and return it with
+/// the first line it prints; panics with its standard error if it does not start.
+pub fn spawn_service(mut command: Command) -> (Proc, String) {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
