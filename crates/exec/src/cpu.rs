@@ -10,6 +10,29 @@ use tenet_kernels::gemm::{Epilogue, Strided, sgemm, sgemm_then};
 use tenet_kernels::norm::{self, Affine};
 use tenet_reference::{RunError, check_inputs, eval_op, eval_op_polled};
 
+/// The values live in a run, by node. A node id is a small integer, hashed by one multiply:
+/// std's SipHash is made for keys an attacker picks, and these are the plan's own.
+type Values<'a> = HashMap<NodeId, Val<'a>, std::hash::BuildHasherDefault<NodeIdHash>>;
+
+/// Hashes a node id (a `u32`) by a Fibonacci multiply, which spreads it to the high bits the
+/// table's probing reads.
+#[derive(Default)]
+struct NodeIdHash(u64);
+
+impl std::hash::Hasher for NodeIdHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
@@ -164,7 +187,7 @@ impl CpuPrepared {
         let mut peak = live;
         // Only the values live now, by node: a table of every node would cost ~60 bytes a node
         // for a chain of a million ops certified at a few bytes.
-        let mut values: HashMap<NodeId, Val<'_>> = HashMap::new();
+        let mut values = Values::default();
         let pool = Pool::default();
         let mut stats = RunStats::default();
         // `stop` is asked between steps and, inside a long step, every few hundred thousand
@@ -269,7 +292,7 @@ impl CpuPrepared {
         &self,
         s: usize,
         step: &Step,
-        values: &mut HashMap<NodeId, Val<'_>>,
+        values: &mut Values<'_>,
     ) -> Option<(NodeId, HostTensor)> {
         let Step::Generic(id) = step else { return None };
         let node = self.graph.node(*id);
@@ -295,7 +318,7 @@ impl CpuPrepared {
     fn step<'a>(
         &self,
         step: &Step,
-        values: &HashMap<NodeId, Val<'a>>,
+        values: &Values<'a>,
         inputs: &'a HashMap<String, HostTensor>,
         weights: &'a dyn WeightSource,
         seed: u64,
