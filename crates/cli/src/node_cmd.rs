@@ -59,6 +59,17 @@ pub struct NodeArgs {
     /// [default: 512].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+    /// Seconds a connection may take to send a request head (also the keep-alive idle
+    /// timeout) [default: 30].
+    #[arg(long, value_name = "SECS")]
+    header_timeout: Option<f64>,
+    /// Seconds a request body may send nothing before it is dropped [default: 30].
+    #[arg(long, value_name = "SECS")]
+    body_timeout: Option<f64>,
+    /// The fewest bytes a second a request body must average, from one --body-timeout after
+    /// it began; 0: no floor [default: 65536].
+    #[arg(long, value_name = "BYTES")]
+    min_body_rate: Option<u64>,
     /// Let session pulls fetch from the node at URL (http://HOST:PORT); repeatable. Pulls from
     /// anywhere else are refused (an --open node may also pull from loopback addresses).
     #[arg(long = "pull-from", value_name = "URL")]
@@ -147,6 +158,24 @@ impl NodeArgs {
         }
         if let Some(v) = self.max_connections {
             c.max_connections = v;
+        }
+        for (flag, value, field) in [
+            (
+                "--header-timeout",
+                self.header_timeout,
+                &mut c.header_timeout_ms,
+            ),
+            ("--body-timeout", self.body_timeout, &mut c.body_timeout_ms),
+        ] {
+            if let Some(v) = value {
+                if !(v > 0.0 && v.is_finite()) {
+                    bail!("{flag} must be a number of seconds above 0");
+                }
+                *field = (v * 1000.0).round().max(1.0) as u64;
+            }
+        }
+        if let Some(v) = self.min_body_rate {
+            c.min_body_bytes_per_sec = v;
         }
         c.pull_peers.extend(self.pull_from.iter().cloned());
         if let Some(p) = &self.event_log {

@@ -266,11 +266,12 @@ async fn a_flood_of_idle_connections_does_not_lock_out_a_signed_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_request_head_is_closed_at_the_header_timeout() {
     let key = identity::generate();
+    // The timeout as a flag (the config file's `header_timeout_ms` works the same).
     let node = start(
         "slowhead",
         &key,
-        &config(&["header_timeout_ms = 500"]),
-        &[],
+        &config(&[]),
+        &["--header-timeout", "0.5"],
         None,
     );
     let mut s = TcpStream::connect(&node.addr).unwrap();
@@ -308,11 +309,13 @@ async fn a_slow_request_head_is_closed_at_the_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_body_upload_is_dropped_and_its_temp_file_is_gone() {
     let key = identity::generate();
+    // The pace as flags (the config file's `body_timeout_ms` and `min_body_bytes_per_sec`
+    // work the same).
     let node = start(
         "slowbody",
         &key,
-        &config(&["body_timeout_ms = 1000", "min_body_bytes_per_sec = 1024"]),
-        &[],
+        &config(&[]),
+        &["--body-timeout", "1", "--min-body-rate", "1024"],
         None,
     );
     let c = node.client(&key);
