@@ -40,19 +40,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tenet_exec::{Backend, CpuBackend, SimdLevel};
 use tenet_ir::{DType, Graph, GraphBuilder, WeightsId};
 use tenet_node::client::Bounds;
 use tenet_node::{Bytes, ClientError, Method, NodeClient, RawRequest, identity};
 use tenet_proto::Hash;
 use tenet_proto::auth::{KeyPair, PublicKey};
 use tenet_proto::commit::{JobSpec, Tier};
-use tenet_proto::receipt::Receipt;
 use tenet_proto::wire::{Batch, NodeInfo, RunJob, SessionOp};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::node::filled;
+use crate::load::{Call, calls, quantile, task, verified};
 
 /// Each node's `--memory-limit`: the most tensor memory one job may need by its certificate.
 pub const NODE_MEMORY_LIMIT: u64 = 256 << 20;
@@ -637,14 +635,6 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
-/// The `q` quantile of sorted values (nearest rank); NaN for none.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize]
-}
-
 // ---------------------------------------------------------------------------------------
 // Hostile files
 
@@ -717,15 +707,6 @@ pub fn safetensors_bomb(elements: u64, max_header: usize) -> Vec<u8> {
 
 // ---------------------------------------------------------------------------------------
 // Graphs
-
-/// The honest task: one 16→32 layer with tanh.
-fn honest_task() -> Graph {
-    let g = GraphBuilder::new();
-    let x = g.input("x", DType::F32, &[1, 16]);
-    let w = g.input("w", DType::F32, &[16, 32]);
-    g.finish(&[("y", &x.matmul(&w).tanh())])
-        .expect("a valid graph")
-}
 
 /// `ops` tanh in a row on 4 numbers: certified at a few bytes.
 fn chain_task(ops: usize) -> Result<Graph, String> {
@@ -1552,43 +1533,6 @@ async fn fake_node() -> Result<(String, String), String> {
 // ---------------------------------------------------------------------------------------
 // Honest callers
 
-/// One honest call and the bytes its `y` must have.
-struct Call {
-    body: Bytes,
-    expected: Vec<u8>,
-}
-
-fn honest_calls(graph: &Graph, n: usize) -> Result<(Vec<Call>, Value), String> {
-    let prepared = CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(graph)
-        .map_err(|e| e.to_string())?;
-    let w = filled(&[16, 32], 7);
-    let mut sample = Value::Null;
-    let calls = (0..n)
-        .map(|i| {
-            let x = filled(&[1, 16], 5000 + i as u32);
-            let inputs =
-                HashMap::from([("x".to_string(), x.clone()), ("w".to_string(), w.clone())]);
-            let y = prepared
-                .run(&inputs, &tenet_ir::NoWeights, 0)
-                .map_err(|e| e.to_string())?
-                .remove(0)
-                .1;
-            let given = vec![("x".to_string(), x), ("w".to_string(), w.clone())];
-            let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))
-                .map_err(|e| e.to_string())?;
-            if sample.is_null() {
-                sample = inputs.clone();
-            }
-            Ok(Call {
-                body: Bytes::from(json!({"inputs": inputs}).to_string()),
-                expected: y.bytes().to_vec(),
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok((calls, sample))
-}
-
 /// What honest callers share.
 struct Honest {
     url: String,
@@ -1610,16 +1554,7 @@ impl Honest {
     /// Check an answer: 200, a receipt by this coordinator that verifies and names only bonded
     /// nodes, the right result.
     fn check(&self, status: u16, body: &[u8], expected: &[u8]) -> Result<Done, String> {
-        let text = || String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
-        if status != 200 {
-            return Err(format!("status {status}: {}", text()));
-        }
-        let v: Value = serde_json::from_slice(body).map_err(|e| format!("{e}: {}", text()))?;
-        let receipt: Receipt =
-            serde_json::from_value(v["receipt"].clone()).map_err(|e| format!("receipt: {e}"))?;
-        receipt
-            .verify_from(&self.coordinator)
-            .map_err(|e| format!("receipt does not verify: {e}"))?;
+        let (v, receipt) = verified(status, body, &self.coordinator, expected)?;
         for a in &receipt.nodes {
             let node = a.commitment.node.to_hex();
             if !self.bonded.contains(&node) {
@@ -1628,11 +1563,6 @@ impl Honest {
                     &node[..12]
                 ));
             }
-        }
-        let ty = tenet_ir::TensorType::new(DType::F32, vec![1u64, 32]);
-        let y = tenet_models::tensor_from_json(&v["outputs"]["y"], &ty)?;
-        if y.bytes() != expected {
-            return Err("the result differs from a local run".into());
         }
         let job = v["job_id"]
             .as_str()
@@ -2609,8 +2539,12 @@ pub fn run(
     let coordinator_key = net.coordinator_key.ok_or("no coordinator key")?;
 
     progress("registering and bonding the nodes, deploying the task");
-    let graph = honest_task();
-    let (calls, honest_inputs) = honest_calls(&graph, 64)?;
+    let graph = task();
+    let calls = calls(&graph, 64, 5000)?;
+    // The first call's inputs, as a body's "inputs" (the value classes send them wrong).
+    let honest_inputs = serde_json::from_slice::<Value>(&calls[0].body)
+        .map_err(|e| e.to_string())?["inputs"]
+        .take();
     let (bonded, path, staller_id) = honest_rt.block_on(async {
         let mut bonded = bond_nodes(&admin, &honest_nodes).await?;
         // The withholding node registers without stake now; the stall class bonds it.
@@ -2897,16 +2831,6 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantiles_take_the_nearest_rank() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.5), 51.0);
-        assert_eq!(quantile(&v, 0.99), 99.0);
-        assert_eq!(quantile(&v, 1.0), 100.0);
-        assert_eq!(quantile(&[3.0], 0.99), 3.0);
-        assert!(quantile(&[], 0.5).is_nan());
-    }
 
     #[test]
     fn the_gguf_bomb_is_refused_under_a_budget_and_one_of_its_tensors_is_not() {

@@ -64,7 +64,7 @@ pub struct LoadReport {
 }
 
 /// A small task: one 16→32 layer with tanh, the shape of a tiny model call.
-fn task() -> Graph {
+pub(crate) fn task() -> Graph {
     let g = GraphBuilder::new();
     let x = g.input("x", DType::F32, &[1, 16]);
     let w = g.input("w", DType::F32, &[16, 32]);
@@ -72,27 +72,30 @@ fn task() -> Graph {
         .expect("a valid graph")
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+/// The `q` quantile of sorted values (nearest rank); NaN for none.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+    sorted[((sorted.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize]
 }
 
-/// One client's request for job `seed`, and the bytes its `y` must have.
-struct Call {
-    body: Bytes,
-    expected: Vec<u8>,
+/// One client's request for [`task`], and the bytes its `y` must have.
+pub(crate) struct Call {
+    pub body: Bytes,
+    pub expected: Vec<u8>,
 }
 
-fn calls(graph: &Graph, n: usize) -> Result<Vec<Call>, String> {
+/// `n` calls of [`task`] with inputs from seeds `first..first + n`, each with the result a
+/// local run gives.
+pub(crate) fn calls(graph: &Graph, n: usize, first: u32) -> Result<Vec<Call>, String> {
     let prepared = CpuBackend::new(1, SimdLevel::Portable)
         .prepare(graph)
         .map_err(|e| e.to_string())?;
     let w = filled(&[16, 32], 7);
     (0..n)
         .map(|i| {
-            let x = filled(&[1, 16], 1000 + i as u32);
+            let x = filled(&[1, 16], first + i as u32);
             let inputs =
                 HashMap::from([("x".to_string(), x.clone()), ("w".to_string(), w.clone())]);
             let y = prepared
@@ -111,21 +114,19 @@ fn calls(graph: &Graph, n: usize) -> Result<Vec<Call>, String> {
         .collect()
 }
 
-/// Check one answer: 200, a receipt by this coordinator that verifies, the right result; the
-/// job's id.
-fn check(
+/// Check one answer to a [`Call`]: 200, a receipt by this coordinator that verifies, the
+/// right result; the answer and its receipt.
+pub(crate) fn verified(
     status: u16,
     body: &[u8],
     coordinator: &tenet_proto::auth::PublicKey,
     expected: &[u8],
-) -> Result<String, String> {
+) -> Result<(Value, Receipt), String> {
+    let text = || String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
     if status != 200 {
-        return Err(format!(
-            "status {status}: {}",
-            String::from_utf8_lossy(body)
-        ));
+        return Err(format!("status {status}: {}", text()));
     }
-    let v: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("{e}: {}", text()))?;
     let receipt: Receipt =
         serde_json::from_value(v["receipt"].clone()).map_err(|e| format!("receipt: {e}"))?;
     receipt
@@ -136,6 +137,17 @@ fn check(
     if y.bytes() != expected {
         return Err("the result differs from a local run".into());
     }
+    Ok((v, receipt))
+}
+
+/// [`verified`], giving the job's id.
+fn check(
+    status: u16,
+    body: &[u8],
+    coordinator: &tenet_proto::auth::PublicKey,
+    expected: &[u8],
+) -> Result<String, String> {
+    let (v, _) = verified(status, body, coordinator, expected)?;
     v["job_id"]
         .as_str()
         .map(str::to_string)
@@ -202,7 +214,7 @@ async fn drive(
         .as_str()
         .ok_or_else(|| format!("deploying failed: {deployed}"))?
         .to_string();
-    let calls = Arc::new(calls(&graph, config.jobs_per_client)?);
+    let calls = Arc::new(calls(&graph, config.jobs_per_client, 1000)?);
     let coordinator = net.coordinator_key.public();
     progress(&format!(
         "{} clients × {} jobs, {} replicas each",
@@ -378,6 +390,16 @@ impl LoadReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 51.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&v, 1.0), 100.0);
+        assert_eq!(quantile(&[3.0], 0.99), 3.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
 
     #[test]
     fn a_bounded_load_completes_every_job_and_loses_none() {

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use tenet_exec::{Backend, CpuBackend, Prepared, SimdLevel};
-use tenet_ir::testing::{Rng, random_graph, random_tensor};
-use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Op, Tensor, WeightsId};
+use tenet_ir::testing::{RandomWeights as Weights, random_graph, random_io};
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor};
 use tenet_kernels::memory::Counting;
 
 #[global_allocator]
@@ -42,26 +42,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// on up to three threads: the run's tables, the per-thread allowance and a fused group's
 /// chunk buffers (`RUN_FIXED + 3 × PER_THREAD + 3 × 259 chunks of 8 KiB`, rounded up).
 const SCRATCH_CONSTANT: u64 = 8 << 20;
-
-type Weights = HashMap<(WeightsId, String), HostTensor>;
-
-fn random_io(graph: &Graph, seed: u64) -> (HashMap<String, HostTensor>, Weights) {
-    let mut rng = Rng(seed);
-    let inputs = graph
-        .inputs()
-        .map(|(_, n, t)| (n.to_string(), random_tensor(&mut rng, t)))
-        .collect();
-    let weights = graph
-        .weights()
-        .filter_map(|(_, op, ty)| match op {
-            Op::Weight { file, tensor } => {
-                Some(((*file, tensor.clone()), random_tensor(&mut rng, ty)))
-            }
-            _ => None,
-        })
-        .collect();
-    (inputs, weights)
-}
 
 /// What one run allocated beyond what was live when it started, and its poll count.
 struct Measured {

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use tenet_exec::{Backend, CpuBackend, SimdLevel};
-use tenet_ir::testing::{Rng, random_graph, random_tensor};
-use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Op, WeightsId};
+use tenet_ir::testing::{RandomWeights as Weights, random_graph, random_io};
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
 
 fn backends() -> Vec<CpuBackend> {
     let mut v = Vec::new();
@@ -16,26 +16,6 @@ fn backends() -> Vec<CpuBackend> {
         }
     }
     v
-}
-
-type Weights = HashMap<(WeightsId, String), HostTensor>;
-
-fn random_io(graph: &Graph, seed: u64) -> (HashMap<String, HostTensor>, Weights) {
-    let mut rng = Rng(seed);
-    let inputs = graph
-        .inputs()
-        .map(|(_, n, t)| (n.to_string(), random_tensor(&mut rng, t)))
-        .collect();
-    let weights = graph
-        .weights()
-        .filter_map(|(_, op, ty)| match op {
-            Op::Weight { file, tensor } => {
-                Some(((*file, tensor.clone()), random_tensor(&mut rng, ty)))
-            }
-            _ => None,
-        })
-        .collect();
-    (inputs, weights)
 }
 
 fn assert_same_everywhere(

@@ -87,6 +87,26 @@ impl DType {
     pub fn is_numeric(self) -> bool {
         self != DType::Bool
     }
+
+    /// The bits of `x` in this float dtype (rounded to f32, then to the storage type, each to
+    /// nearest even), in the low bytes; `None` for a finite `x` the dtype cannot hold (it would
+    /// become infinite) or a dtype that is not a float. What a text number (JSON) becomes.
+    pub fn float_bits(self, x: f64) -> Option<u64> {
+        let x32 = x as f32;
+        let (bits, infinite) = match self {
+            DType::F32 => (x32.to_bits() as u64, x32.is_infinite()),
+            DType::F16 => {
+                let h = half::f16::from_f32(x32);
+                (h.to_bits() as u64, h.is_infinite())
+            }
+            DType::BF16 => {
+                let h = half::bf16::from_f32(x32);
+                (h.to_bits() as u64, h.is_infinite())
+            }
+            _ => return None,
+        };
+        (!infinite || !x.is_finite()).then_some(bits)
+    }
 }
 
 impl fmt::Display for DType {

@@ -416,3 +416,28 @@ pub fn random_tensor(rng: &mut Rng, ty: &TensorType) -> HostTensor {
     }
     HostTensor::new(ty.clone(), data).expect("sized to the type")
 }
+
+/// Weights for [`random_io`]: by (file, tensor name), as [`WeightSource`] reads them.
+pub type RandomWeights = std::collections::HashMap<(WeightsId, String), HostTensor>;
+
+/// Random tensors for every input and weight of `graph` ([`random_tensor`]), from `seed`.
+pub fn random_io(
+    graph: &Graph,
+    seed: u64,
+) -> (std::collections::HashMap<String, HostTensor>, RandomWeights) {
+    let mut rng = Rng(seed);
+    let inputs = graph
+        .inputs()
+        .map(|(_, n, t)| (n.to_string(), random_tensor(&mut rng, t)))
+        .collect();
+    let weights = graph
+        .weights()
+        .filter_map(|(_, op, ty)| match op {
+            Op::Weight { file, tensor } => {
+                Some(((*file, tensor.clone()), random_tensor(&mut rng, ty)))
+            }
+            _ => None,
+        })
+        .collect();
+    (inputs, weights)
+}

@@ -363,23 +363,10 @@ fn json_element(v: &serde_json::Value, dtype: DType) -> Result<u64, String> {
             },
             _ => return Err(bad()),
         };
-        let x32 = x as f32;
-        let (bits, infinite) = match dtype {
-            DType::F16 => {
-                let h = half::f16::from_f32(x32);
-                (h.to_bits() as u64, h.is_infinite())
-            }
-            DType::BF16 => {
-                let h = half::bf16::from_f32(x32);
-                (h.to_bits() as u64, h.is_infinite())
-            }
-            _ => (x32.to_bits() as u64, x32.is_infinite()),
-        };
         // A finite number the dtype cannot hold is a mistake, not an infinity.
-        if infinite && x.is_finite() {
-            return Err(format!("{v} is outside {dtype}'s range"));
-        }
-        return Ok(bits);
+        return dtype
+            .float_bits(x)
+            .ok_or_else(|| format!("{v} is outside {dtype}'s range"));
     }
     if dtype == DType::Bool {
         return match v {

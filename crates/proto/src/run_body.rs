@@ -475,25 +475,12 @@ impl Elements<'_> {
     /// A float's bits in the input's float dtype; a finite value its dtype cannot hold (it
     /// would become infinite) is refused, shown as `shown` prints it.
     fn float_bits(&self, v: f64, shown: impl fmt::Display) -> Result<u64, String> {
-        let x = v as f32;
-        let (bits, infinite) = match self.dtype {
-            DType::F16 => {
-                let h = half::f16::from_f32(x);
-                (h.to_bits() as u64, h.is_infinite())
-            }
-            DType::BF16 => {
-                let h = half::bf16::from_f32(x);
-                (h.to_bits() as u64, h.is_infinite())
-            }
-            _ => (x.to_bits() as u64, x.is_infinite()),
-        };
-        if infinite && v.is_finite() {
-            return Err(format!(
+        self.dtype.float_bits(v).ok_or_else(|| {
+            format!(
                 "input {}: {shown} is outside {}'s range",
                 self.name, self.dtype
-            ));
-        }
-        Ok(bits)
+            )
+        })
     }
 
     fn add_i64(&mut self, v: i64, depth: usize) -> Result<(), String> {
