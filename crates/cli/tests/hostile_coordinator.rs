@@ -539,3 +539,38 @@ fn a_blob_upload_that_stalls_is_dropped_with_its_temporary_file() {
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Anyone with a caller's key may name a URL to register: the coordinator reads that URL's
+/// `/v1/info` answer only up to what a node's info can be, and not a byte of one that
+/// declares more.
+#[test]
+fn a_registered_url_that_answers_without_end_is_refused() {
+    use std::io::{Read, Write};
+    let net = Net::start("bigprobe", &[]);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut head = [0u8; 4096];
+        let _ = s.read(&mut head);
+        // 32 MiB of JSON declared and sent: far beyond any node's info, though within what
+        // the client reads of a JSON answer by default.
+        let _ = s.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 33554432\r\n\r\n",
+        );
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..32 {
+            if s.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let (status, v) = net.register(&format!("http://{addr}"), "secret", None);
+    assert_eq!(status, 503, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("too large") || message.contains("large"),
+        "{message}"
+    );
+    server.join().unwrap();
+}

@@ -19,11 +19,18 @@ use crate::dispatch::{Coordinator, DispatchError, now};
 /// How long a probe of a node may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The most a node's `/v1/info` answer may be (it is a few hundred bytes).
+const PROBE_ANSWER_BYTES: u64 = 64 << 10;
+
 impl<L: Ledger + 'static> Coordinator<L> {
     /// Ask the node at `url` who it is and what it takes.
     async fn probe(&self, url: &str) -> Result<NodeInfo, DispatchError> {
+        // Anyone may name a URL to register, so its answer is read only up to what a node's
+        // info can be.
         let client = NodeClient::new(url, self.key.clone())
-            .map_err(|e| DispatchError::BadRequest(e.to_string()))?;
+            .map_err(|e| DispatchError::BadRequest(e.to_string()))?
+            .with_timeout(PROBE_TIMEOUT)
+            .with_answer_limits(PROBE_ANSWER_BYTES, PROBE_ANSWER_BYTES);
         tokio::time::timeout(PROBE_TIMEOUT, client.info())
             .await
             .map_err(|_| DispatchError::Nodes(format!("{url} did not answer /v1/info in time")))?
