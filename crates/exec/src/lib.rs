@@ -10,6 +10,7 @@
 
 mod bound;
 mod cpu;
+mod device;
 mod fused;
 mod movement;
 mod norms;
@@ -25,6 +26,9 @@ pub use bound::{
     PER_THREAD, PER_VALUE, REFERENCE_BYTES_PER_ELEMENT, RUN_FIXED, WORK_PER_NODE, work,
 };
 pub use cpu::CpuBackend;
+pub use device::{
+    Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, Program, WeightCache, next_device_id,
+};
 pub use fused::POLL_ELEMENTS;
 pub use tenet_kernels::SimdLevel;
 
@@ -43,6 +47,10 @@ pub enum ExecError {
     /// The caller asked the run to stop (a timeout or a cancellation); nothing was returned.
     #[error("the run was stopped before it finished")]
     Stopped,
+    /// The device failed or refused an operation (out of device memory, a driver error, a
+    /// buffer from another device).
+    #[error("device error: {0}")]
+    Device(String),
     /// A kernel refused its arguments; this is a bug in the planner.
     #[error("kernel error in node {node}: {message}")]
     Kernel {
