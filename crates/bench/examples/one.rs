@@ -2,7 +2,7 @@
 //! [threads]`, at the SIMD level `TENET_SIMD` names (detected when unset), `REPS` times
 //! (15 when unset).
 use std::collections::HashMap;
-use tenet_exec::{Backend, CpuBackend};
+use tenet_exec::Device;
 use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights};
 fn main() {
     let which = std::env::args().nth(1).unwrap_or_else(|| "softmax".into());
@@ -34,9 +34,13 @@ fn main() {
             )
         })
         .collect();
-    let p = CpuBackend::new(threads, tenet_exec::SimdLevel::from_env().unwrap())
-        .prepare(&graph)
-        .unwrap();
+    let p = tenet_devices::cpu(&tenet_devices::Options {
+        threads: Some(threads),
+        simd: Some(tenet_devices::SimdLevel::from_env().unwrap()),
+        ..Default::default()
+    })
+    .compile(&graph)
+    .unwrap();
     for _ in 0..std::env::var("REPS").map_or(15, |s| s.parse().unwrap()) {
         let t = std::time::Instant::now();
         std::hint::black_box(p.run(&inputs, &NoWeights, 0).unwrap());

@@ -1506,6 +1506,7 @@ async fn fake_node() -> Result<(String, String), String> {
         tiers: vec![Tier::Exact, Tier::Tolerant],
         price_per_gflop: 0.0,
         open: false,
+        devices: Vec::new(),
     };
     let body = serde_json::to_vec(&info).map_err(|e| e.to_string())?;
     let answer = [

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use tenet_exec::{Backend, CpuBackend};
+use tenet_devices::CpuDevice;
+use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, NoWeights};
 
 /// One measured workload.
@@ -178,9 +179,12 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-/// Run every workload; `progress` hears what is being measured.
+/// Run every workload on `device`; `cpu` (the machine's cores as the device would use them)
+/// measures the FMA peak and read bandwidth and sets numpy's threads. `progress` hears what is
+/// being measured.
 pub fn run(
-    backend: &CpuBackend,
+    device: &dyn Device,
+    backend: &CpuDevice,
     python: &str,
     quick: bool,
     mut progress: impl FnMut(&str),
@@ -226,7 +230,7 @@ pub fn run(
     let mut rows = Vec::new();
     for w in &work {
         progress(&format!("running {} on tenet", w.name));
-        let prepared = backend.prepare(&w.graph).expect("bench graphs are valid");
+        let prepared = device.compile(&w.graph).expect("bench graphs are valid");
         let inputs: HashMap<String, HostTensor> = w
             .shapes
             .iter()
@@ -263,11 +267,11 @@ pub fn run(
         });
     }
     let mut notes = Vec::new();
-    match model_rows(backend, peak, quick, &mut progress) {
+    match model_rows(device, peak, quick, &mut progress) {
         Ok(r) => rows.extend(r),
         Err(why) => notes.push(why),
     }
-    match decode_row(backend, peak, quick, &mut progress) {
+    match decode_row(device, backend, peak, quick, &mut progress) {
         Ok(r) => rows.push(r),
         Err(why) => notes.push(why),
     }
@@ -278,7 +282,7 @@ pub fn run(
     }
     Report {
         notes,
-        backend: backend.name(),
+        backend: device.name(),
         peak_gflops: peak,
         numpy: numpy.map(|m| m.version),
         rows,
@@ -357,7 +361,7 @@ impl Report {
 /// MiniLM sentence embeddings at batch 1 and 32 (128 tokens each; smaller with `quick`), if the
 /// model has been fetched.
 fn model_rows(
-    backend: &CpuBackend,
+    backend: &dyn Device,
     peak: f64,
     quick: bool,
     progress: &mut impl FnMut(&str),
@@ -379,7 +383,7 @@ fn model_rows(
             seq,
         };
         let inputs = MiniLm::inputs(&ids);
-        let prepared = backend.prepare(&graph).map_err(|e| e.to_string())?;
+        let prepared = backend.compile(&graph).map_err(|e| e.to_string())?;
         let reps = if quick { 3 } else { 7 };
         let times = (0..reps)
             .map(|_| {
@@ -412,7 +416,8 @@ fn model_rows(
 /// the weight format chosen, see ARCHITECTURE.md), and the machine's read bandwidth measured
 /// now, for the fraction of the memory limit reached.
 fn decode_row(
-    backend: &CpuBackend,
+    device: &dyn Device,
+    backend: &CpuDevice,
     peak: f64,
     quick: bool,
     progress: &mut impl FnMut(&str),
@@ -436,14 +441,14 @@ fn decode_row(
     progress("running smollm2 decode on tenet");
     let prompt = model.encode("The capital of France is").map_err(skipped)?;
     let (mut logits, mut cache) = model
-        .step(&prompt, Cache::default(), backend)
+        .step(&prompt, Cache::default(), device)
         .map_err(skipped)?;
     let steps = if quick { 4 } else { 24 };
     let mut times = Vec::new();
     for _ in 0..steps {
         let next = argmax(&logits);
         let t = Instant::now();
-        (logits, cache) = model.step(&[next], cache, backend).map_err(skipped)?;
+        (logits, cache) = model.step(&[next], cache, device).map_err(skipped)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     Ok(Row {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tenet_coordinator::CoordinatorConfig;
 use tenet_coordinator::local::LocalNetwork;
-use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_devices::SimdLevel;
+use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder};
 use tenet_ledger::{JobState, Ledger};
 use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
@@ -89,9 +90,13 @@ pub(crate) struct Call {
 /// `n` calls of [`task`] with inputs from seeds `first..first + n`, each with the result a
 /// local run gives.
 pub(crate) fn calls(graph: &Graph, n: usize, first: u32) -> Result<Vec<Call>, String> {
-    let prepared = CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(graph)
-        .map_err(|e| e.to_string())?;
+    let prepared = tenet_devices::cpu(&tenet_devices::Options {
+        threads: Some(1),
+        simd: Some(SimdLevel::Portable),
+        ..Default::default()
+    })
+    .compile(graph)
+    .map_err(|e| e.to_string())?;
     let w = filled(&[16, 32], 7);
     (0..n)
         .map(|i| {

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use tenet_exec::{Backend, CpuBackend};
+use tenet_exec::Device;
 use tenet_ir::{DType, GraphBuilder, HostTensor};
 use tenet_node::{Bytes, NodeClient, identity};
 use tenet_proto::commit::{JobSpec, Tier};
@@ -584,8 +584,12 @@ async fn measure(
         .finish(&[("c", &a.matmul(&b))])
         .map_err(|e| e.to_string())?;
     let (at, bt) = (filled(&[1024, 1024], 3), filled(&[1024, 1024], 4));
-    let local = CpuBackend::new(threads, tenet_exec::SimdLevel::detect());
-    let prepared = local.prepare(&mm).map_err(|e| e.to_string())?;
+    let local = tenet_devices::cpu(&tenet_devices::Options {
+        threads: Some(threads),
+        simd: Some(tenet_devices::SimdLevel::detect()),
+        ..Default::default()
+    });
+    let prepared = local.compile(&mm).map_err(|e| e.to_string())?;
     let inputs = HashMap::from([("a".to_string(), at.clone()), ("b".to_string(), bt.clone())]);
     let mm_reps = if quick { 5 } else { 60 };
     let mut local_ms = Vec::new();

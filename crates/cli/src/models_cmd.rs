@@ -3,11 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use tenet_exec::CpuBackend;
 use tenet_ir::text::format_bits;
 use tenet_models::fetch::{self, MINILM, MODELS, SMOLLM2};
 use tenet_models::minilm::MiniLm;
 use tenet_models::smollm2;
+
+use crate::device_args::DeviceArgs;
 
 pub fn python() -> String {
     std::env::var("TENET_PYTHON").unwrap_or_else(|_| "python3".to_string())
@@ -76,16 +77,15 @@ fn smollm2_gguf() -> Result<PathBuf> {
 }
 
 /// `tenet embed SENTENCE...`.
-pub fn embed(sentences: &[String], json: bool, threads: Option<usize>) -> Result<()> {
+pub fn embed(sentences: &[String], json: bool, device: &DeviceArgs) -> Result<()> {
     if sentences.is_empty() {
         bail!("give at least one sentence to embed");
     }
     let model = MiniLm::load(&fetch::cached(&MINILM)?).context("loading MiniLM")?;
-    let auto = CpuBackend::auto();
-    let backend = CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
+    let backend = device.open()?;
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let start = std::time::Instant::now();
-    let vectors = model.embed(&refs, &backend)?;
+    let vectors = model.embed(&refs, backend.as_ref())?;
     let secs = start.elapsed().as_secs_f64();
     if json {
         let mut s = String::from("{");
@@ -118,7 +118,7 @@ pub fn embed(sentences: &[String], json: bool, threads: Option<usize>) -> Result
             "embedded {} sentence(s) in {:.3} s on {}",
             sentences.len(),
             secs,
-            tenet_exec::Backend::name(&backend)
+            backend.name()
         );
     }
     Ok(())
@@ -201,7 +201,7 @@ pub fn generate(
     sampling: Option<smollm2::Sampling>,
     chat: bool,
     json: bool,
-    threads: Option<usize>,
+    device: &DeviceArgs,
 ) -> Result<()> {
     use std::io::Write;
     let gguf = smollm2_gguf()?;
@@ -212,8 +212,7 @@ pub fn generate(
         prompt.to_string()
     };
     let ids = model.encode(&text).map_err(anyhow::Error::msg)?;
-    let auto = CpuBackend::auto();
-    let backend = CpuBackend::new(threads.unwrap_or(auto.threads()).max(1), auto.level());
+    let backend = device.open()?;
     let start = std::time::Instant::now();
     let mut generated: Vec<u32> = Vec::new();
     let mut shown = 0usize;
@@ -222,7 +221,7 @@ pub fn generate(
         print!("{prompt}");
     }
     let tokens = model
-        .generate(&ids, max_tokens, sampling, &backend, |t| {
+        .generate(&ids, max_tokens, sampling, backend.as_ref(), |t| {
             generated.push(t);
             if !json {
                 // Print the new suffix of the decoded text (byte-level tokens may join up).
@@ -253,7 +252,7 @@ pub fn generate(
         eprintln!(
             "{} tokens in {secs:.2} s ({rate:.1} tokens/s, KV cache) on {}",
             tokens.len(),
-            tenet_exec::Backend::name(&backend)
+            backend.name()
         );
     }
     Ok(())

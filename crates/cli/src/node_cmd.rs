@@ -43,6 +43,11 @@ pub struct NodeArgs {
     /// Threads per job [default: all cores].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// The device jobs run on: `cpu`, `opencl` or `opencl:N` (`tenet devices` lists them)
+    /// [default: cpu]. A device that fails its determinism check serves the tolerant tier
+    /// only, and /v1/info says so.
+    #[arg(long, value_name = "SPEC")]
+    device: Option<String>,
     /// Requests that may wait for a worker before more are refused as busy [default: 256].
     #[arg(long, value_name = "N")]
     queue: Option<usize>,
@@ -140,6 +145,9 @@ impl NodeArgs {
         }
         if let Some(v) = self.threads {
             c.threads_per_job = v;
+        }
+        if let Some(v) = &self.device {
+            c.device = v.clone();
         }
         if let Some(v) = self.queue {
             c.queue_limit = v;

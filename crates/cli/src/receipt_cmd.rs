@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use tenet_exec::Backend;
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::{Tier, output_hash, output_refs};
 use tenet_proto::receipt::Receipt;
@@ -113,10 +112,11 @@ fn replay(r: &Receipt, dir: &Path) -> Result<String> {
             .with_context(|| format!("input {name}"))?;
         inputs.insert(name.clone(), t);
     }
-    let backend = tenet_exec::CpuBackend::auto();
+    // Replayed on this machine's CPU, whose bits every exact-tier device must give.
+    let device = tenet_devices::open("cpu", &Default::default())?;
     let outputs =
-        backend
-            .prepare(&graph)?
+        device
+            .compile(&graph)?
             .run(&inputs, &tenet_models::WeightSet(weights), r.job.seed)?;
     let refs = output_refs(&outputs);
     if output_hash(&refs) == r.output_hash {

@@ -65,7 +65,7 @@ pub fn json(graph: &Graph, weights_checked: bool) -> Value {
     })
 }
 
-fn bytes(n: u64) -> String {
+pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

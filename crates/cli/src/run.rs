@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use tenet_exec::{Backend, CpuBackend};
 use tenet_ir::{Graph, HostTensor};
 use tenet_models::{
     WeightSet, WeightsFile, check_bindings, outputs_json, read_tensor, write_outputs,
@@ -119,9 +118,8 @@ pub struct RunArgs {
     /// Print all outputs as one JSON object {name: {dtype, shape, data}}.
     #[arg(long)]
     pub json: bool,
-    /// Worker threads [default: all cores].
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
     /// Run on the slow reference interpreter instead of the fast executor (same bits).
     #[arg(long)]
     pub reference: bool,
@@ -185,21 +183,15 @@ pub fn run(o: &RunArgs) -> Result<()> {
     let outputs = if o.reference {
         tenet_reference::run(&graph, &inputs, &weights, o.seed).with_context(context)?
     } else {
-        let mut backend = CpuBackend::auto();
-        if let Some(t) = o.threads {
-            if t == 0 {
-                bail!("--threads must be at least 1");
-            }
-            backend = CpuBackend::new(t, backend.level());
-        }
+        let device = o.device.open()?;
         let started = std::time::Instant::now();
-        let (outputs, stats) = backend
-            .prepare(&graph)?
+        let (outputs, stats) = device
+            .compile(&graph)?
             .run_with_stats(&inputs, &weights, o.seed)
             .with_context(context)?;
         if o.profile {
             let ms = started.elapsed().as_secs_f64() * 1e3;
-            eprint!("{}", profile(&graph, &backend.name(), ms, &stats));
+            eprint!("{}", profile(&graph, &device.name(), ms, &stats));
         }
         outputs
     };

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenet_coordinator::{Coordinator, CoordinatorConfig, JobRequest};
-use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_devices::{CpuDevice, SimdLevel};
+use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
 use tenet_ledger::{AssignmentState, JobState, Ledger, NodeState, SqlLedger};
 use tenet_node::identity;
@@ -166,8 +167,8 @@ fn inputs(seed: u32) -> BTreeMap<String, HostTensor> {
 
 fn local(graph: &Graph, inputs: &BTreeMap<String, HostTensor>) -> HostTensor {
     let inputs: HashMap<String, HostTensor> = inputs.clone().into_iter().collect();
-    CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(graph)
+    CpuDevice::new(1, SimdLevel::Portable)
+        .compile(graph)
         .unwrap()
         .run(&inputs, &tenet_ir::NoWeights, 0)
         .unwrap()

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_devices::{CpuDevice, SimdLevel};
+use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
 use tenet_node::{Method, NodeClient, identity};
 use tenet_proto::auth::KeyPair;
@@ -87,8 +88,8 @@ fn tensor_of(shape: &[u64], seed: u32) -> HostTensor {
 }
 
 fn local_run(graph: &Graph, inputs: &HashMap<String, HostTensor>) -> Vec<(String, HostTensor)> {
-    CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(graph)
+    CpuDevice::new(1, SimdLevel::Portable)
+        .compile(graph)
         .unwrap()
         .run(inputs, &tenet_ir::NoWeights, 0)
         .unwrap()
@@ -200,8 +201,8 @@ async fn upload_run_commit_reveal() {
     let revealed = c.reveal("job-weights-2").await.unwrap();
     assert!(revealed.reveal.opens(&committed.commitment));
     let wf = tenet_models::WeightsFile::from_bytes(file, "w").unwrap();
-    let expected = CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(&weighted)
+    let expected = CpuDevice::new(1, SimdLevel::Portable)
+        .compile(&weighted)
         .unwrap()
         .run(
             &HashMap::from([("x".into(), xw)]),

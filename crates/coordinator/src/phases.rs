@@ -21,7 +21,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenet_exec::Backend;
 use tenet_ledger::{
     Assignment, AssignmentState, JobState, Ledger, NodeRecord, NodeState, Settlement, Verdict,
 };
@@ -647,9 +646,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     .map_err(|e| e.to_string())?;
                 inputs.insert(name.clone(), t);
             }
-            let outs = tenet_exec::CpuBackend::auto()
-                .with_memory_limit(memory)
-                .prepare(&graph)
+            // The referee runs on this machine's CPU, the device every other device's exact
+            // bits are checked against.
+            let device = tenet_devices::open(
+                "cpu",
+                &tenet_devices::Options {
+                    memory_limit: Some(memory),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            let outs = device
+                .compile(&graph)
                 .map_err(|e| e.to_string())?
                 .run(&inputs, &tenet_models::WeightSet(weights), spec.seed)
                 .map_err(|e| e.to_string())?;

@@ -65,6 +65,8 @@ pub struct DeviceInfo {
     /// A human description (`cpu avx512 × 2 threads`, `pthread-AMD EPYC… (PoCL 3.1)`).
     pub name: String,
     pub class: DeviceClass,
+    /// Threads (CPU) or compute units (OpenCL) a run uses.
+    pub compute_units: usize,
     /// Bytes of memory tensors may use on this device.
     pub memory: u64,
     /// The determinism check's result.

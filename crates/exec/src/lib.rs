@@ -1,36 +1,21 @@
-//! `tenet-exec`: running graphs fast, with exactly the reference's bits.
+//! `tenet-exec`: the device layer every backend implements, and the analyses they share.
 //!
-//! A `Backend` prepares a graph once (`prepare`) into something that runs many times (`run`).
-//! The CPU backend plans the graph in its own order (graph order, the order the cost
-//! certificate assumes), releases every buffer after its last use, runs f32 matrix products on
-//! the deterministic GEMM of `tenet-kernels`, fuses chains of elementwise ops into single passes
-//! over memory, parallelises rows of normalisations, and hands every other op to the reference
-//! interpreter's own code. Threads only ever split independent output elements, so the thread
-//! count never changes a bit. A GPU backend implements the same two traits.
+//! A [`Device`] compiles a graph once into a [`Program`] that runs many times, on buffers that
+//! live on the device (or, for simple callers, on host tensors). Backends live in crates of
+//! their own (`tenet-cpu`, `tenet-opencl`) and are opened by spec through `tenet-devices`;
+//! this crate holds the traits, the errors, what a run reports about itself, the
+//! backend-neutral [`Schedule`] (users, liveness, elementwise groups) and the work figure
+//! admission uses. It knows no kernel and no device.
 
-mod bound;
-mod cpu;
 mod device;
-mod fused;
-mod movement;
-mod norms;
-mod plan;
-mod reduce;
-mod view;
+mod schedule;
 
-use std::collections::HashMap;
+use tenet_ir::Cost;
 
-use tenet_ir::{Graph, HostTensor, WeightSource};
-
-pub use bound::{
-    PER_THREAD, PER_VALUE, REFERENCE_BYTES_PER_ELEMENT, RUN_FIXED, WORK_PER_NODE, work,
-};
-pub use cpu::CpuBackend;
 pub use device::{
     Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, Program, WeightCache, next_device_id,
 };
-pub use fused::POLL_ELEMENTS;
-pub use tenet_kernels::SimdLevel;
+pub use schedule::{Liveness, Schedule};
 
 /// Why a graph could not be run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,14 +53,6 @@ pub fn available_memory() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// A way of executing graphs: the CPU today, a GPU behind a feature later.
-pub trait Backend: Send + Sync {
-    /// A short description, such as `cpu avx512 × 2 threads`.
-    fn name(&self) -> String;
-    /// Plan `graph` for repeated runs.
-    fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError>;
-}
-
 /// What one run measured about itself.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
@@ -103,7 +80,7 @@ pub struct StepTime {
 }
 
 impl RunStats {
-    pub(crate) fn add_time(&mut self, kind: &'static str, nanos: u64) {
+    pub fn add_time(&mut self, kind: &'static str, nanos: u64) {
         match self.time_by_kind.iter_mut().find(|t| t.kind == kind) {
             Some(t) => {
                 t.steps += 1;
@@ -118,42 +95,15 @@ impl RunStats {
     }
 }
 
-/// A graph planned by a backend.
-pub trait Prepared: Send + Sync {
-    /// The most memory one run may allocate: the certificate's `peak_bytes` plus the backend's
-    /// documented scratch (for the CPU backend, see `bound.rs`: per thread, per live value,
-    /// and the largest step's own).
-    fn memory_bound(&self) -> u64;
+/// Work units charged per node of the graph (decoding, planning, a step's setup).
+pub const WORK_PER_NODE: u64 = 1024;
 
-    /// Run on named inputs with weights from `weights`; `seed` feeds the random ops. Outputs
-    /// come back in the graph's output order.
-    fn run(
-        &self,
-        inputs: &HashMap<String, HostTensor>,
-        weights: &dyn WeightSource,
-        seed: u64,
-    ) -> Result<Vec<(String, HostTensor)>, ExecError> {
-        self.run_with_stats(inputs, weights, seed)
-            .map(|(outputs, _)| outputs)
-    }
-
-    /// `run`, also reporting what the run measured.
-    fn run_with_stats(
-        &self,
-        inputs: &HashMap<String, HostTensor>,
-        weights: &dyn WeightSource,
-        seed: u64,
-    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
-        self.run_stoppable(inputs, weights, seed, &|| false)
-    }
-
-    /// `run_with_stats`, asking `stop` between steps and giving up with
-    /// [`ExecError::Stopped`] once it says yes (how timeouts and cancellation reach a run).
-    fn run_stoppable(
-        &self,
-        inputs: &HashMap<String, HostTensor>,
-        weights: &dyn WeightSource,
-        seed: u64,
-        stop: &(dyn Fn() -> bool + Sync),
-    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError>;
+/// The work figure of a graph: `flops + bytes_read + bytes_written + WORK_PER_NODE × nodes`
+/// from its certificate. A node refuses a job whose work exceeds what it can do before the
+/// job's deadline (docs/NODE.md, "Limits"); every backend's run performs O(work) operations.
+pub fn work(cost: &Cost, nodes: usize) -> u64 {
+    cost.flops
+        .saturating_add(cost.bytes_read)
+        .saturating_add(cost.bytes_written)
+        .saturating_add(WORK_PER_NODE.saturating_mul(nodes as u64))
 }

@@ -160,6 +160,15 @@ impl HostTensor {
         self
     }
 
+    /// The bytes for writing in place, if this tensor owns them (a shared buffer is never
+    /// written through: other handles read it).
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.data {
+            Storage::Owned(v) => Some(v.as_mut_slice()),
+            Storage::Shared { .. } => None,
+        }
+    }
+
     /// Whether the bytes belong to a shared buffer (see [`HostTensor::shared`]).
     pub fn is_shared(&self) -> bool {
         matches!(self.data, Storage::Shared { .. })

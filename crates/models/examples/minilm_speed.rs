@@ -2,7 +2,7 @@
 //! with the time by step kind and the page faults of each run (a steady run should have none:
 //! fresh buffers fault in page by page).
 use std::time::Instant;
-use tenet_exec::Backend;
+use tenet_exec::Device;
 fn main() {
     let dir = tenet_models::fetch::cached(&tenet_models::fetch::MINILM).unwrap_or_else(|e| {
         eprintln!("{e}");
@@ -17,8 +17,8 @@ fn main() {
         seq: s,
     };
     let graph = m.graph(b, s).unwrap();
-    let backend = tenet_exec::CpuBackend::auto();
-    let p = backend.prepare(&graph).unwrap();
+    let backend = tenet_cpu::CpuDevice::auto();
+    let p = backend.compile(&graph).unwrap();
     let inputs = tenet_models::minilm::MiniLm::inputs(&batch);
     for _ in 0..std::env::var("RUNS").map_or(3, |v| v.parse().unwrap()) {
         let f0 = minor_faults();

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use tenet_exec::Backend;
+use tenet_exec::Device;
 use tenet_ir::{Graph, HostTensor};
 
 use crate::bert::{BertConfig, sentence_encoder};
@@ -124,7 +124,7 @@ impl MiniLm {
     pub fn embed(
         &self,
         sentences: &[&str],
-        backend: &dyn Backend,
+        backend: &dyn Device,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         if sentences.is_empty() {
             return Ok(Vec::new());
@@ -132,7 +132,7 @@ impl MiniLm {
         let batch = self.tokenize(sentences)?;
         let graph = self.graph(sentences.len(), batch.seq)?;
         let out = backend
-            .prepare(&graph)?
+            .compile(&graph)?
             .run(&Self::inputs(&batch), &self.weights, 0)?;
         let flat = out[0].1.to_f32_vec();
         Ok(flat

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tenet_exec::Backend;
+use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor, WeightSource, WeightsId};
 use tenet_reference::math;
 
@@ -118,7 +118,7 @@ impl SmolLm2 {
     }
 
     /// Logits of the next token after `ids`, on `backend`.
-    pub fn next_logits(&self, ids: &[u32], backend: &dyn Backend) -> Result<Vec<f32>, String> {
+    pub fn next_logits(&self, ids: &[u32], backend: &dyn Device) -> Result<Vec<f32>, String> {
         let graph = self.graph(ids.len() as u64)?;
         let input = HostTensor::from_i64(
             &[ids.len() as u64],
@@ -126,7 +126,7 @@ impl SmolLm2 {
         )
         .map_err(|e| e.to_string())?;
         let out = backend
-            .prepare(&graph)
+            .compile(&graph)
             .and_then(|p| {
                 p.run(
                     &HashMap::from([("ids".to_string(), input)]),
@@ -147,7 +147,7 @@ impl SmolLm2 {
         ids: &[u32],
         max_tokens: usize,
         sampling: Option<Sampling>,
-        backend: &dyn Backend,
+        backend: &dyn Device,
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, String> {
         let mut out = Vec::new();
@@ -177,7 +177,7 @@ impl SmolLm2 {
         &self,
         ids: &[u32],
         cache: Cache,
-        backend: &dyn Backend,
+        backend: &dyn Device,
     ) -> Result<(Vec<f32>, Cache), String> {
         let n_past = cache.len;
         let graph = llama_graph(
@@ -200,7 +200,7 @@ impl SmolLm2 {
             inputs.insert(format!("past_v{l}"), v);
         }
         let mut out = backend
-            .prepare(&graph)
+            .compile(&graph)
             .and_then(|p| p.run(&inputs, &self.weights, 0))
             .map_err(|e| e.to_string())?
             .into_iter();
@@ -223,7 +223,7 @@ impl SmolLm2 {
         &self,
         ids: &[u32],
         steps: usize,
-        backend: &dyn Backend,
+        backend: &dyn Device,
     ) -> Result<Vec<u32>, String> {
         let mut out = Vec::new();
         let (mut logits, mut cache) = self.step(ids, Cache::default(), backend)?;
@@ -242,7 +242,7 @@ impl SmolLm2 {
         &self,
         ids: &[u32],
         steps: usize,
-        backend: &dyn Backend,
+        backend: &dyn Device,
     ) -> Result<Vec<u32>, String> {
         let mut seq = ids.to_vec();
         for _ in 0..steps {

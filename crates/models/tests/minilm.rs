@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use tenet_exec::{CpuBackend, SimdLevel};
+use tenet_cpu::{CpuDevice, SimdLevel};
 use tenet_models::fetch::MINILM;
 use tenet_models::minilm::MiniLm;
 
@@ -62,7 +62,7 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
 fn embeddings_match_the_reference_one_by_one_and_batched() {
     let Some(m) = model() else { return };
     let cases = fixtures();
-    let backend = CpuBackend::auto();
+    let backend = CpuDevice::auto();
     // Each sentence alone (no padding).
     for (s, ids, want) in &cases {
         let b = m.tokenize(&[s.as_str()]).unwrap();
@@ -92,12 +92,12 @@ fn embeddings_are_bit_identical_across_threads_and_simd_levels() {
         "a third, somewhat longer sentence",
     ];
     let first = m
-        .embed(&sentences, &CpuBackend::new(1, SimdLevel::Portable))
+        .embed(&sentences, &CpuDevice::new(1, SimdLevel::Portable))
         .unwrap();
     for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
         for threads in [1, 2] {
             let got = m
-                .embed(&sentences, &CpuBackend::new(threads, level))
+                .embed(&sentences, &CpuDevice::new(threads, level))
                 .unwrap();
             let bits =
                 |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use tenet_exec::CpuBackend;
+use tenet_cpu::CpuDevice;
 use tenet_models::fetch::{SMOLLM2, find_file};
 use tenet_models::smollm2::{GGUF_FILE, SmolLm2};
 
@@ -30,7 +30,7 @@ fn prompt_top5_and_greedy_tokens_match_the_reference() {
         return;
     };
     let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
-    let backend = CpuBackend::auto();
+    let backend = CpuDevice::auto();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     for (prompt, want) in v.as_object().unwrap() {
         let u32s = |k: &str| {
@@ -72,7 +72,7 @@ fn decoding_with_the_kv_cache_equals_recomputing() {
         return;
     };
     let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
-    let backend = CpuBackend::auto();
+    let backend = CpuDevice::auto();
     let prompt = m.encode("Once upon a time, there was a little").unwrap();
     // Logits after prefill + one cached step are the same bits as recomputing both tokens.
     let (_, cache) = m

@@ -27,6 +27,9 @@ pub struct NodeConfig {
     pub workers: usize,
     /// Threads each job's kernels use; 0 = all cores.
     pub threads_per_job: usize,
+    /// The device jobs run on: `cpu`, `opencl` (the first OpenCL device) or `opencl:N`
+    /// (`tenet devices` lists them).
+    pub device: String,
     /// Requests waiting for a worker beyond the running ones; more are refused as busy.
     pub queue_limit: usize,
     /// Longest a job may run; a request may ask for less.
@@ -92,6 +95,7 @@ impl Default for NodeConfig {
             max_job_flops: 10_000_000_000_000,
             workers: 1,
             threads_per_job: 0,
+            device: "cpu".to_string(),
             queue_limit: 256,
             job_timeout_ms: 60_000,
             disk_quota_bytes: 8 << 30,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tenet_exec::{Backend, CpuBackend, Prepared, RunStats};
+use tenet_exec::{Device, Program, RunStats};
 use tenet_ir::{Graph, HostTensor, Limits, WeightSource, WeightsId};
 use tenet_models::{WeightsError, WeightsFile, check_bindings};
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -24,13 +24,15 @@ pub struct JobLimits {
 /// A graph ready to run.
 pub struct Task {
     pub graph: Graph,
-    pub prepared: Box<dyn Prepared>,
+    pub prepared: Box<dyn Program>,
 }
 
 /// Graphs and weights by address, and the backend that runs them.
 pub struct Engine {
     store: Arc<Store>,
-    backend: CpuBackend,
+    device: Arc<dyn Device>,
+    /// Cores' worth of speed the device has, for the time check (`check_time`).
+    speed_cores: u64,
     limits: JobLimits,
     tasks: Mutex<Lru<Task>>,
     weights: Mutex<Lru<WeightsFile>>,
@@ -77,10 +79,20 @@ impl WeightSource for Bound<'_> {
 }
 
 impl Engine {
-    pub fn new(store: Arc<Store>, backend: CpuBackend, limits: JobLimits) -> Engine {
+    /// An engine running on `device`, which should refuse graphs over `limits.memory_bytes`
+    /// (open it with that memory limit).
+    pub fn new(store: Arc<Store>, device: Arc<dyn Device>, limits: JobLimits) -> Engine {
+        // A CPU device works at most as fast as its threads; any other device is given
+        // thousands of cores' worth, so the time check never refuses what a GPU could do (the
+        // job's own deadline still stops it).
+        let speed_cores = match device.info().class {
+            tenet_exec::DeviceClass::Cpu => device.info().compute_units.max(1) as u64,
+            _ => 4096,
+        };
         Engine {
             store,
-            backend: backend.with_memory_limit(limits.memory_bytes),
+            device,
+            speed_cores,
             limits,
             tasks: Mutex::new(Lru::new(TASK_CACHE_NODES)),
             weights: Mutex::new(Lru::new(
@@ -91,7 +103,7 @@ impl Engine {
     }
 
     pub fn backend_name(&self) -> String {
-        self.backend.name()
+        self.device.name()
     }
 
     /// The task `hash`: from the cache, or decoded from the store, checked and planned.
@@ -108,7 +120,7 @@ impl Engine {
                 )
             })?;
         self.check_cost(&graph)?;
-        let prepared = self.backend.prepare(&graph).map_err(exec_error)?;
+        let prepared = self.device.compile(&graph).map_err(exec_error)?;
         let task = Arc::new(Task { graph, prepared });
         if let Ok(mut c) = self.tasks.lock() {
             c.insert(*hash, task.clone(), task.graph.nodes().len() as u64);
@@ -173,7 +185,7 @@ impl Engine {
     /// done within `limit` even at this node's top speed ([`WORK_PER_MS_PER_CORE`] per core).
     pub fn check_time(&self, task: &Task, limit: std::time::Duration) -> Result<(), ApiError> {
         let work = tenet_exec::work(task.graph.cost(), task.graph.nodes().len());
-        let speed = WORK_PER_MS_PER_CORE.saturating_mul(self.backend.threads() as u64);
+        let speed = WORK_PER_MS_PER_CORE.saturating_mul(self.speed_cores);
         let ms = limit.as_millis().min(u64::MAX as u128) as u64;
         if work > ms.saturating_mul(speed) {
             return Err(ApiError::new(
@@ -265,7 +277,14 @@ mod tests {
         let limit = 1 << 20;
         let engine = Engine::new(
             store.clone(),
-            CpuBackend::auto(),
+            tenet_devices::open(
+                "cpu",
+                &tenet_devices::Options {
+                    memory_limit: Some(limit),
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
             JobLimits {
                 memory_bytes: limit,
                 flops: 1 << 30,

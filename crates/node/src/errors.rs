@@ -26,7 +26,7 @@ pub fn exec_error(e: ExecError) -> ApiError {
         ExecError::Run(_) => ErrorCode::BadInputs,
         ExecError::TooLarge { .. } => ErrorCode::ExceedsLimits,
         ExecError::Stopped => ErrorCode::Cancelled,
-        ExecError::Kernel { .. } => ErrorCode::Internal,
+        ExecError::Kernel { .. } | ExecError::Device(_) => ErrorCode::Internal,
     };
     ApiError::new(code, e.to_string())
 }

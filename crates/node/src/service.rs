@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use hyper::Method;
-use tenet_exec::CpuBackend;
 use tenet_ir::HostTensor;
 use tenet_ir::recycle::Recycled;
 use tenet_models::WeightsFile;
@@ -17,8 +16,8 @@ use tenet_proto::commit::{
     Commitment, JobSpec, OutputRef, Reveal, Tier, output_hash, valid_job_id,
 };
 use tenet_proto::wire::{
-    Batch, BatchError, BatchResults, Committed, JobState, JobStatus, NodeInfo, OpResult, Resident,
-    Revealed, RunJob, SessionCreated, SessionOp,
+    Batch, BatchError, BatchResults, Committed, DeviceAd, JobState, JobStatus, NodeInfo, OpResult,
+    Resident, Revealed, RunJob, SessionCreated, SessionOp,
 };
 use tenet_proto::{ApiError, ErrorCode, Hash, tensor};
 use tenet_store::{Store, StoreConfig};
@@ -106,6 +105,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Join(#[from] crate::membership::JoinError),
+    #[error("cannot open the device: {0}")]
+    Device(String),
 }
 
 enum JobEntry {
@@ -251,9 +252,35 @@ impl Node {
         } else {
             config.threads_per_job
         };
+        let device = tenet_devices::open(
+            &config.device,
+            &tenet_devices::Options {
+                threads: Some(threads),
+                memory_limit: Some(config.memory_limit_bytes),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| StartError::Device(e.to_string()))?;
+        let device_info = device.info();
+        let tiers = if device_info.exact.passed() {
+            vec![Tier::Exact, Tier::Tolerant]
+        } else {
+            vec![Tier::Tolerant]
+        };
+        let ad = DeviceAd {
+            spec: device_info.spec.clone(),
+            name: device_info.name.clone(),
+            class: device_info.class.name().to_string(),
+            memory_bytes: device_info.memory,
+            tiers: tiers.clone(),
+            exact_refused: match &device_info.exact {
+                tenet_exec::ExactCheck::Passed => None,
+                tenet_exec::ExactCheck::Failed(why) => Some(why.clone()),
+            },
+        };
         let engine = Engine::new(
             store.clone(),
-            CpuBackend::new(threads, tenet_exec::SimdLevel::detect()),
+            device,
             JobLimits {
                 memory_bytes: config.memory_limit_bytes,
                 flops: config.max_job_flops,
@@ -273,9 +300,10 @@ impl Node {
             cores,
             memory_limit_bytes: config.memory_limit_bytes,
             max_job_flops: config.max_job_flops,
-            tiers: vec![Tier::Exact, Tier::Tolerant],
+            tiers,
             price_per_gflop: config.price_per_gflop,
             open: config.open,
+            devices: vec![ad],
         };
         Ok(Arc::new(Node {
             pool: Pool::new(config.workers, config.queue_limit),

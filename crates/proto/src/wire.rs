@@ -37,6 +37,27 @@ pub struct NodeInfo {
     pub price_per_gflop: f64,
     /// Whether the node accepts unsigned-by-trusted-key requests (local use only).
     pub open: bool,
+    /// The devices jobs run on (today one), with what each may serve.
+    #[serde(default)]
+    pub devices: Vec<DeviceAd>,
+}
+
+/// A device a node runs jobs on, as it advertises it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceAd {
+    /// The spec the node opened it by (`cpu`, `opencl:0`).
+    pub spec: String,
+    /// A human description.
+    pub name: String,
+    /// `cpu`, `gpu`, `accelerator` or `other`.
+    pub class: String,
+    /// Bytes of memory tensors may use on it.
+    pub memory_bytes: u64,
+    /// The tiers it may serve: `exact` only if it passed its determinism check.
+    pub tiers: Vec<Tier>,
+    /// Why it failed the determinism check, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_refused: Option<String>,
 }
 
 /// The answer to a blob upload.

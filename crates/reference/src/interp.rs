@@ -184,7 +184,10 @@ impl<'a> Stopper<'a> {
 }
 
 /// Check that `inputs` are exactly the graph's inputs, each of its declared type.
-pub fn check_inputs(graph: &Graph, inputs: &HashMap<String, HostTensor>) -> Result<(), RunError> {
+pub fn check_inputs<T: std::borrow::Borrow<HostTensor>>(
+    graph: &Graph,
+    inputs: &HashMap<String, T>,
+) -> Result<(), RunError> {
     for (_, name, ty) in graph.inputs() {
         match inputs.get(name) {
             None => {
@@ -193,11 +196,11 @@ pub fn check_inputs(graph: &Graph, inputs: &HashMap<String, HostTensor>) -> Resu
                     expected: ty.clone(),
                 });
             }
-            Some(t) if t.ty() != ty => {
+            Some(t) if t.borrow().ty() != ty => {
                 return Err(RunError::InputType {
                     name: name.to_string(),
                     expected: ty.clone(),
-                    actual: t.ty().clone(),
+                    actual: t.borrow().ty().clone(),
                 });
             }
             Some(_) => {}

@@ -23,13 +23,13 @@
 //! operands and result. Every other step (movement, reductions on the kernels, normalisations
 //! in `norms`) needs none beyond the per-thread allowance.
 //!
-//! **Time.** [`work`] is a function of the certificate and the node count: the run performs
+//! **Time.** [`tenet_exec::work`] is a function of the certificate and the node count: the run performs
 //! O(work) operations (planning and every step are linear in what they touch) and asks its
 //! stop function at least once per [`crate::POLL_ELEMENTS`] element operations of a step (an
 //! op on the reference's code: every [`tenet_reference::POLL_WORK`] multiply-adds or window
 //! taps of a product, convolution or pooling).
 
-use tenet_ir::{Cost, DType, Graph, NodeId, Op, ReduceOp};
+use tenet_ir::{DType, Graph, NodeId, Op, ReduceOp};
 
 use crate::fused::CHUNK;
 use crate::plan::{Plan, Step};
@@ -44,19 +44,6 @@ pub const PER_VALUE: u64 = 192;
 /// operands to f32 or i64, lists index offsets, and builds its result as a list of values
 /// before encoding it), per element of its operands and result.
 pub const REFERENCE_BYTES_PER_ELEMENT: u64 = 96;
-/// Work units charged per node of the graph (decoding, planning, a step's setup).
-pub const WORK_PER_NODE: u64 = 1024;
-
-/// The work figure of a graph: `flops + bytes_read + bytes_written + WORK_PER_NODE × nodes`
-/// from its certificate. A node refuses a job whose work exceeds what it can do before the
-/// job's deadline (docs/NODE.md, "Limits").
-pub fn work(cost: &Cost, nodes: usize) -> u64 {
-    cost.flops
-        .saturating_add(cost.bytes_read)
-        .saturating_add(cost.bytes_written)
-        .saturating_add(WORK_PER_NODE.saturating_mul(nodes as u64))
-}
-
 fn elems(graph: &Graph, id: NodeId) -> u64 {
     graph.node(id).ty.numel().unwrap_or(u64::MAX)
 }

@@ -4,15 +4,16 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_cpu::{CpuDevice, SimdLevel};
+use tenet_exec::Device;
 use tenet_ir::testing::{RandomWeights as Weights, random_graph, random_io};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
 
-fn backends() -> Vec<CpuBackend> {
+fn backends() -> Vec<CpuDevice> {
     let mut v = Vec::new();
     for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
         for threads in [1, 2, 3] {
-            v.push(CpuBackend::new(threads, level));
+            v.push(CpuDevice::new(threads, level));
         }
     }
     v
@@ -27,7 +28,7 @@ fn assert_same_everywhere(
     let want = tenet_reference::run(graph, inputs, weights, seed);
     for b in backends() {
         let got = b
-            .prepare(graph)
+            .compile(graph)
             .unwrap()
             .run_with_stats(inputs, weights, seed)
             .map(|(o, stats)| {
@@ -133,8 +134,8 @@ fn errors_match_the_reference() {
         ),
     ]);
     assert_same_everywhere(&graph, &inputs, &HashMap::new(), 0);
-    let e = CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(&graph)
+    let e = CpuDevice::new(1, SimdLevel::Portable)
+        .compile(&graph)
         .unwrap()
         .run(&HashMap::new(), &HashMap::new(), 0)
         .unwrap_err();
@@ -148,8 +149,8 @@ fn graphs_above_the_memory_limit_are_refused_before_running() {
     let graph = g.finish(&[("y", &x.exp())]).unwrap();
     let needed = graph.cost().peak_bytes;
     assert_eq!(needed, 8 << 20);
-    let tight = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(needed - 1);
-    let e = tight.prepare(&graph).err().expect("refused");
+    let tight = CpuDevice::new(1, SimdLevel::Portable).with_memory_limit(needed - 1);
+    let e = tight.compile(&graph).err().expect("refused");
     assert_eq!(
         e,
         tenet_exec::ExecError::TooLarge {
@@ -158,14 +159,14 @@ fn graphs_above_the_memory_limit_are_refused_before_running() {
         }
     );
     // Within the certificate but not its scratch: refused, saying what it needs in all.
-    let bound = CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(&graph)
+    let bound = CpuDevice::new(1, SimdLevel::Portable)
+        .compile(&graph)
         .unwrap()
         .memory_bound();
     assert!(bound > needed);
-    let e = CpuBackend::new(1, SimdLevel::Portable)
+    let e = CpuDevice::new(1, SimdLevel::Portable)
         .with_memory_limit(needed)
-        .prepare(&graph)
+        .compile(&graph)
         .err()
         .expect("refused");
     assert_eq!(
@@ -175,8 +176,8 @@ fn graphs_above_the_memory_limit_are_refused_before_running() {
             limit: needed
         }
     );
-    let roomy = CpuBackend::new(1, SimdLevel::Portable).with_memory_limit(bound);
-    assert!(roomy.prepare(&graph).is_ok());
+    let roomy = CpuDevice::new(1, SimdLevel::Portable).with_memory_limit(bound);
+    assert!(roomy.compile(&graph).is_ok());
 }
 
 #[test]
@@ -186,8 +187,8 @@ fn a_run_stops_between_steps_when_asked() {
     let x = g.input("x", DType::F32, &[64, 64]);
     let y = x.matmul(&x).exp().matmul(&x).tanh();
     let graph = g.finish(&[("y", &y)]).unwrap();
-    let prepared = CpuBackend::new(1, SimdLevel::Portable)
-        .prepare(&graph)
+    let prepared = CpuDevice::new(1, SimdLevel::Portable)
+        .compile(&graph)
         .unwrap();
     let inputs = HashMap::from([(
         "x".to_string(),
@@ -322,8 +323,8 @@ fn attention_folded_into_one_step_keeps_the_bits() {
             ("ctx2", &ctx2),
         ])
         .unwrap();
-    let profile = CpuBackend::new(2, SimdLevel::detect())
-        .prepare(&graph)
+    let profile = CpuDevice::new(2, SimdLevel::detect())
+        .compile(&graph)
         .unwrap()
         .run_with_stats(&random_io(&graph, 31).0, &Weights::new(), 0)
         .unwrap()
@@ -358,8 +359,8 @@ fn assert_every_group_in_a_gemm(
     inputs: &HashMap<String, HostTensor>,
     weights: &Weights,
 ) {
-    let profile = CpuBackend::new(2, SimdLevel::detect())
-        .prepare(graph)
+    let profile = CpuDevice::new(2, SimdLevel::detect())
+        .compile(graph)
         .unwrap()
         .run_with_stats(inputs, weights, 0)
         .unwrap()

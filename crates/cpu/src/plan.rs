@@ -1,6 +1,7 @@
 //! The CPU plan: which kernel runs each node, which elementwise nodes fuse into one pass, and
 //! when each buffer can be released.
 
+use tenet_exec::{Liveness, Schedule};
 use tenet_ir::{DType, Graph, NodeId, NormOp, Op, UnaryOp};
 
 /// One step of the plan, in graph order.
@@ -120,16 +121,9 @@ pub(crate) const MAX_GROUP: usize = 256;
 pub(crate) fn plan(graph: &Graph) -> Plan {
     let nodes = graph.nodes();
     let n = nodes.len();
-    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (i, node) in nodes.iter().enumerate() {
-        for o in node.op.operands() {
-            users[o.index()].push(i);
-        }
-    }
-    let mut is_output = vec![false; n];
-    for o in graph.outputs() {
-        is_output[o.node.index()] = true;
-    }
+    let schedule = Schedule::new(graph);
+    let users = schedule.all_users();
+    let is_output = schedule.outputs();
 
     // Permutations read only by f32 matmuls (and not outputs) are folded into those GEMMs,
     // which read the source through permuted strides.
@@ -169,30 +163,10 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
                 prologue: Vec::new(),
             });
         } else if fusable(graph, id) {
-            // The longest run of fusable nodes of this shape (at most MAX_GROUP) whose members
-            // but the last are used only inside it: `reach` is the furthest reader of the
-            // members before the candidate end (an output reaches past everything). One pass,
-            // so planning stays linear in the graph however long a chain is.
-            let limit = (i + MAX_GROUP).min(n);
-            let (mut end, mut reach, mut e) = (i, 0usize, i);
-            while e + 1 < limit
-                && fusable(graph, NodeId(e as u32 + 1))
-                && nodes[e + 1].ty.shape == node.ty.shape
-            {
-                let furthest = if is_output[e] {
-                    usize::MAX
-                } else {
-                    users[e].iter().copied().max().unwrap_or(usize::MAX)
-                };
-                reach = reach.max(furthest);
-                e += 1;
-                if reach <= e {
-                    end = e;
-                }
-                if reach >= limit {
-                    break;
-                }
-            }
+            // The longest run of fusable nodes of this shape whose members but the last are
+            // used only inside it.
+            let end = schedule
+                .elementwise_group(graph, i, MAX_GROUP, |m| fusable(graph, NodeId(m as u32)));
             steps.push(Step::Fused((i..=end).map(|m| NodeId(m as u32)).collect()));
             i = end + 1;
             continue;
@@ -202,9 +176,9 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         i += 1;
     }
 
-    let steps = fold_prologues(graph, steps, &users, &is_output);
-    let steps = fold_attention(graph, steps, &users, &is_output);
-    let steps = fold_epilogues(graph, steps, &users, &is_output);
+    let steps = fold_prologues(graph, steps, users, is_output);
+    let steps = fold_attention(graph, steps, users, is_output);
+    let steps = fold_epilogues(graph, steps, users, is_output);
 
     // A node's buffer is released after the step that last reads it (outputs never).
     let mut step_of = vec![0usize; n];
@@ -215,23 +189,10 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
     for m in (0..n).filter(|&m| folded[m]) {
         step_of[m] = users[m].iter().map(|&u| step_of[u]).max().unwrap_or(0);
     }
-    let mut release = vec![Vec::new(); steps.len()];
-    for (m, us) in users.iter().enumerate() {
-        if is_output[m] {
-            continue;
-        }
-        let last = us.iter().map(|&u| step_of[u]).max().unwrap_or(step_of[m]);
-        if last != step_of[m] || us.is_empty() {
-            release[last].push(NodeId(m as u32));
-        }
-    }
-    let mut input_release = vec![Vec::new(); steps.len()];
-    for (m, node) in nodes.iter().enumerate() {
-        if matches!(node.op, Op::Input { .. }) && !is_output[m] {
-            let last = users[m].iter().map(|&u| step_of[u]).max().unwrap_or(0);
-            input_release[last].push(NodeId(m as u32));
-        }
-    }
+    let Liveness {
+        release,
+        input_release,
+    } = schedule.liveness(graph, &step_of, steps.len());
     Plan {
         steps,
         release,

@@ -1,9 +1,9 @@
 //! The executor's real memory and its polling against the cost certificate, measured with a
 //! counting global allocator (`tenet_kernels::memory::Counting`, this test binary only).
 //!
-//! Every run here must allocate at most `Prepared::memory_bound()` beyond what was live before
+//! Every run here must allocate at most `Program::memory_bound()` beyond what was live before
 //! it: the certificate's `peak_bytes` plus the CPU backend's documented scratch
-//! (`tenet_exec::{RUN_FIXED, PER_THREAD, PER_VALUE, ...}`, crates/exec/src/bound.rs). Inputs and
+//! (`tenet_cpu::{RUN_FIXED, PER_THREAD, PER_VALUE, ...}`, crates/cpu/src/bound.rs). Inputs and
 //! weights are allocated before the measurement starts (the caller's memory; the certificate
 //! counts them too, so the bound is only looser for it). For long elementwise chains and every
 //! axis of every normalisation, the scratch itself must stay under a constant that does not
@@ -22,7 +22,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
-use tenet_exec::{Backend, CpuBackend, Prepared, SimdLevel};
+use tenet_cpu::{CpuDevice, SimdLevel};
+use tenet_exec::{Device, Program};
 use tenet_ir::testing::{RandomWeights as Weights, random_graph, random_io};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor};
 use tenet_kernels::memory::Counting;
@@ -50,7 +51,7 @@ struct Measured {
 }
 
 fn measure(
-    prepared: &dyn Prepared,
+    prepared: &dyn Program,
     inputs: &HashMap<String, HostTensor>,
     weights: &Weights,
 ) -> Measured {
@@ -73,8 +74,8 @@ fn check_bound(graph: &Graph, seed: u64, what: &str) -> (u64, u64) {
     let peak = graph.cost().peak_bytes;
     let (mut scratch, mut over) = (0, 0);
     for threads in [1, 2, 3] {
-        let backend = CpuBackend::new(threads, SimdLevel::detect());
-        let prepared = backend.prepare(graph).unwrap();
+        let backend = CpuDevice::new(threads, SimdLevel::detect());
+        let prepared = backend.compile(graph).unwrap();
         let bound = prepared.memory_bound();
         let m = measure(&*prepared, &inputs, &weights);
         assert!(
@@ -146,8 +147,8 @@ fn long_chains_allocate_a_constant_beyond_their_certificate() {
             "chain of {len}: scratch bound {scratch}, measured {over} beyond the certificate"
         );
         // Allocations per op stay flat as the chain grows: nothing is redone per member.
-        let prepared = CpuBackend::new(2, SimdLevel::detect())
-            .prepare(&graph)
+        let prepared = CpuDevice::new(2, SimdLevel::detect())
+            .compile(&graph)
             .unwrap();
         let (inputs, weights) = random_io(&graph, 1);
         let m = measure(&*prepared, &inputs, &weights);
@@ -318,8 +319,8 @@ fn long_steps_ask_to_stop_as_they_go() {
     ];
     for (what, graph) in cases {
         let (inputs, weights) = random_io(&graph, 8);
-        let prepared = CpuBackend::new(1, SimdLevel::detect())
-            .prepare(&graph)
+        let prepared = CpuDevice::new(1, SimdLevel::detect())
+            .compile(&graph)
             .unwrap();
         // Run to the end: the one or two computing steps ask at least once per
         // POLL_ELEMENTS element operations (the certificate's elements written), far more
@@ -327,7 +328,7 @@ fn long_steps_ask_to_stop_as_they_go() {
         let (_, stats) = prepared.run_with_stats(&inputs, &weights, 0).unwrap();
         let elements = graph.cost().bytes_written / 4;
         assert!(
-            stats.polls >= (elements / tenet_exec::POLL_ELEMENTS as u64).max(8),
+            stats.polls >= (elements / tenet_cpu::POLL_ELEMENTS as u64).max(8),
             "{what}: {} polls for {} nodes, {elements} elements written",
             stats.polls,
             graph.nodes().len()

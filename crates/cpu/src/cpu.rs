@@ -1,6 +1,6 @@
 //! The CPU backend.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -36,21 +36,26 @@ impl std::hash::Hasher for NodeIdHash {
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
-use crate::{Backend, ExecError, Prepared, RunStats};
 use crate::{fused, movement, norms, reduce};
+use tenet_exec::{
+    Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, ExecError, Program, RunStats,
+    next_device_id,
+};
 
-/// Runs graphs on this machine's cores at a chosen SIMD level.
+/// Runs graphs on this machine's cores at a chosen SIMD level. Its buffers are host tensors.
 #[derive(Clone, Debug)]
-pub struct CpuBackend {
+pub struct CpuDevice {
+    id: u64,
     threads: usize,
     level: SimdLevel,
     memory_limit: Option<u64>,
 }
 
-impl CpuBackend {
+impl CpuDevice {
     /// `threads` worker threads (at least 1) at `level` (downgraded if the CPU lacks it).
-    pub fn new(threads: usize, level: SimdLevel) -> CpuBackend {
-        CpuBackend {
+    pub fn new(threads: usize, level: SimdLevel) -> CpuDevice {
+        CpuDevice {
+            id: next_device_id(),
             threads: threads.max(1),
             level: level.or_supported(),
             memory_limit: None,
@@ -58,18 +63,22 @@ impl CpuBackend {
     }
 
     /// Refuse, before running anything, graphs whose certificate's peak exceeds `bytes`.
-    pub fn with_memory_limit(mut self, bytes: u64) -> CpuBackend {
+    pub fn with_memory_limit(mut self, bytes: u64) -> CpuDevice {
         self.memory_limit = Some(bytes);
         self
     }
 
     /// All cores, the best SIMD level (or `TENET_SIMD`'s, if set and supported).
-    pub fn auto() -> CpuBackend {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        CpuBackend::new(
-            threads,
+    pub fn auto() -> CpuDevice {
+        CpuDevice::new(
+            Self::default_threads(),
             SimdLevel::from_env().unwrap_or_else(|_| SimdLevel::detect()),
         )
+    }
+
+    /// One thread per core the OS gives this process.
+    pub fn default_threads() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 
     pub fn threads(&self) -> usize {
@@ -79,19 +88,9 @@ impl CpuBackend {
     pub fn level(&self) -> SimdLevel {
         self.level
     }
-}
 
-impl Backend for CpuBackend {
-    fn name(&self) -> String {
-        format!(
-            "cpu {} × {} thread{}",
-            self.level.name(),
-            self.threads,
-            if self.threads == 1 { "" } else { "s" }
-        )
-    }
-
-    fn prepare(&self, graph: &Graph) -> Result<Box<dyn Prepared>, ExecError> {
+    /// The concrete program, for callers that hold a `CpuDevice` (no boxing).
+    fn compile_cpu(&self, graph: &Graph) -> Result<CpuProgram, ExecError> {
         let cost = graph.cost();
         if let Some(limit) = self.memory_limit.filter(|&l| cost.peak_bytes > l) {
             return Err(ExecError::TooLarge {
@@ -109,20 +108,96 @@ impl Backend for CpuBackend {
             });
         }
         let min = tenet_kernels::parallel::MIN_PARALLEL_ELEMS as u64;
-        Ok(Box::new(CpuPrepared {
+        Ok(CpuProgram {
             graph: graph.clone(),
             plan,
-            backend: self.clone(),
+            device: self.clone(),
             parallel: self.threads > 1 && (cost.flops >= min || cost.bytes_written >= 4 * min),
             memory_bound,
-        }))
+        })
+    }
+
+    fn tensor<'b>(&self, b: &'b Buffer) -> Result<&'b HostTensor, ExecError> {
+        b.handle::<HostTensor>()
+            .ok_or_else(|| ExecError::Device(format!("{b:?} is not a CPU buffer")))
     }
 }
 
-struct CpuPrepared {
+impl Device for CpuDevice {
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            spec: "cpu".into(),
+            name: format!(
+                "cpu {} × {} thread{}",
+                self.level.name(),
+                self.threads,
+                if self.threads == 1 { "" } else { "s" }
+            ),
+            class: DeviceClass::Cpu,
+            compute_units: self.threads,
+            memory: self
+                .memory_limit
+                .or_else(tenet_exec::available_memory)
+                .unwrap_or(0),
+            // The CPU's kernels are the reference's bits by construction and by test (every
+            // fast path is checked against the interpreter at every SIMD level).
+            exact: ExactCheck::Passed,
+        }
+    }
+
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn Program>, ExecError> {
+        Ok(Box::new(self.compile_cpu(graph)?))
+    }
+
+    fn upload(&self, tensor: &HostTensor) -> Result<Buffer, ExecError> {
+        // A shared tensor's clone is a handle; an owned one is copied once, into a shared
+        // buffer, so that every later use of the buffer is a handle.
+        self.upload_owned(tensor.clone())
+    }
+
+    fn upload_owned(&self, tensor: HostTensor) -> Result<Buffer, ExecError> {
+        Ok(Buffer::new(tensor.ty().clone(), self.id, tensor))
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostTensor, ExecError> {
+        Ok(self.tensor(buffer)?.clone())
+    }
+
+    fn write(&self, dst: &mut Buffer, offset: u64, src: &Buffer) -> Result<(), ExecError> {
+        let src = self.tensor(src)?.bytes();
+        let end = offset
+            .checked_add(src.len() as u64)
+            .filter(|&e| e <= dst.bytes())
+            .ok_or_else(|| {
+                ExecError::Device(format!(
+                    "a write of {} bytes at {offset} does not fit {dst:?}",
+                    src.len()
+                ))
+            })? as usize;
+        let offset = offset as usize;
+        if let Some(bytes) = dst.handle_mut::<HostTensor>().and_then(|t| t.bytes_mut()) {
+            bytes[offset..end].copy_from_slice(src);
+            return Ok(());
+        }
+        // Shared with a clone (or a view of a file): copy, then write.
+        let old = self.tensor(dst)?;
+        let mut bytes = old.bytes().to_vec();
+        bytes[offset..end].copy_from_slice(src);
+        let t = HostTensor::new(old.ty().clone(), bytes)
+            .map_err(|e| ExecError::Device(e.to_string()))?;
+        *dst = Buffer::new(t.ty().clone(), self.id, t);
+        Ok(())
+    }
+}
+
+struct CpuProgram {
     graph: Graph,
     plan: Plan,
-    backend: CpuBackend,
+    device: CpuDevice,
     /// Whether any step may be big enough to share out. A graph too small for that runs without
     /// waking the pool's helpers: each would spin on a core for nothing, which on a 2-core node
     /// serving tiny jobs costs every request a core.
@@ -146,14 +221,51 @@ impl Val<'_> {
     }
 }
 
-impl Prepared for CpuPrepared {
+impl Program for CpuProgram {
     fn memory_bound(&self) -> u64 {
         self.memory_bound
+    }
+
+    fn device(&self) -> &dyn Device {
+        &self.device
+    }
+
+    fn run_buffers(
+        &self,
+        inputs: &HashMap<String, Buffer>,
+        weights: &dyn WeightSource,
+        seed: u64,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(Vec<(String, Buffer)>, RunStats), ExecError> {
+        let mut host: HashMap<String, &HostTensor> = HashMap::with_capacity(inputs.len());
+        for (name, b) in inputs {
+            host.insert(name.clone(), self.device.tensor(b)?);
+        }
+        let (outs, stats) = self.run_any(&host, weights, seed, stop)?;
+        let id = self.device.id;
+        let outs = outs
+            .into_iter()
+            .map(|(name, t)| (name, Buffer::new(t.ty().clone(), id, t)))
+            .collect();
+        Ok((outs, stats))
     }
 
     fn run_stoppable(
         &self,
         inputs: &HashMap<String, HostTensor>,
+        weights: &dyn WeightSource,
+        seed: u64,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
+        self.run_any(inputs, weights, seed, stop)
+    }
+}
+
+impl CpuProgram {
+    /// A run on inputs held by value or by reference (host calls and device buffers).
+    fn run_any<T: Borrow<HostTensor> + Sync>(
+        &self,
+        inputs: &HashMap<String, T>,
         weights: &dyn WeightSource,
         seed: u64,
         stop: &(dyn Fn() -> bool + Sync),
@@ -168,10 +280,10 @@ impl Prepared for CpuPrepared {
     }
 }
 
-impl CpuPrepared {
-    fn run_steps(
+impl CpuProgram {
+    fn run_steps<T: Borrow<HostTensor>>(
         &self,
-        inputs: &HashMap<String, HostTensor>,
+        inputs: &HashMap<String, T>,
         weights: &dyn WeightSource,
         seed: u64,
         stop: &(dyn Fn() -> bool + Sync),
@@ -182,7 +294,7 @@ impl CpuPrepared {
         // Inputs count from the start, as in the certificate.
         let mut live: u64 = g
             .inputs()
-            .map(|(_, name, _)| inputs[name].bytes().len() as u64)
+            .map(|(_, name, _)| inputs[name].borrow().bytes().len() as u64)
             .sum();
         let mut peak = live;
         // Only the values live now, by node: a table of every node would cost ~60 bytes a node
@@ -315,11 +427,11 @@ impl CpuPrepared {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn step<'a>(
+    fn step<'a, T: Borrow<HostTensor>>(
         &self,
         step: &Step,
         values: &Values<'a>,
-        inputs: &'a HashMap<String, HostTensor>,
+        inputs: &'a HashMap<String, T>,
         weights: &'a dyn WeightSource,
         seed: u64,
         pool: &Pool,
@@ -332,12 +444,12 @@ impl CpuPrepared {
                 .expect("operands are computed before use")
                 .get()
         };
-        let threads = self.backend.threads;
+        let threads = self.device.threads;
         Ok(match step {
             Step::Source(id) => {
                 let node = g.node(*id);
                 let v = match &node.op {
-                    Op::Input { name } => Val::Borrowed(&inputs[name]),
+                    Op::Input { name } => Val::Borrowed(inputs[name].borrow()),
                     Op::Weight { file, tensor } => {
                         let w = weights.weight(file, tensor).ok_or_else(|| {
                             RunError::MissingWeight {
@@ -422,7 +534,7 @@ impl CpuPrepared {
             Step::Rows { node: id, prologue } => {
                 let node = g.node(*id);
                 let n = *node.ty.shape.last().unwrap_or(&1) as usize;
-                let level = self.backend.level;
+                let level = self.device.level;
                 // The input: a tensor, or the prologue group computed block by block.
                 let externals = externals(g, prologue, &|o| Some(val(o)));
                 let group = (!prologue.is_empty())
@@ -484,7 +596,7 @@ impl CpuPrepared {
                 let group = fused::members(g, ids, &|o| &externals[&o][..]);
                 let dims = dims(ty);
                 let t = make_f32(pool, ty, |out| {
-                    let level = self.backend.level;
+                    let level = self.device.level;
                     let stores = fused::Stores::for_result(std::mem::size_of_val(out));
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
                         // An unfinished pass has asked `poll`, which marked the run stopped.
@@ -575,13 +687,13 @@ impl CpuPrepared {
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
         let batches = op.batches();
-        let (outer, inner) = if batches >= self.backend.threads {
-            (self.backend.threads, 1)
+        let (outer, inner) = if batches >= self.device.threads {
+            (self.device.threads, 1)
         } else {
-            (1, self.backend.threads)
+            (1, self.device.threads)
         };
         let slab = slab_rows(m, n, k);
-        let level = self.backend.level;
+        let level = self.device.level;
         let failed = std::sync::Mutex::new(None);
         let t = make_f32(pool, &node.ty, |out| {
             par_chunks(out, outer, m * n, |range, chunk| {
@@ -655,9 +767,9 @@ impl CpuPrepared {
             if o == s_id { None } else { Some(val(o)) }
         });
         let group = fused::members_in_place(g, prologue, &|o| &externals[&o][..], s_id);
-        let level = self.backend.level;
+        let level = self.device.level;
         let batches = qk.batches();
-        let outer = self.backend.threads.clamp(1, batches.max(1));
+        let outer = self.device.threads.clamp(1, batches.max(1));
         let failed = std::sync::Mutex::new(None);
         let fail = |id: NodeId, e: tenet_kernels::gemm::GemmError| {
             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, e.to_string()));

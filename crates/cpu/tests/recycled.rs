@@ -5,7 +5,8 @@
 
 use std::collections::HashMap;
 
-use tenet_exec::{Backend, CpuBackend, SimdLevel};
+use tenet_cpu::{CpuDevice, SimdLevel};
+use tenet_exec::Device;
 use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, NoWeights, TensorType};
 
@@ -33,7 +34,7 @@ fn graphs() -> Vec<(&'static str, Graph)> {
 
 #[test]
 fn stale_buffers_never_leak_into_results() {
-    let backend = CpuBackend::new(2, SimdLevel::detect());
+    let backend = CpuDevice::new(2, SimdLevel::detect());
     for (name, graph) in graphs() {
         let mut rng = Rng(7);
         let inputs: HashMap<String, HostTensor> = graph
@@ -41,7 +42,7 @@ fn stale_buffers_never_leak_into_results() {
             .map(|(_, n, t)| (n.to_string(), random_tensor(&mut rng, t)))
             .collect();
         let want = tenet_reference::run(&graph, &inputs, &NoWeights, 0).unwrap();
-        let prepared = backend.prepare(&graph).unwrap();
+        let prepared = backend.compile(&graph).unwrap();
         for _ in 0..3 {
             // A tensor of the output's size full of NaN payloads, dropped into the cache.
             let ty = TensorType::new(DType::F32, [512, 1024]);

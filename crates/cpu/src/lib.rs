@@ -1,0 +1,23 @@
+//! `tenet-cpu`: the CPU backend, running graphs fast with exactly the reference's bits.
+//!
+//! [`CpuDevice`] compiles a graph into a plan in graph order (the order the cost certificate
+//! assumes), releases every buffer after its last use, runs f32 matrix products on the
+//! deterministic GEMM of `tenet-kernels`, fuses chains of elementwise ops into single passes
+//! over memory, parallelises rows of normalisations, and hands every other op to the reference
+//! interpreter's own code. Threads only ever split independent output elements, so the thread
+//! count never changes a bit. Its buffers are host tensors, so uploads and downloads are
+//! handles, not copies.
+
+mod bound;
+mod cpu;
+mod fused;
+mod movement;
+mod norms;
+mod plan;
+mod reduce;
+mod view;
+
+pub use bound::{PER_THREAD, PER_VALUE, REFERENCE_BYTES_PER_ELEMENT, RUN_FIXED};
+pub use cpu::CpuDevice;
+pub use fused::POLL_ELEMENTS;
+pub use tenet_kernels::SimdLevel;
