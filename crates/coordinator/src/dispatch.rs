@@ -132,6 +132,8 @@ pub(crate) struct TaskFacts {
 pub struct Need {
     pub peak_bytes: u64,
     pub flops: u64,
+    /// The job is in the exact tier: only nodes whose device passed its determinism check.
+    pub exact: bool,
 }
 
 impl Need {
@@ -139,7 +141,17 @@ impl Need {
     /// node still checks the certificate itself before running).
     pub fn fits(&self, node: &NodeRecord) -> bool {
         let within = |need: u64, limit: i64| limit <= 0 || need <= limit as u64;
-        within(self.peak_bytes, node.memory_limit) && within(self.flops, node.max_flops)
+        within(self.peak_bytes, node.memory_limit)
+            && within(self.flops, node.max_flops)
+            && (node.exact || !self.exact)
+    }
+
+    /// The same need for a job of `tier`.
+    pub fn for_tier(self, tier: tenet_proto::commit::Tier) -> Need {
+        Need {
+            exact: tier == tenet_proto::commit::Tier::Exact,
+            ..self
+        }
     }
 }
 
@@ -237,6 +249,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let need = Need {
             peak_bytes: cost.peak_bytes,
             flops: cost.flops,
+            exact: false,
         };
         Ok(self
             .ledger
@@ -247,9 +260,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .count())
     }
 
-    /// What task `task` needs of a node, from its certificate.
-    pub(crate) fn need(&self, task: &Hash) -> Result<Need, DispatchError> {
-        Ok(self.facts(task)?.need)
+    /// What a job of task `task` in `tier` needs of a node: the certificate's memory and
+    /// flops, and for the exact tier a device that passed its determinism check.
+    pub(crate) fn need(&self, task: &Hash, tier: Tier) -> Result<Need, DispatchError> {
+        Ok(self.facts(task)?.need.for_tier(tier))
     }
 
     /// What the coordinator keeps of task `task` (decoded once, then cached).
@@ -275,6 +289,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             need: Need {
                 peak_bytes: cost.peak_bytes,
                 flops: cost.flops,
+                exact: false,
             },
             outputs,
         });
@@ -340,6 +355,13 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .filter(|r| r.state == NodeState::Active && r.stake > 0)
             .collect();
         let fitting = staked.iter().filter(|r| need.fits(r)).count();
+        let exact = staked.iter().filter(|r| r.exact).count();
+        if need.exact && exact < want && exact < staked.len() {
+            return DispatchError::ExceedsLimits(format!(
+                "an exact-tier job needs nodes whose device passed its determinism check: {exact} of the {} healthy staked node(s) do, and the job needs {want} (ask for the tolerant tier, or add nodes)",
+                staked.len()
+            ));
+        }
         if fitting < want && fitting < staked.len() {
             let most = staked.iter().map(|r| r.memory_limit).max().unwrap_or(0);
             let flops = staked.iter().map(|r| r.max_flops).max().unwrap_or(0);
@@ -373,7 +395,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             )));
         }
         let want = self.replicas_for_new_job();
-        let need = self.need(&req.task)?;
+        let need = self.need(&req.task, req.tier)?;
         let chosen = self.pick(want, &HashSet::new(), need).await?;
         if chosen.len() < want {
             return Err(self.shortfall(chosen.len(), want, need).await);
@@ -505,5 +527,46 @@ impl<L: Ledger + 'static> Coordinator<L> {
             }
         }
         Ok(inline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenet_proto::commit::Tier;
+
+    fn node(memory_limit: i64, exact: bool) -> NodeRecord {
+        NodeRecord {
+            id: "n".into(),
+            url: String::new(),
+            stake: 1,
+            state: NodeState::Active,
+            registered_at: 0,
+            last_heartbeat: 0,
+            agreed: 0,
+            disagreed: 0,
+            score_sum: 0.0,
+            operator: String::new(),
+            memory_limit,
+            max_flops: 0,
+            device: if exact { "cpu cpu" } else { "gpu opencl:0" }.into(),
+            exact,
+        }
+    }
+
+    /// An exact-tier job goes only to nodes whose device passed its determinism check; a
+    /// tolerant one to any node whose limits take it.
+    #[test]
+    fn exact_jobs_need_a_device_that_passed_its_check() {
+        let need = Need {
+            peak_bytes: 100,
+            flops: 10,
+            exact: false,
+        };
+        let (passed, failed) = (node(0, true), node(0, false));
+        assert!(need.for_tier(Tier::Exact).fits(&passed));
+        assert!(!need.for_tier(Tier::Exact).fits(&failed));
+        assert!(need.for_tier(Tier::Tolerant).fits(&failed));
+        assert!(!need.for_tier(Tier::Tolerant).fits(&node(99, true)));
     }
 }

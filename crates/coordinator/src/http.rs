@@ -147,6 +147,7 @@ fn node_json(n: &NodeRecord) -> Value {
     json!({
         "id": n.id, "url": n.url, "stake": n.stake, "state": n.state.as_str(),
         "operator": n.party(), "memory_limit": n.memory_limit, "max_flops": n.max_flops,
+        "device": n.device, "exact": n.exact,
         "agreed": n.agreed, "disagreed": n.disagreed, "score": n.score(),
         "last_heartbeat": n.last_heartbeat,
     })

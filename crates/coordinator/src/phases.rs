@@ -167,7 +167,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
             self.ledger.job(job_id).await?.ok_or_else(|| {
                 DispatchError::Internal(format!("job {job_id} is not in the ledger"))
             })?;
-        let need = self.need(&self.spec_of(&job)?.task)?;
+        let spec = self.spec_of(&job)?;
+        let need = self.need(&spec.task, spec.tier)?;
         let extra = self.pick(replicas, &tried, need).await?;
         for n in &extra {
             self.ledger.assign(job_id, &n.id).await?;
@@ -255,7 +256,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             }
             if lost > 0 {
                 let tried: HashSet<String> = asg.iter().map(|a| a.node_id.clone()).collect();
-                let need = self.need(&run.job.task)?;
+                let need = self.need(&run.job.task, run.job.tier)?;
                 for r in self.pick(lost, &tried, need).await? {
                     self.ledger.assign(job_id, &r.id).await?;
                 }

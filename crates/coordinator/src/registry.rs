@@ -1,6 +1,6 @@
 //! The node registry: a node is registered (by an operator, or by the node for itself),
 //! becomes active once it answers `/v1/info` as the key it claims — its advertised memory and
-//! flop limits recorded — sends heartbeats, and deregisters when it leaves. Stake is never
+//! flop limits, its device and whether that device may serve the exact tier recorded — sends heartbeats, and deregisters when it leaves. Stake is never
 //! what a registrant claims: only the admin bonds it ([`Coordinator::bond`], or a first
 //! registration the admin makes), and a node coming back keeps the stake it had. A health
 //! monitor probes nodes whose heartbeats stopped and marks them unhealthy (no new jobs), and
@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenet_ledger::{Ledger, LedgerError, NodeRecord, NodeState};
+use tenet_ledger::{Ledger, LedgerError, NodeLimits, NodeRecord, NodeState};
 use tenet_node::NodeClient;
 use tenet_proto::auth::PublicKey;
+use tenet_proto::commit::Tier;
 use tenet_proto::wire::NodeInfo;
 
 use crate::dispatch::{Coordinator, DispatchError, now};
@@ -21,6 +22,24 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The most a node's `/v1/info` answer may be (it is a few hundred bytes).
 const PROBE_ANSWER_BYTES: u64 = 64 << 10;
+
+/// What a node's `/v1/info` says it can run: its limits, its device, and whether that device
+/// may serve the exact tier (it passed its determinism check; a node that lists no devices is
+/// from before devices and serves what its tiers say).
+fn advertised(info: &NodeInfo) -> NodeLimits {
+    let device = info
+        .devices
+        .first()
+        .map(|d| format!("{} {}", d.class, d.spec))
+        .unwrap_or_default();
+    NodeLimits {
+        memory_limit: clamp_i64(info.memory_limit_bytes),
+        max_flops: clamp_i64(info.max_job_flops),
+        device,
+        exact: info.tiers.contains(&Tier::Exact)
+            && info.devices.iter().all(|d| d.tiers.contains(&Tier::Exact)),
+    }
+}
 
 impl<L: Ledger + 'static> Coordinator<L> {
     /// Ask the node at `url` who it is and what it takes.
@@ -73,8 +92,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
             disagreed: 0,
             score_sum: 0.0,
             operator: String::new(),
-            memory_limit: clamp_i64(info.memory_limit_bytes),
-            max_flops: clamp_i64(info.max_job_flops),
+            memory_limit: 0,
+            max_flops: 0,
+            device: String::new(),
+            exact: true,
+        };
+        let facts = advertised(&info);
+        let record = NodeRecord {
+            memory_limit: facts.memory_limit,
+            max_flops: facts.max_flops,
+            device: facts.device,
+            exact: facts.exact,
+            ..record
         };
         self.ledger.register_node(&record).await?;
         self.ledger
@@ -162,14 +191,15 @@ impl<L: Ledger + 'static> Coordinator<L> {
             let alive = info.is_some();
             if let Some(info) = info {
                 self.ledger.heartbeat(&node.id, now()).await?;
-                let limits = (
-                    clamp_i64(info.memory_limit_bytes),
-                    clamp_i64(info.max_job_flops),
-                );
-                if limits != (node.memory_limit, node.max_flops) {
-                    self.ledger
-                        .set_node_limits(&node.id, limits.0, limits.1)
-                        .await?;
+                let facts = advertised(&info);
+                let known = NodeLimits {
+                    memory_limit: node.memory_limit,
+                    max_flops: node.max_flops,
+                    device: node.device.clone(),
+                    exact: node.exact,
+                };
+                if facts != known {
+                    self.ledger.set_node_limits(&node.id, &facts).await?;
                 }
             }
             let to = if alive {

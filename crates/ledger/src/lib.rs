@@ -89,6 +89,15 @@ text_enum! {
     }
 }
 
+/// What a node advertises about what it can run (from its `/v1/info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeLimits {
+    pub memory_limit: i64,
+    pub max_flops: i64,
+    pub device: String,
+    pub exact: bool,
+}
+
 /// A registered node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeRecord {
@@ -112,6 +121,11 @@ pub struct NodeRecord {
     /// (0: not known).
     pub memory_limit: i64,
     pub max_flops: i64,
+    /// The device the node runs jobs on, as it advertises it (`cpu cpu`, `gpu opencl:0`;
+    /// empty: not known).
+    pub device: String,
+    /// Whether that device passed its determinism check and may serve the exact tier.
+    pub exact: bool,
 }
 
 impl NodeRecord {
@@ -231,12 +245,11 @@ pub trait Ledger: Send + Sync {
         operator: Option<&str>,
         at: i64,
     ) -> impl Future<Output = Result<NodeRecord>> + Send;
-    /// The limits a node advertises (from its `/v1/info`).
+    /// The limits and device a node advertises (from its `/v1/info`).
     fn set_node_limits(
         &self,
         id: &str,
-        memory_limit: i64,
-        max_flops: i64,
+        limits: &NodeLimits,
     ) -> impl Future<Output = Result<()>> + Send;
     fn set_node_state(&self, id: &str, state: NodeState)
     -> impl Future<Output = Result<()>> + Send;

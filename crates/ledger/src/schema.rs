@@ -82,6 +82,13 @@ ALTER TABLE nodes ADD COLUMN memory_limit BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN max_flops BIGINT NOT NULL DEFAULT 0
 ";
 
+/// The device a node runs jobs on, as it advertises it (`gpu opencl:0`), and whether that
+/// device passed its determinism check: only such nodes get exact-tier jobs.
+const NODE_DEVICE: &str = "
+ALTER TABLE nodes ADD COLUMN device TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN exact BIGINT NOT NULL DEFAULT 1
+";
+
 /// Migrations in order: (version, statements for SQLite, statements for PostgreSQL).
 pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
     let stake = match d {
@@ -91,6 +98,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
     vec![
         (1, statements(NODES_JOBS).chain(statements(stake)).collect()),
         (2, statements(NODE_OPERATOR_LIMITS).collect()),
+        (3, statements(NODE_DEVICE).collect()),
     ]
 }
 

@@ -9,7 +9,7 @@ use sqlx::{AnyPool, Row};
 use crate::schema::{Dialect, migrations};
 use crate::{
     Assignment, AssignmentState, BONDED, DISAGREED, JobRecord, JobState, Ledger, LedgerError,
-    NodeRecord, NodeState, Result, Settlement, StakeEvent, UNBONDED, WITHHELD,
+    NodeLimits, NodeRecord, NodeState, Result, Settlement, StakeEvent, UNBONDED, WITHHELD,
 };
 
 /// A ledger in SQLite or PostgreSQL.
@@ -169,6 +169,8 @@ fn node_row(r: &AnyRow) -> Result<NodeRecord> {
         operator: r.try_get("operator")?,
         memory_limit: r.try_get("memory_limit")?,
         max_flops: r.try_get("max_flops")?,
+        device: r.try_get("device")?,
+        exact: r.try_get::<i64, _>("exact")? != 0,
     })
 }
 
@@ -209,7 +211,7 @@ macro_rules! sql {
     };
 }
 
-const NODE_COLS: &str = "id, url, stake, state, registered_at, last_heartbeat, agreed, disagreed, score_sum, operator, memory_limit, max_flops";
+const NODE_COLS: &str = "id, url, stake, state, registered_at, last_heartbeat, agreed, disagreed, score_sum, operator, memory_limit, max_flops, device, exact";
 const JOB_COLS: &str = "id, task, weights, inputs, tier, seed, replicas, state, created_at, updated_at, output_hash, receipt, error";
 
 impl SqlLedger {
@@ -349,7 +351,7 @@ impl Ledger for SqlLedger {
                 // Coming back keeps the stake it had: leaving and rejoining must not undo a
                 // slash or raise a stake that only the admin bonds.
                 sqlx::query(
-                    "UPDATE nodes SET url = $2, state = $3, registered_at = $4, last_heartbeat = $5, memory_limit = $6, max_flops = $7 WHERE id = $1",
+                    "UPDATE nodes SET url = $2, state = $3, registered_at = $4, last_heartbeat = $5, memory_limit = $6, max_flops = $7, device = $8, exact = $9 WHERE id = $1",
                 )
                 .bind(&n.id)
                 .bind(&n.url)
@@ -358,6 +360,8 @@ impl Ledger for SqlLedger {
                 .bind(n.last_heartbeat)
                 .bind(n.memory_limit)
                 .bind(n.max_flops)
+                .bind(&n.device)
+                .bind(n.exact as i64)
                 .execute(&mut *tx)
                 .await?;
             }
@@ -369,7 +373,7 @@ impl Ledger for SqlLedger {
             }
             None => {
                 sqlx::query(
-                    "INSERT INTO nodes (id, url, stake, state, registered_at, last_heartbeat, operator, memory_limit, max_flops) VALUES ($1, $2, 0, $3, $4, $5, $6, $7, $8)",
+                    "INSERT INTO nodes (id, url, stake, state, registered_at, last_heartbeat, operator, memory_limit, max_flops, device, exact) VALUES ($1, $2, 0, $3, $4, $5, $6, $7, $8, $9, $10)",
                 )
                 .bind(&n.id)
                 .bind(&n.url)
@@ -379,6 +383,8 @@ impl Ledger for SqlLedger {
                 .bind(&n.operator)
                 .bind(n.memory_limit)
                 .bind(n.max_flops)
+                .bind(&n.device)
+                .bind(n.exact as i64)
                 .execute(&mut *tx)
                 .await?;
                 if n.stake > 0 {
@@ -429,11 +435,15 @@ impl Ledger for SqlLedger {
         Ok(node)
     }
 
-    async fn set_node_limits(&self, id: &str, memory_limit: i64, max_flops: i64) -> Result<()> {
-        let r = sqlx::query("UPDATE nodes SET memory_limit = $1, max_flops = $2 WHERE id = $3")
-            .bind(memory_limit)
-            .bind(max_flops)
-            .bind(id)
+    async fn set_node_limits(&self, id: &str, limits: &NodeLimits) -> Result<()> {
+        let r = sqlx::query(
+            "UPDATE nodes SET memory_limit = $1, max_flops = $2, device = $3, exact = $4 WHERE id = $5",
+        )
+        .bind(limits.memory_limit)
+        .bind(limits.max_flops)
+        .bind(&limits.device)
+        .bind(limits.exact as i64)
+        .bind(id)
             .execute(&self.pool)
             .await?;
         if r.rows_affected() == 0 {

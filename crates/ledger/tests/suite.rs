@@ -21,6 +21,8 @@ fn node(id: &str, stake: i64) -> NodeRecord {
         operator: String::new(),
         memory_limit: 0,
         max_flops: 0,
+        device: "cpu".into(),
+        exact: true,
     }
 }
 
@@ -51,7 +53,7 @@ fn conflict<T: std::fmt::Debug>(r: Result<T, LedgerError>) {
 
 /// The suite. `reopen` connects again to the same database (a coordinator restart).
 async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
-    assert_eq!(l.schema_version().await.unwrap(), 2);
+    assert_eq!(l.schema_version().await.unwrap(), 3);
     // Nodes: register, refuse duplicates, heartbeat, states, re-register after leaving.
     for (id, stake) in [("a", 1000), ("b", 1000), ("c", 700)] {
         l.register_node(&node(id, stake)).await.unwrap();
@@ -292,9 +294,21 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         [(500, tenet_ledger::BONDED), (-10, tenet_ledger::UNBONDED)]
     );
     assert_eq!(l.node("a").await.unwrap().unwrap().party(), "a");
-    l.set_node_limits("b", 1 << 30, 1_000_000).await.unwrap();
+    l.set_node_limits(
+        "b",
+        &tenet_ledger::NodeLimits {
+            memory_limit: 1 << 30,
+            max_flops: 1_000_000,
+            device: "gpu opencl:0".into(),
+            exact: false,
+        },
+    )
+    .await
+    .unwrap();
     let b = l.node("b").await.unwrap().unwrap();
     assert_eq!((b.memory_limit, b.max_flops), (1 << 30, 1_000_000));
+    assert_eq!((b.device.as_str(), b.exact), ("gpu opencl:0", false));
+    assert!(l.node("a").await.unwrap().unwrap().exact);
 
     // A replica that committed and withheld its reveal is slashed with its own reason.
     l.create_job(&job("j4", 400), &nodes[..2]).await.unwrap();
@@ -346,7 +360,7 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     let again = reopen().await;
     assert_eq!(
         again.schema_version().await.unwrap(),
-        2,
+        3,
         "migrations are not re-applied"
     );
     assert_eq!(again.node("c").await.unwrap().unwrap().stake, 245);
