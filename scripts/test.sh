@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command that runs all of tenet's checks: formatting, lints, and every test.
+# The one command that runs all of tenet's checks: the crate map, formatting, lints, and every test.
 # The ledger's PostgreSQL suite runs against TENET_TEST_POSTGRES_URL, or against a throwaway
 # server this script starts on 127.0.0.1 when PostgreSQL is installed (else it is skipped,
 # and says so).
@@ -16,6 +16,8 @@ if [ -z "${TENET_TEST_POSTGRES_URL:-}" ]; then
         echo "== PostgreSQL is not installed: the ledger's PostgreSQL suite will be skipped"
     fi
 fi
+echo "== crate map (docs/ARCHITECTURE.md) against the Cargo.toml files"
+python3 scripts/check-layers.py
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

@@ -32,6 +32,16 @@ fn start_node(dir: &Path, trust: &KeyPair, cheat: Option<&str>) -> NodeProc {
 }
 
 fn start_node_at(dir: &Path, trust: &KeyPair, cheat: Option<&str>, listen: &str) -> NodeProc {
+    start_node_with(dir, trust, cheat, listen, &[])
+}
+
+fn start_node_with(
+    dir: &Path,
+    trust: &KeyPair,
+    cheat: Option<&str>,
+    listen: &str,
+    extra: &[&str],
+) -> NodeProc {
     let key = trust.public().to_hex();
     let dir = dir.to_str().expect("a UTF-8 temporary path");
     let mut args = vec!["node", "--listen", listen, "--threads", "1", "--no-fsync"];
@@ -39,6 +49,7 @@ fn start_node_at(dir: &Path, trust: &KeyPair, cheat: Option<&str>, listen: &str)
     if let Some(c) = cheat {
         args.extend(["--cheat", c]);
     }
+    args.extend(extra);
     let (child, line) = spawn_tenet(args);
     NodeProc {
         child,
@@ -66,8 +77,19 @@ impl Cluster {
 
     /// Start one more node and register it.
     async fn add_node(&mut self, cheat: Option<&str>) -> String {
+        self.add_node_with(cheat, &[]).await
+    }
+
+    /// Start one more node with `extra` flags and register it.
+    async fn add_node_with(&mut self, cheat: Option<&str>, extra: &[&str]) -> String {
         let i = self.nodes.len();
-        let node = start_node(&self.dir.path().join(format!("node{i}")), &self.key, cheat);
+        let node = start_node_with(
+            &self.dir.path().join(format!("node{i}")),
+            &self.key,
+            cheat,
+            "127.0.0.1:0",
+            extra,
+        );
         let id = self
             .coordinator
             .register_node(&node.url, 1000, None)
@@ -626,4 +648,65 @@ async fn the_health_monitor_benches_a_dead_node_and_brings_it_back_and_deregiste
     // Coming back keeps the stake it had: a registration's stake is bonded to new nodes only.
     assert_eq!((again.state, again.stake), (NodeState::Active, 1000));
     c.coordinator.heartbeat(&c.ids[0]).await.unwrap();
+}
+
+/// Whether this machine has an OpenCL device that passed its determinism check; without one
+/// the mixed-device test is skipped, unless `TENET_REQUIRE_OPENCL=1` (set by `.ci/run`).
+fn exact_opencl_device() -> bool {
+    let found = tenet_devices::list(&Default::default())
+        .into_iter()
+        .any(|(spec, info)| {
+            spec != tenet_devices::Spec::Cpu && info.is_ok_and(|i| i.exact.passed())
+        });
+    if !found {
+        let required = std::env::var("TENET_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "TENET_REQUIRE_OPENCL=1 but no OpenCL device passed its determinism check"
+        );
+        eprintln!("SKIPPED: no OpenCL device here (install pocl-opencl-icd; .ci/run does)");
+    }
+    found
+}
+
+/// The exact tier across devices: one job replicated over a node computing on OpenCL and two
+/// on the CPU agrees bit for bit, every time, and nobody is slashed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_job_over_an_opencl_node_and_two_cpu_nodes_agrees_bit_for_bit() {
+    if !exact_opencl_device() {
+        return;
+    }
+    let mut c = cluster(&[None, None], CoordinatorConfig::default()).await;
+    let gpu = c.add_node_with(None, &["--device", "opencl"]).await;
+    let record = c.coordinator.ledger.node(&gpu).await.unwrap().unwrap();
+    assert!(
+        record.device.ends_with("opencl:0") && record.exact,
+        "{record:?}"
+    );
+    // Products, a softmax, a norm and transcendentals: the ops whose bits differ first.
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[2, 16]);
+    let w = g.input("w", DType::F32, &[16, 4]);
+    let h = x.matmul(&w);
+    let y = h.softmax(-1) + h.layer_norm(None, None, 1e-5).gelu() + h.tanh().exp();
+    let graph = g.finish(&[("y", &y)]).unwrap();
+    let task = c.put_task(&graph);
+    for i in 0..5 {
+        let out = c
+            .coordinator
+            .run(request(task, i, Tier::Exact))
+            .await
+            .unwrap();
+        assert!(out.slashed.is_empty(), "job {i}: {:?}", out.slashed);
+        assert!(!out.refereed, "job {i}");
+        assert_eq!(out.receipt.nodes.len(), 3, "job {i}: all three agreed");
+        assert!(
+            out.receipt
+                .nodes
+                .iter()
+                .any(|a| a.commitment.node.to_hex() == gpu),
+            "job {i}: the OpenCL node is among the agreeing"
+        );
+        assert_eq!(out.outputs[0].1.bytes(), local(&graph, &inputs(i)).bytes());
+    }
 }

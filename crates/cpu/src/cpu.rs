@@ -107,7 +107,7 @@ impl CpuDevice {
                 limit,
             });
         }
-        let min = tenet_kernels::parallel::MIN_PARALLEL_ELEMS as u64;
+        let min = tenet_sys::parallel::MIN_PARALLEL_ELEMS as u64;
         Ok(CpuProgram {
             graph: graph.clone(),
             plan,
@@ -271,9 +271,9 @@ impl CpuProgram {
         stop: &(dyn Fn() -> bool + Sync),
     ) -> Result<(Vec<(String, HostTensor)>, RunStats), ExecError> {
         // The steps run on a pool worker, so the parts each step hands out are waited for by
-        // working instead of by sleeping (tenet_kernels::parallel::on_workers).
+        // working instead of by sleeping (tenet_sys::parallel::on_workers).
         if self.parallel {
-            tenet_kernels::parallel::on_workers(|| self.run_steps(inputs, weights, seed, stop))
+            tenet_sys::parallel::on_workers(|| self.run_steps(inputs, weights, seed, stop))
         } else {
             self.run_steps(inputs, weights, seed, stop)
         }

@@ -42,11 +42,11 @@ fn strided_copy_par(
         return strided_copy(src, size, base, shape, step, out);
     }
     let per = out.len() / lead;
-    let pieces: Vec<std::ops::Range<usize>> = tenet_kernels::parallel::ranges(lead, threads, 1)
+    let pieces: Vec<std::ops::Range<usize>> = tenet_sys::parallel::ranges(lead, threads, 1)
         .into_iter()
         .map(|r| r.start * per..r.end * per)
         .collect();
-    tenet_kernels::parallel::for_each_piece(out, &pieces, |bytes, piece| {
+    tenet_sys::parallel::for_each_piece(out, &pieces, |bytes, piece| {
         let (first, count) = (bytes.start / per, bytes.len() / per);
         let mut sub = shape.to_vec();
         sub[0] = count as u64;

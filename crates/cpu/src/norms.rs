@@ -121,13 +121,13 @@ pub(crate) fn eval(
     if n > 0 && inner > 0 {
         // Whole blocks of `n × inner` elements (every row of one outer index) per piece.
         let block = n * inner * size;
-        let parallel = if numel >= tenet_kernels::parallel::MIN_PARALLEL_ELEMS {
+        let parallel = if numel >= tenet_sys::parallel::MIN_PARALLEL_ELEMS {
             threads
         } else {
             1
         };
-        let pieces = tenet_kernels::parallel::ranges(bytes.len(), parallel, block);
-        tenet_kernels::parallel::for_each_piece(&mut bytes, &pieces, |range, out| {
+        let pieces = tenet_sys::parallel::ranges(bytes.len(), parallel, block);
+        tenet_sys::parallel::for_each_piece(&mut bytes, &pieces, |range, out| {
             let first = range.start / size;
             let mut since_poll = 0;
             for o in 0..out.len() / block {

@@ -68,7 +68,7 @@ impl Pool {
             }
         }
         drop(pool);
-        tenet_ir::recycle::take(len).unwrap_or_else(|| tenet_kernels::memory::zeroed_bytes(len))
+        tenet_ir::recycle::take(len).unwrap_or_else(|| tenet_sys::memory::zeroed_bytes(len))
     }
 }
 
@@ -104,7 +104,7 @@ pub(crate) fn par_chunks<T: Send>(
     align: usize,
     f: impl Fn(std::ops::Range<usize>, &mut [T]) + Sync,
 ) {
-    use tenet_kernels::parallel;
+    use tenet_sys::parallel;
     let threads = if out.len() < parallel::MIN_PARALLEL_ELEMS {
         1
     } else {

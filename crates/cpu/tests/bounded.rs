@@ -1,5 +1,5 @@
 //! The executor's real memory and its polling against the cost certificate, measured with a
-//! counting global allocator (`tenet_kernels::memory::Counting`, this test binary only).
+//! counting global allocator (`tenet_sys::memory::Counting`, this test binary only).
 //!
 //! Every run here must allocate at most `Program::memory_bound()` beyond what was live before
 //! it: the certificate's `peak_bytes` plus the CPU backend's documented scratch
@@ -26,7 +26,7 @@ use tenet_cpu::{CpuDevice, SimdLevel};
 use tenet_exec::{Device, Program};
 use tenet_ir::testing::{RandomWeights as Weights, random_graph, random_io};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor};
-use tenet_kernels::memory::Counting;
+use tenet_sys::memory::Counting;
 
 #[global_allocator]
 static ALLOC: Counting = Counting::new();

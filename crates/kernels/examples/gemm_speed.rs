@@ -26,7 +26,7 @@ fn main() {
             let mut times = vec![];
             for _ in 0..reps {
                 let t = Instant::now();
-                tenet_kernels::parallel::on_workers(|| {
+                tenet_sys::parallel::on_workers(|| {
                     sgemm(
                         SimdLevel::Avx512,
                         threads,

@@ -206,7 +206,7 @@ fn small_m(
     let mut blocks: Vec<(usize, Vec<f32>)> =
         (0..n).step_by(per).map(|j0| (j0, Vec::new())).collect();
     let parts: Vec<std::ops::Range<usize>> = (0..blocks.len()).map(|i| i..i + 1).collect();
-    crate::parallel::for_each_piece(&mut blocks, &parts, |_, slot| {
+    tenet_sys::parallel::for_each_piece(&mut blocks, &parts, |_, slot| {
         let j0 = slot[0].0;
         slot[0].1 = block(j0, (j0 + per).min(n));
     });
@@ -669,11 +669,11 @@ fn blocked<const MR: usize, const NR: usize>(
             let bp = &mut packed[..panels * NR * k];
             // Panel q holds all k steps: `bp[q·NR·k + p·NR + j]` is B(p, jc + q·NR + j).
             let by_panels: Vec<std::ops::Range<usize>> =
-                crate::parallel::ranges(panels, threads, 1)
+                tenet_sys::parallel::ranges(panels, threads, 1)
                     .into_iter()
                     .map(|r| r.start * NR * k..r.end * NR * k)
                     .collect();
-            crate::parallel::for_each_piece(bp, &by_panels, |range, dst| {
+            tenet_sys::parallel::for_each_piece(bp, &by_panels, |range, dst| {
                 let q0 = range.start / (NR * k);
                 let cols = (nc - q0 * NR).min(dst.len() / k);
                 pack_b::<NR>(cfg, dst, b, 0, k, jc + q0 * NR, cols);
@@ -709,7 +709,7 @@ fn blocked<const MR: usize, const NR: usize>(
                 .iter()
                 .map(|r| r.start * groups..r.end * groups)
                 .collect();
-            let work = crate::parallel::Stealing::new(&units);
+            let work = tenet_sys::parallel::Stealing::new(&units);
             // The unit that finishes a block's last group runs the epilogue on it.
             let left: Vec<std::sync::atomic::AtomicUsize> = blocks
                 .iter()
@@ -728,7 +728,7 @@ fn blocked<const MR: usize, const NR: usize>(
                     f(rows.start, unsafe { part.rows(rows.len(), n, c_rs) });
                 }
             };
-            crate::parallel::run_parts(work.owners(), &|t| {
+            tenet_sys::parallel::run_parts(work.owners(), &|t| {
                 while let Some(r) = work.take_front(t, groups) {
                     run(r.start, r.len());
                 }

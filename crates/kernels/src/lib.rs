@@ -1,5 +1,6 @@
-//! `tenet-kernels`: every SIMD intrinsic and every `unsafe` block of the project, behind safe
-//! functions.
+//! `tenet-kernels`: compute only. Every SIMD intrinsic of the project and the `unsafe` blocks
+//! they need, behind safe functions; the thread pool its parallel kernels run on, like the
+//! machine's other parts, is `tenet-sys`'s.
 //!
 //! Each kernel reproduces the bits of the reference interpreter (`tenet-reference`) exactly, at
 //! every SIMD level and any thread count: the arithmetic order is fixed by docs/OPS.md, and the
@@ -10,9 +11,7 @@ pub mod gemm;
 #[cfg(target_arch = "x86_64")]
 #[rustfmt::skip]
 mod gemm_direct;
-pub mod memory;
 pub mod norm;
-pub mod parallel;
 mod peak;
 pub mod reduce;
 mod simd;

@@ -5,7 +5,6 @@
 //! lanes; the sum is the reference's 16-lane order, which is one AVX-512 register (or two AVX2
 //! registers) accumulated front to back and then folded 8, 4, 2, 1.
 
-use tenet_ir::NormOp;
 use tenet_reference::math::{self, NAN};
 
 use crate::SimdLevel;
@@ -55,12 +54,7 @@ fn log_softmax_tail(row: &[f32], m: f32, s: f32, out: &mut [f32]) {
 
 /// The reference's definition, element by element.
 fn scalar_row(log: bool, row: &[f32], out: &mut [f32]) {
-    let op = if log {
-        NormOp::LogSoftmax
-    } else {
-        NormOp::Softmax
-    };
-    tenet_reference::softmax_row(op, row, out);
+    tenet_reference::softmax_or_log_row(log, row, out);
 }
 
 #[cfg(target_arch = "x86_64")]

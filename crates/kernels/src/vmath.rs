@@ -182,7 +182,7 @@ fn scalar_assign_lanes(op: Arith, acc: &mut [f32], s: f32, side: ScalarSide) {
 
 /// The reference's gelu_erf, made canonical.
 fn scalar_gelu(v: f32) -> f32 {
-    canon(tenet_reference::unary_f32(tenet_ir::UnaryOp::GeluErf, v))
+    canon(math::gelu_erf(v))
 }
 
 #[cfg(target_arch = "x86_64")]

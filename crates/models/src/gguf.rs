@@ -341,7 +341,7 @@ impl GgufFile {
     /// Map and index the file at `path`.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
         let map = std::fs::File::open(path)
-            .and_then(|f| tenet_kernels::memory::MappedFile::map(&f))
+            .and_then(|f| tenet_sys::memory::MappedFile::map(&f))
             .map_err(|e| GgufError::Io {
                 path: path.display().to_string(),
                 reason: e.to_string(),

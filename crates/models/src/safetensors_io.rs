@@ -393,7 +393,7 @@ pub(crate) fn map_counting(
     path: &Path,
     progress: &AtomicU64,
 ) -> std::io::Result<(SharedBytes, WeightsId)> {
-    let map = tenet_kernels::memory::MappedFile::map(&std::fs::File::open(path)?)?;
+    let map = tenet_sys::memory::MappedFile::map(&std::fs::File::open(path)?)?;
     let mut hasher = blake3::Hasher::new();
     for slice in map.bytes().chunks(8 << 20) {
         hasher.update(slice);

@@ -39,7 +39,7 @@ fn hash_parts_from(parts: &[&[u8]], parallel_min: usize) -> Hash {
     let block = prev_power_of_two(total / BLOCKS_PER_BLOB);
     let mut cvs = vec![[0u8; 32]; total / block];
     let ranges: Vec<_> = (0..cvs.len()).map(|i| i..i + 1).collect();
-    tenet_kernels::parallel::for_each_piece(&mut cvs, &ranges, |r, out| {
+    tenet_sys::parallel::for_each_piece(&mut cvs, &ranges, |r, out| {
         for (i, cv) in r.zip(out) {
             *cv = subtree(parts, i * block, block);
         }

@@ -655,7 +655,7 @@ pub fn unary_f32(op: UnaryOp, x: f32) -> f32 {
                 0.0
             }
         }
-        GeluErf => (x * 0.5) * (1.0 + math::erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+        GeluErf => math::gelu_erf(x),
         GeluTanh => {
             let u = (x + 0.044_715 * ((x * x) * x)) * 0.797_884_6;
             (x * 0.5) * (1.0 + math::tanh(u))
@@ -1035,7 +1035,14 @@ pub fn rms_norm_row(row: &[f32], gamma: Option<&[f32]>, eps: f32, out: &mut [f32
 }
 
 /// Softmax or log-softmax of one contiguous row (docs/OPS.md, "Normalisations").
+#[inline]
 pub fn softmax_row(op: NormOp, row: &[f32], out: &mut [f32]) {
+    softmax_or_log_row(matches!(op, NormOp::LogSoftmax), row, out)
+}
+
+/// [`softmax_row`] for callers that do not speak the graph's types (the kernels): log-softmax
+/// if `log`, else softmax.
+pub fn softmax_or_log_row(log: bool, row: &[f32], out: &mut [f32]) {
     let Some(m) = row.iter().copied().reduce(fmax) else {
         return;
     };
@@ -1043,14 +1050,13 @@ pub fn softmax_row(op: NormOp, row: &[f32], out: &mut [f32]) {
         *o = math::exp(a - m);
     }
     let s = sum_ordered(out.iter().copied());
-    match op {
-        NormOp::Softmax => out.iter_mut().for_each(|e| *e /= s),
-        NormOp::LogSoftmax => {
-            let ls = math::log(s);
-            for (o, &a) in out.iter_mut().zip(row) {
-                *o = (a - m) - ls;
-            }
+    if log {
+        let ls = math::log(s);
+        for (o, &a) in out.iter_mut().zip(row) {
+            *o = (a - m) - ls;
         }
+    } else {
+        out.iter_mut().for_each(|e| *e /= s);
     }
 }
 

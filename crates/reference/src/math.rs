@@ -284,6 +284,12 @@ pub fn erf(x: f32) -> f32 {
     y.copysign(x)
 }
 
+/// GELU with the exact error function: `(x·½)·(1 + erf(x·(1/√2)))` (docs/OPS.md, "Elementwise";
+/// the `gelu_erf` op).
+pub fn gelu_erf(x: f32) -> f32 {
+    (x * 0.5) * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
 /// ln 2 split for f64 Cody–Waite reduction.
 const LN2_HI64: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
 const LN2_LO64: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);

@@ -187,7 +187,7 @@ pub fn on_workers<R>(f: impl FnOnce() -> R) -> R {
 
 /// Run `body(i)` for every `i < parts` on the calling thread and the pool's helpers; returns
 /// when all are done. A panic in a part is raised here once every part has finished.
-pub(crate) fn run_parts(parts: usize, body: &(dyn Fn(usize) + Sync)) {
+pub fn run_parts(parts: usize, body: &(dyn Fn(usize) + Sync)) {
     let pool = pool();
     let guard = if parts > 1 && parts < CLOSED as usize && pool.helpers > 0 {
         pool.owner.try_lock().ok()
@@ -257,14 +257,14 @@ pub fn for_each_piece<T: Send>(
 /// range, and a thread with nothing left takes them one at a time from the back of another's.
 /// Each item is taken exactly once. Owners keep the order (and the caches) a static split
 /// would give; the stealing only moves the last items of a range whose owner fell behind.
-pub(crate) struct Stealing {
+pub struct Stealing {
     /// Per owner, the first untaken item (low 32 bits) and the end of the range (high 32).
     ranges: Vec<AtomicU64>,
 }
 
 impl Stealing {
     /// Items must number below 2³².
-    pub(crate) fn new(ranges: &[std::ops::Range<usize>]) -> Stealing {
+    pub fn new(ranges: &[std::ops::Range<usize>]) -> Stealing {
         let pack = |r: &std::ops::Range<usize>| {
             assert!(r.end < 1 << 32, "too many work items");
             AtomicU64::new((r.end as u64) << 32 | r.start.min(r.end) as u64)
@@ -274,12 +274,14 @@ impl Stealing {
         }
     }
 
-    pub(crate) fn owners(&self) -> usize {
+    #[inline]
+    pub fn owners(&self) -> usize {
         self.ranges.len()
     }
 
     /// The next `want` items of `owner`'s range if that many are left, else the next one.
-    pub(crate) fn take_front(&self, owner: usize, want: usize) -> Option<std::ops::Range<usize>> {
+    #[inline]
+    pub fn take_front(&self, owner: usize, want: usize) -> Option<std::ops::Range<usize>> {
         let want = want.max(1) as u64;
         self.claim(owner, |lo, hi| {
             let n = if lo + want <= hi { want } else { 1 };
@@ -288,12 +290,14 @@ impl Stealing {
     }
 
     /// The last item of `victim`'s range, if any is left.
-    pub(crate) fn steal_back(&self, victim: usize) -> Option<usize> {
+    #[inline]
+    pub fn steal_back(&self, victim: usize) -> Option<usize> {
         self.claim(victim, |lo, hi| (lo, hi - 1, hi as usize - 1))
     }
 
     /// Shrink range `i` from `(lo, hi)` to the first two values `take` returns and hand back the
     /// third, retrying while other threads change the range; `None` once it is empty.
+    #[inline]
     fn claim<R>(&self, i: usize, take: impl Fn(u64, u64) -> (u64, u64, R)) -> Option<R> {
         let slot = &self.ranges[i];
         let mut s = slot.load(SeqCst);
