@@ -97,17 +97,16 @@ pub fn open_spec(spec: Spec, options: &Options) -> Result<Arc<dyn Device>, Devic
 
 #[cfg(feature = "opencl")]
 fn open_opencl(index: usize, options: &Options) -> Result<Arc<dyn Device>, DeviceError> {
-    let device =
-        tenet_opencl::OpenClDevice::open(index, tenet_opencl::Quirks::default()).map_err(|e| {
-            DeviceError::Open {
-                spec: Spec::OpenCl(index).to_string(),
-                reason: e.to_string(),
-            }
-        })?;
-    Ok(Arc::new(match options.memory_limit {
-        Some(limit) => device.with_memory_limit(limit),
-        None => device,
-    }))
+    let device = tenet_opencl::OpenClDevice::open_with_memory_limit(
+        index,
+        tenet_opencl::Quirks::default(),
+        options.memory_limit,
+    )
+    .map_err(|e| DeviceError::Open {
+        spec: Spec::OpenCl(index).to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(Arc::new(device))
 }
 
 #[cfg(not(feature = "opencl"))]

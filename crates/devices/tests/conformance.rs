@@ -64,7 +64,7 @@ fn open_all() -> Vec<UnderTest> {
         out.push(UnderTest {
             label: format!("{spec} ({})", info.name),
             device,
-            cases: 60,
+            cases: 150,
         });
     }
     if opencl == 0 {

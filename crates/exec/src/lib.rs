@@ -24,7 +24,7 @@ pub enum ExecError {
     #[error(transparent)]
     Run(#[from] tenet_reference::RunError),
     /// The graph needs more memory than this backend may use: its certificate's peak, or
-    /// that plus the backend's scratch ([`Prepared::memory_bound`]).
+    /// that plus the backend's scratch ([`Program::memory_bound`]).
     #[error(
         "the graph needs up to {needed} bytes of memory (its cost certificate's peak, plus this backend's scratch) but this backend is limited to {limit}"
     )]

@@ -1,0 +1,134 @@
+// Matrix products, convolution and pooling: one work item per output element, each running
+// its chain of fused multiply-adds (explicit `fma`, correctly rounded by the OpenCL spec) in
+// exactly the reference's order, so the result does not depend on how work is split.
+
+// out[batch, i, j] = fma chain over p of a[batch_a, i, p] * b[batch_b, p, j]. meta + mo: a
+// two-operand view over the batch shape giving each operand's batch offset in elements.
+kernel void k_matmul(global uchar* out, global const uchar* a, global const uchar* b,
+                      ulong total, ulong M, ulong N, ulong K, int dt, global const long* meta,
+                      uint mo) {
+    FOR_EACH(o, total) {
+        ulong j = o % N, t = o / N;
+        ulong i = t % M, bi = t / M;
+        ulong off[2];
+        view_offsets(meta + mo, bi, 2, off);
+        ulong ar = off[0] + i * K, bc = off[1] + j;
+        if (is_float_dt(dt)) {
+            float acc = 0.0f;
+            for (ulong p = 0; p < K; ++p)
+                acc = fma(ld_f(a, dt, ar + p), ld_f(b, dt, bc + p * N), acc);
+            st_f(out, dt, o, acc);
+        } else {
+            ulong acc = 0;
+            for (ulong p = 0; p < K; ++p)
+                acc += (ulong)ld_i(a, dt, ar + p) * (ulong)ld_i(b, dt, bc + p * N);
+            st_i(out, dt, o, as_long(acc));
+        }
+    }
+}
+
+// The same products for float dtypes, 16 x 16 outputs per work group: each group stages a
+// 16-wide slice of A's rows and B's columns in local memory (decoded to f32), and each work
+// item continues its own chain over the slice, p ascending, so every output is still one
+// unbroken fma chain in the reference's order. Launched over (N, M, batches) rounded up to
+// whole tiles.
+#define TILE 16
+kernel __attribute__((reqd_work_group_size(TILE, TILE, 1)))
+void k_matmul_tiled(global uchar* out, global const uchar* a, global const uchar* b, ulong M,
+                    ulong N, ulong K, int dt, global const long* meta, uint mo) {
+    local float as[TILE][TILE + 1];
+    local float bs[TILE][TILE + 1];
+    ulong lj = get_local_id(0), li = get_local_id(1);
+    ulong j = get_group_id(0) * TILE + lj, i = get_group_id(1) * TILE + li;
+    ulong bi = get_global_id(2);
+    ulong off[2];
+    view_offsets(meta + mo, bi, 2, off);
+    float acc = 0.0f;
+    for (ulong p0 = 0; p0 < K; p0 += TILE) {
+        ulong pa = p0 + lj, pb = p0 + li;
+        as[li][lj] = (i < M && pa < K) ? ld_f(a, dt, off[0] + i * K + pa) : 0.0f;
+        bs[li][lj] = (pb < K && j < N) ? ld_f(b, dt, off[1] + pb * N + j) : 0.0f;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        ulong steps = K - p0 < TILE ? K - p0 : TILE;
+        for (ulong p = 0; p < steps; ++p) acc = fma(as[li][p], bs[p][lj], acc);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (i < M && j < N) st_f(out, dt, (bi * M + i) * N + j, acc);
+}
+
+// Geometry in meta + mo: N, C, H, W, O, C/groups, KH, KW, OH, OW, stride h/w, padding
+// top/left, dilation h/w, O/groups.
+kernel void k_conv2d(global uchar* out, global const uchar* x, global const uchar* w,
+                      global const uchar* bias, ulong total, int has_bias, int dt,
+                      global const long* meta, uint mo) {
+    global const long* g = meta + mo;
+    long C = g[1], H = g[2], W = g[3], O = g[4], CG = g[5], KH = g[6], KW = g[7];
+    long OH = g[8], OW = g[9], SH = g[10], SW = g[11], PH = g[12], PW = g[13];
+    long DH = g[14], DW = g[15], OG = g[16];
+    FOR_EACH(o, total) {
+        long ow = (long)(o % (ulong)OW);
+        ulong t = o / (ulong)OW;
+        long oh = (long)(t % (ulong)OH);
+        t /= (ulong)OH;
+        long oc = (long)(t % (ulong)O);
+        long n = (long)(t / (ulong)O);
+        long grp = oc / OG;
+        float acc = 0.0f;
+        for (long ci = 0; ci < CG; ++ci) {
+            for (long i = 0; i < KH; ++i) {
+                long ih = oh * SH + i * DH - PH;
+                if (ih < 0 || ih >= H) continue;
+                for (long j = 0; j < KW; ++j) {
+                    long iw = ow * SW + j * DW - PW;
+                    if (iw < 0 || iw >= W) continue;
+                    ulong xi = (ulong)(((n * C + grp * CG + ci) * H + ih) * W + iw);
+                    ulong wi = (ulong)(((oc * CG + ci) * KH + i) * KW + j);
+                    acc = fma(ld_f(x, dt, xi), ld_f(w, dt, wi), acc);
+                }
+            }
+        }
+        if (has_bias) acc = acc + ld_f(bias, dt, (ulong)oc);
+        st_f(out, dt, o, acc);
+    }
+}
+
+// Geometry in meta + mo: C, H, W, KH, KW, OH, OW, stride h/w, padding top/left, dilation h/w;
+// `count_bits`: kh * kw as f32 bits (the divisor of avg_pool2d_include_pad).
+kernel void k_pool2d(global uchar* out, global const uchar* x, ulong total, int kind, int dt,
+                      uint count_bits, global const long* meta, uint mo) {
+    global const long* g = meta + mo;
+    long H = g[1], W = g[2], KH = g[3], KW = g[4], OH = g[5], OW = g[6];
+    long SH = g[7], SW = g[8], PH = g[9], PW = g[10], DH = g[11], DW = g[12];
+    FOR_EACH(o, total) {
+        long ow = (long)(o % (ulong)OW);
+        ulong t = o / (ulong)OW;
+        long oh = (long)(t % (ulong)OH);
+        t /= (ulong)OH;
+        long nc = (long)t; // n * C + c
+        ulong taps = 0;
+        float bestf = TN_NAN, sum = 0.0f;
+        long besti = 0;
+        for (long i = 0; i < KH; ++i) {
+            long ih = oh * SH + i * DH - PH;
+            if (ih < 0 || ih >= H) continue;
+            for (long j = 0; j < KW; ++j) {
+                long iw = ow * SW + j * DW - PW;
+                if (iw < 0 || iw >= W) continue;
+                ulong xi = (ulong)((nc * H + ih) * W + iw);
+                if (is_float_dt(dt)) {
+                    float v = ld_f(x, dt, xi);
+                    if (kind == P_MAX_POOL2D) bestf = taps == 0 ? v : tn_fmax(bestf, v);
+                    else sum = sum + v;
+                } else {
+                    long v = ld_i(x, dt, xi);
+                    besti = (taps == 0 || v > besti) ? v : besti;
+                }
+                taps += 1;
+            }
+        }
+        if (!is_float_dt(dt)) st_i(out, dt, o, besti);
+        else if (kind == P_MAX_POOL2D) st_f(out, dt, o, bestf);
+        else if (kind == P_AVG_POOL2D) st_f(out, dt, o, sum / convert_float_rte(taps));
+        else st_f(out, dt, o, sum / as_float(count_bits));
+    }
+}

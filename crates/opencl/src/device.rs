@@ -1,0 +1,344 @@
+//! `OpenClDevice`: one OpenCL device opened for tenet: its context and queue, the programs
+//! built for it (by source text, so a kernel family is built once per device), its weight
+//! cache, and the `tenet_exec::Device` operations on its buffers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use opencl3::command_queue::CommandQueue;
+use opencl3::context::Context;
+use opencl3::device::{
+    CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU,
+    Device as ClDevice,
+};
+use opencl3::error_codes::{CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR};
+use opencl3::platform::{Platform, get_platforms};
+use opencl3::program::Program as ClProgram;
+use tenet_exec::{
+    Buffer, Device, DeviceClass, DeviceInfo, ExecError, Program, WeightCache, next_device_id,
+};
+use tenet_ir::{Graph, HostTensor, TensorType};
+
+use crate::cl_api::{Mem, cl_err};
+use crate::kernels::Family;
+use crate::source::{self, Quirks};
+
+/// What a [`Buffer`] made by an OpenCL device holds: its device memory, or nothing for an
+/// empty tensor (OpenCL has no empty buffers). Clones share the memory: buffers are values,
+/// and [`Device::write`] copies a shared one before writing.
+#[derive(Clone, Debug)]
+pub(crate) struct Handle(pub(crate) Option<Arc<Mem>>);
+
+/// The share of device memory the weight cache may hold.
+const WEIGHT_SHARE_DIVISOR: u64 = 2;
+
+/// An OpenCL device opened for tenet. Cheap to clone (clones share the device).
+#[derive(Clone)]
+pub struct OpenClDevice {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) info: DeviceInfo,
+    pub(crate) quirks: Quirks,
+    pub(crate) context: Context,
+    /// One in-order queue: commands of every run and transfer execute in the order enqueued.
+    pub(crate) queue: CommandQueue,
+    pub(crate) device: ClDevice,
+    /// The largest single allocation the driver allows.
+    pub(crate) max_alloc: u64,
+    /// The largest work group the device runs.
+    pub(crate) max_group: usize,
+    /// Built programs by their full source text.
+    programs: Mutex<HashMap<String, Arc<ClProgram>>>,
+    builds: AtomicU64,
+    pub(crate) weights: WeightCache,
+    /// A small buffer passed where a kernel's operand is an empty tensor (never read).
+    pub(crate) dummy: Mem,
+}
+
+/// Held while devices are discovered and described: PoCL sets a device up on the first
+/// `clGetDeviceIDs`, and a second thread asking at the same time was seen to get no devices,
+/// or a device whose name query crashed.
+static DISCOVERY: Mutex<()> = Mutex::new(());
+
+fn discovery() -> std::sync::MutexGuard<'static, ()> {
+    DISCOVERY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every OpenCL device of every platform, in a stable order: platforms as the ICD loader lists
+/// them, each platform's devices in its own order. Callers hold [`discovery`].
+fn all_devices() -> Result<Vec<(Platform, ClDevice)>, ExecError> {
+    let platforms = match get_platforms() {
+        Ok(p) => p,
+        Err(e) if e.0 == CL_PLATFORM_NOT_FOUND_KHR => Vec::new(),
+        Err(e) => return Err(cl_err("listing platforms", e)),
+    };
+    let mut out = Vec::new();
+    for p in platforms {
+        let ids = match p.get_devices(CL_DEVICE_TYPE_ALL) {
+            Ok(ids) => ids,
+            Err(e) if e.0 == CL_DEVICE_NOT_FOUND => Vec::new(),
+            Err(e) => return Err(cl_err("listing devices", e)),
+        };
+        out.extend(ids.into_iter().map(|id| (p, ClDevice::new(id))));
+    }
+    Ok(out)
+}
+
+fn describe(platform: &Platform, device: &ClDevice) -> String {
+    let name = device.name().unwrap_or_else(|_| "unnamed device".into());
+    let platform = platform
+        .name()
+        .unwrap_or_else(|_| "unknown platform".into());
+    let version = device.version().unwrap_or_default();
+    format!("{} ({platform}, {version})", name.trim())
+}
+
+impl OpenClDevice {
+    /// Every OpenCL device across all platforms, as (index, description), in the order
+    /// `open(index)` and the spec `opencl:index` use. No device is opened and no check is run.
+    /// An error means the OpenCL library is missing or failed; no platforms give an empty list.
+    pub fn list() -> Result<Vec<(usize, String)>, ExecError> {
+        let _held = discovery();
+        Ok(all_devices()?
+            .iter()
+            .enumerate()
+            .map(|(i, (p, d))| (i, describe(p, d)))
+            .collect())
+    }
+
+    /// The device index a spec names: `opencl` is device 0, `opencl:N` device N; `None` for
+    /// anything else.
+    pub fn parse_spec(spec: &str) -> Option<usize> {
+        match spec.strip_prefix("opencl")? {
+            "" => Some(0),
+            rest => rest.strip_prefix(':')?.parse().ok(),
+        }
+    }
+
+    /// Whether an OpenCL device can be opened here: the library loads and lists at least one
+    /// device. Never panics.
+    pub fn available() -> bool {
+        let _held = discovery();
+        all_devices().is_ok_and(|d| !d.is_empty())
+    }
+
+    /// Open device `index` of [`OpenClDevice::list`], with its whole global memory for tensors,
+    /// and run the determinism check.
+    pub fn open(index: usize, quirks: Quirks) -> Result<OpenClDevice, ExecError> {
+        Self::open_with_memory_limit(index, quirks, None)
+    }
+
+    /// [`OpenClDevice::open`], with tensor memory limited to `limit` bytes (when smaller than
+    /// the device's global memory): graphs whose bound exceeds it are refused at compile.
+    pub fn open_with_memory_limit(
+        index: usize,
+        quirks: Quirks,
+        limit: Option<u64>,
+    ) -> Result<OpenClDevice, ExecError> {
+        let held = discovery();
+        let devices = all_devices()?;
+        let count = devices.len();
+        let (platform, device) = devices.into_iter().nth(index).ok_or_else(|| {
+            ExecError::Device(format!(
+                "no OpenCL device {index} (this machine has {count})"
+            ))
+        })?;
+        let global = device
+            .global_mem_size()
+            .map_err(|e| cl_err("querying memory", e))?;
+        let max_alloc = device
+            .max_mem_alloc_size()
+            .map_err(|e| cl_err("querying memory", e))?;
+        let max_group = device.max_work_group_size().unwrap_or(1);
+        let memory = limit.map_or(global, |l| l.min(global));
+        let class = match device.dev_type().map_err(|e| cl_err("querying type", e))? {
+            t if t & CL_DEVICE_TYPE_GPU != 0 => DeviceClass::Gpu,
+            t if t & CL_DEVICE_TYPE_CPU != 0 => DeviceClass::Cpu,
+            t if t & CL_DEVICE_TYPE_ACCELERATOR != 0 => DeviceClass::Accelerator,
+            _ => DeviceClass::Other,
+        };
+        let compute_units = device.max_compute_units().unwrap_or(1) as usize;
+        let name = describe(&platform, &device);
+        drop(held);
+        let context = Context::from_device(&device).map_err(|e| cl_err("creating a context", e))?;
+        #[allow(deprecated)] // clCreateCommandQueue: the one call every OpenCL version has
+        let queue =
+            CommandQueue::create_default(&context, 0).map_err(|e| cl_err("creating a queue", e))?;
+        let exact = crate::check::self_test(&context, &queue, &quirks);
+        let dummy = Mem::alloc(&context, 64)?;
+        let info = DeviceInfo {
+            spec: format!("opencl:{index}"),
+            name,
+            class,
+            compute_units,
+            memory,
+            exact,
+        };
+        Ok(OpenClDevice {
+            inner: Arc::new(Inner {
+                id: next_device_id(),
+                info,
+                quirks,
+                context,
+                queue,
+                device,
+                max_alloc,
+                max_group,
+                programs: Mutex::new(HashMap::new()),
+                builds: AtomicU64::new(0),
+                weights: WeightCache::new(memory / WEIGHT_SHARE_DIVISOR),
+                dummy,
+            }),
+        })
+    }
+
+    /// How many OpenCL programs this device has built (each `clBuildProgram` call): graphs
+    /// whose kernels were built before add none.
+    pub fn program_builds(&self) -> u64 {
+        self.inner.builds.load(Ordering::Relaxed)
+    }
+
+    /// The built program of a kernel family, building it on first use.
+    pub(crate) fn program(&self, family: Family) -> Result<Arc<ClProgram>, ExecError> {
+        let src = family.source(&self.inner.quirks);
+        let mut programs = self
+            .inner
+            .programs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = programs.get(&src) {
+            return Ok(p.clone());
+        }
+        self.inner.builds.fetch_add(1, Ordering::Relaxed);
+        let options = source::build_options(&self.inner.quirks);
+        let program = ClProgram::create_and_build_from_source(&self.inner.context, &src, &options)
+            .map_err(|log| ExecError::Device(format!("building the {family:?} kernels: {log}")))?;
+        let program = Arc::new(program);
+        programs.insert(src, program.clone());
+        Ok(program)
+    }
+
+    /// The handle of a buffer this device made.
+    pub(crate) fn handle<'a>(&self, b: &'a Buffer) -> Result<&'a Handle, ExecError> {
+        if b.device() != self.inner.id {
+            return Err(ExecError::Device(format!(
+                "{b:?} belongs to another device, not {}",
+                self.inner.info.spec
+            )));
+        }
+        b.handle::<Handle>()
+            .ok_or_else(|| ExecError::Device(format!("{b:?} is not an OpenCL buffer")))
+    }
+
+    /// New device memory for `bytes` (nothing for 0).
+    pub(crate) fn alloc(&self, bytes: u64) -> Result<Handle, ExecError> {
+        if bytes == 0 {
+            return Ok(Handle(None));
+        }
+        Ok(Handle(Some(Arc::new(Mem::alloc(
+            &self.inner.context,
+            bytes,
+        )?))))
+    }
+
+    pub(crate) fn buffer(&self, ty: TensorType, handle: Handle) -> Buffer {
+        Buffer::new(ty, self.inner.id, handle)
+    }
+
+    /// A copy of `src` in new memory.
+    fn duplicate(&self, src: &Handle) -> Result<Handle, ExecError> {
+        let Some(m) = &src.0 else {
+            return Ok(Handle(None));
+        };
+        let copy = Mem::alloc(&self.inner.context, m.bytes())?;
+        copy.copy_from(&self.inner.queue, 0, m, 0, m.bytes())?;
+        Ok(Handle(Some(Arc::new(copy))))
+    }
+}
+
+impl std::fmt::Debug for OpenClDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpenClDevice({})", self.inner.info.spec)
+    }
+}
+
+impl Device for OpenClDevice {
+    fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    fn info(&self) -> DeviceInfo {
+        self.inner.info.clone()
+    }
+
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn Program>, ExecError> {
+        Ok(Box::new(crate::program::GraphProgram::compile(
+            self, graph,
+        )?))
+    }
+
+    fn upload(&self, tensor: &HostTensor) -> Result<Buffer, ExecError> {
+        let h = self.alloc(tensor.bytes().len() as u64)?;
+        if let Some(m) = &h.0 {
+            m.write(&self.inner.queue, 0, tensor.bytes())?;
+        }
+        Ok(self.buffer(tensor.ty().clone(), h))
+    }
+
+    fn zeros(&self, ty: &TensorType) -> Result<Buffer, ExecError> {
+        let bytes = ty
+            .bytes()
+            .ok_or_else(|| ExecError::Device(format!("{ty} is too large")))?;
+        let h = self.alloc(bytes)?;
+        if let Some(m) = &h.0 {
+            m.fill(&self.inner.queue, &[0], 0, bytes)?;
+        }
+        Ok(self.buffer(ty.clone(), h))
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostTensor, ExecError> {
+        let h = self.handle(buffer)?;
+        let mut data = vec![0u8; buffer.bytes() as usize];
+        if let Some(m) = &h.0 {
+            m.read(&self.inner.queue, 0, &mut data)?;
+        }
+        HostTensor::new(buffer.ty().clone(), data).map_err(|e| ExecError::Device(e.to_string()))
+    }
+
+    fn write(&self, dst: &mut Buffer, offset: u64, src: &Buffer) -> Result<(), ExecError> {
+        let src_h = self.handle(src)?.clone();
+        self.handle(dst)?;
+        let (size, dst_bytes) = (src.bytes(), dst.bytes());
+        if offset.checked_add(size).is_none_or(|end| end > dst_bytes) {
+            return Err(ExecError::Device(format!(
+                "writing {size} bytes at {offset} into {dst:?} of {dst_bytes} bytes"
+            )));
+        }
+        if size == 0 {
+            return Ok(());
+        }
+        // Copy-on-write: the memory must be this buffer's alone, through both the Buffer's
+        // handle and the Arc inside it (a reshape or an earlier clone shares it).
+        let unique = dst
+            .handle_mut::<Handle>()
+            .is_some_and(|h| h.0.as_mut().is_some_and(|m| Arc::get_mut(m).is_some()));
+        if !unique {
+            let copy = self.duplicate(self.handle(dst)?)?;
+            *dst = self.buffer(dst.ty().clone(), copy);
+        }
+        let (Some(d), Some(s)) = (&self.handle(dst)?.0, &src_h.0) else {
+            return Err(ExecError::Device(
+                "empty buffer in a non-empty write".into(),
+            ));
+        };
+        d.copy_from(&self.inner.queue, offset, s, 0, size)
+    }
+
+    fn cached_weights(&self) -> (usize, u64) {
+        self.inner.weights.usage()
+    }
+}

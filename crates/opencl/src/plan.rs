@@ -1,0 +1,755 @@
+//! Planning: every node of a graph becomes where its value comes from (an input, a weight, a
+//! constant, another node's memory for reshapes, or new memory) and the kernel launches that
+//! compute it, with every shape, stride and offset worked out here, on the host, from the
+//! node types. The kernels index only within the extents computed here, which are derived from
+//! the same types the buffers are allocated for: that is what makes the launches in
+//! `cl_api.rs` sound.
+
+use tenet_ir::{DType, Graph, Node, NodeId, Op, TensorType, WeightsId};
+
+use crate::kernels::Family;
+
+/// Where a node's value comes from.
+#[derive(Clone, Debug)]
+pub(crate) enum Source {
+    Input(String),
+    Weight(WeightsId, String),
+    /// Index into the program's uploaded constants.
+    Constant(usize),
+    /// The same memory as another node (reshape, cast to the same dtype).
+    Alias(NodeId),
+    /// New memory, filled by `fill` then `launches`.
+    Computed,
+}
+
+/// One argument of a planned launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    /// The node's own result.
+    Out,
+    /// An operand's value (a placeholder buffer when it is empty).
+    Value(NodeId),
+    /// An optional operand: its value, or the placeholder when absent.
+    MaybeValue(Option<NodeId>),
+    /// The program's meta buffer (shapes and strides).
+    Meta,
+    /// The run's gather flags (first bad position per gather) and values (the bad index).
+    GatherFlags,
+    GatherValues,
+    /// This gather's slot in them (`int`).
+    GatherSlot,
+    /// The run's seed.
+    Seed,
+    U64(u64),
+    I64(i64),
+    I32(i32),
+    U32(u32),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Launch {
+    pub family: Family,
+    pub kernel: &'static str,
+    pub args: Vec<Arg>,
+    /// Work items the kernel's index space needs (the launch walks it in grid-stride loops).
+    pub items: u64,
+    /// For kernels run in work groups of `TILE × TILE`: (columns, rows, batches) to cover.
+    pub tiles: Option<[u64; 3]>,
+}
+
+/// The side of `k_matmul_tiled`'s square work groups.
+pub(crate) const TILE: u64 = 16;
+
+#[derive(Clone, Debug)]
+pub(crate) struct NodePlan {
+    pub source: Source,
+    /// Bytes repeated over the whole result before the launches (pad's value).
+    pub fill: Option<Vec<u8>>,
+    pub launches: Vec<Launch>,
+    /// This node's slot in the run's gather flags, for gathers that can fail.
+    pub gather_slot: Option<usize>,
+    /// Element operations its launches perform, roughly: how a run paces its waits.
+    pub work: u64,
+}
+
+/// A whole graph planned.
+pub(crate) struct Plan {
+    pub nodes: Vec<NodePlan>,
+    /// Shapes and strides every launch reads through `Arg::Meta`.
+    pub meta: Vec<i64>,
+    /// Constant tensors' bytes, uploaded once at compile.
+    pub constants: Vec<(TensorType, Vec<u8>)>,
+    /// The gathers that check their indices, by slot, in graph order.
+    pub gathers: Vec<NodeId>,
+}
+
+/// Row-major element strides of a shape.
+fn strides(shape: &[u64]) -> Vec<u64> {
+    let mut s = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1].saturating_mul(shape[i + 1]);
+    }
+    s
+}
+
+/// Strides reading `inp` broadcast to `out` (numpy rules: aligned at the right; a dimension
+/// of 1 or a missing one repeats), scaled by `scale` elements.
+fn broadcast_strides(out: &[u64], inp: &[u64], scale: u64) -> Vec<u64> {
+    let st = strides(inp);
+    let off = out.len() - inp.len();
+    (0..out.len())
+        .map(|d| {
+            if d < off || inp[d - off] == 1 {
+                0
+            } else {
+                st[d - off] * scale
+            }
+        })
+        .collect()
+}
+
+fn numel(ty: &TensorType) -> u64 {
+    ty.numel().unwrap_or(0)
+}
+
+fn dt(d: DType) -> i32 {
+    d.tag() as i32
+}
+
+struct Planner {
+    meta: Vec<i64>,
+}
+
+impl Planner {
+    /// Append a view of `operands` (base offset, strides) over `dims`; returns its offset.
+    fn view(&mut self, dims: &[u64], operands: &[(u64, Vec<u64>)]) -> u32 {
+        let at = self.meta.len() as u32;
+        self.meta.push(dims.len() as i64);
+        self.meta.extend(dims.iter().map(|&d| d as i64));
+        for (base, st) in operands {
+            debug_assert_eq!(st.len(), dims.len());
+            self.meta.push(*base as i64);
+            self.meta.extend(st.iter().map(|&s| s as i64));
+        }
+        at
+    }
+
+    /// Append raw values; returns their offset.
+    fn raw(&mut self, values: &[i64]) -> u32 {
+        let at = self.meta.len() as u32;
+        self.meta.extend_from_slice(values);
+        at
+    }
+}
+
+fn launch(family: Family, kernel: &'static str, items: u64, args: Vec<Arg>) -> Launch {
+    Launch {
+        family,
+        kernel,
+        args,
+        items,
+        tiles: None,
+    }
+}
+
+/// A strided copy of `dims` elements of `size` bytes from `x` into the result.
+fn copy(
+    p: &mut Planner,
+    x: NodeId,
+    size: u64,
+    dims: &[u64],
+    dst: (u64, Vec<u64>),
+    src: (u64, Vec<u64>),
+) -> Option<Launch> {
+    let n: u64 = dims.iter().product();
+    if n == 0 {
+        return None;
+    }
+    let mo = p.view(dims, &[dst, src]);
+    Some(launch(
+        Family::Elementwise,
+        "k_copy",
+        n,
+        vec![
+            Arg::Out,
+            Arg::Value(x),
+            Arg::U64(n),
+            Arg::I32(size as i32),
+            Arg::Meta,
+            Arg::U32(mo),
+        ],
+    ))
+}
+
+/// Plan every node of `graph`; `tiled`: whether float products may use work groups of
+/// `TILE × TILE` (the device allows groups that large).
+pub(crate) fn plan(graph: &Graph, tiled: bool) -> Plan {
+    let nodes = graph.nodes();
+    let mut p = Planner { meta: Vec::new() };
+    let mut constants = Vec::new();
+    let mut gathers = Vec::new();
+    let mut out = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate() {
+        let mut np = NodePlan {
+            source: Source::Computed,
+            fill: None,
+            launches: Vec::new(),
+            gather_slot: None,
+            work: work(nodes, node),
+        };
+        plan_node(&mut p, nodes, node, &mut np, &mut constants, tiled);
+        // Nothing to compute into an empty result (and no index of an empty gather is read).
+        if numel(&node.ty) == 0 && matches!(np.source, Source::Computed) {
+            np.launches.clear();
+            np.fill = None;
+            np.gather_slot = None;
+        }
+        if np.gather_slot.is_some() {
+            np.gather_slot = Some(gathers.len());
+            gathers.push(NodeId(i as u32));
+        }
+        out.push(np);
+    }
+    Plan {
+        nodes: out,
+        meta: p.meta,
+        constants,
+        gathers,
+    }
+}
+
+/// Element operations of a node's kernels: the inner loop's length times the outputs for
+/// products, windows and reductions; elements touched for everything else.
+fn work(nodes: &[Node], node: &Node) -> u64 {
+    let out = numel(&node.ty);
+    let ty_of = |x: &NodeId| &nodes[x.index()].ty;
+    match &node.op {
+        Op::MatMul { a, .. } => out.saturating_mul(*ty_of(a).shape.last().unwrap_or(&1)),
+        Op::Conv2d { w, .. } => out.saturating_mul(ty_of(w).shape[1..].iter().product()),
+        Op::Pool2d { kernel, .. } => out.saturating_mul(kernel[0] as u64 * kernel[1] as u64),
+        Op::Normalize { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => out.saturating_mul(3),
+        op => op
+            .operands()
+            .iter()
+            .fold(out, |acc, x| acc.saturating_add(numel(ty_of(x)))),
+    }
+}
+
+fn plan_node(
+    p: &mut Planner,
+    nodes: &[Node],
+    node: &Node,
+    np: &mut NodePlan,
+    constants: &mut Vec<(TensorType, Vec<u8>)>,
+    tiled: bool,
+) {
+    let ty = &node.ty;
+    let n = numel(ty);
+    let ty_of = |x: &NodeId| &nodes[x.index()].ty;
+    let ew = Family::Elementwise;
+    match &node.op {
+        Op::Input { name } => np.source = Source::Input(name.clone()),
+        Op::Weight { file, tensor } => np.source = Source::Weight(*file, tensor.clone()),
+        Op::Constant { data } => {
+            np.source = Source::Constant(constants.len());
+            constants.push((ty.clone(), data.clone()));
+        }
+        Op::Unary { op, x } => np.launches.push(launch(
+            ew,
+            "k_unary",
+            n,
+            vec![
+                Arg::Out,
+                Arg::Value(*x),
+                Arg::U64(n),
+                Arg::I32(op.tag() as i32),
+                Arg::I32(dt(ty.dtype)),
+            ],
+        )),
+        Op::Binary { op, a, b } => {
+            let (ta, tb) = (ty_of(a), ty_of(b));
+            let mo = p.view(
+                &ty.shape,
+                &[
+                    (0, broadcast_strides(&ty.shape, &ta.shape, 1)),
+                    (0, broadcast_strides(&ty.shape, &tb.shape, 1)),
+                ],
+            );
+            np.launches.push(launch(
+                ew,
+                "k_binary",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*a),
+                    Arg::Value(*b),
+                    Arg::U64(n),
+                    Arg::I32(op.tag() as i32),
+                    Arg::I32(dt(ta.dtype)),
+                    Arg::Meta,
+                    Arg::U32(mo),
+                ],
+            ));
+        }
+        Op::Where { cond, a, b } => {
+            let mo = p.view(
+                &ty.shape,
+                &[
+                    (0, broadcast_strides(&ty.shape, &ty_of(cond).shape, 1)),
+                    (0, broadcast_strides(&ty.shape, &ty_of(a).shape, 1)),
+                    (0, broadcast_strides(&ty.shape, &ty_of(b).shape, 1)),
+                ],
+            );
+            np.launches.push(launch(
+                ew,
+                "k_where",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*cond),
+                    Arg::Value(*a),
+                    Arg::Value(*b),
+                    Arg::U64(n),
+                    Arg::I32(ty.dtype.size() as i32),
+                    Arg::Meta,
+                    Arg::U32(mo),
+                ],
+            ));
+        }
+        Op::Cast { x } => {
+            let from = ty_of(x).dtype;
+            if from == ty.dtype {
+                np.source = Source::Alias(*x);
+            } else {
+                np.launches.push(launch(
+                    ew,
+                    "k_cast",
+                    n,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*x),
+                        Arg::U64(n),
+                        Arg::I32(dt(from)),
+                        Arg::I32(dt(ty.dtype)),
+                    ],
+                ));
+            }
+        }
+        Op::Reduce { op, x, axes, .. } => {
+            let tx = ty_of(x);
+            let st = strides(&tx.shape);
+            let (mut kd, mut ks, mut rd, mut rs) = (vec![], vec![], vec![], vec![]);
+            for (d, (&dim, &s)) in tx.shape.iter().zip(&st).enumerate() {
+                if axes.contains(&(d as u32)) {
+                    rd.push(dim);
+                    rs.push(s);
+                } else {
+                    kd.push(dim);
+                    ks.push(s);
+                }
+            }
+            let nred: u64 = rd.iter().product();
+            let mk = p.view(&kd, &[(0, ks)]);
+            let mut red = vec![rd.len() as i64];
+            red.extend(rd.iter().map(|&d| d as i64));
+            red.extend(rs.iter().map(|&s| s as i64));
+            let mr = p.raw(&red);
+            np.launches.push(launch(
+                Family::Reduce,
+                "k_reduce",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::U64(n),
+                    Arg::U64(nred),
+                    Arg::I32(op.tag() as i32),
+                    Arg::I32(dt(tx.dtype)),
+                    Arg::I32(dt(ty.dtype)),
+                    Arg::Meta,
+                    Arg::U32(mk),
+                    Arg::U32(mr),
+                ],
+            ));
+        }
+        Op::MatMul { a, b } => {
+            let (ta, tb) = (ty_of(a), ty_of(b));
+            let (ra, rb, r) = (ta.rank(), tb.rank(), ty.rank());
+            let (m, k, nn) = (ta.shape[ra - 2], ta.shape[ra - 1], tb.shape[rb - 1]);
+            let batch = &ty.shape[..r - 2];
+            let mo = p.view(
+                batch,
+                &[
+                    (0, broadcast_strides(batch, &ta.shape[..ra - 2], m * k)),
+                    (0, broadcast_strides(batch, &tb.shape[..rb - 2], k * nn)),
+                ],
+            );
+            if tiled && ty.dtype.is_float() {
+                let batches: u64 = batch.iter().product();
+                let mut l = launch(
+                    Family::Linalg,
+                    "k_matmul_tiled",
+                    n,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*a),
+                        Arg::Value(*b),
+                        Arg::U64(m),
+                        Arg::U64(nn),
+                        Arg::U64(k),
+                        Arg::I32(dt(ty.dtype)),
+                        Arg::Meta,
+                        Arg::U32(mo),
+                    ],
+                );
+                l.tiles = Some([nn, m, batches]);
+                np.launches.push(l);
+            } else {
+                np.launches.push(launch(
+                    Family::Linalg,
+                    "k_matmul",
+                    n,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*a),
+                        Arg::Value(*b),
+                        Arg::U64(n),
+                        Arg::U64(m),
+                        Arg::U64(nn),
+                        Arg::U64(k),
+                        Arg::I32(dt(ty.dtype)),
+                        Arg::Meta,
+                        Arg::U32(mo),
+                    ],
+                ));
+            }
+        }
+        Op::Reshape { x } => np.source = Source::Alias(*x),
+        Op::Permute { x, perm } => {
+            let st = strides(&ty_of(x).shape);
+            let src: Vec<u64> = perm.iter().map(|&q| st[q as usize]).collect();
+            np.launches.extend(copy(
+                p,
+                *x,
+                ty.dtype.size(),
+                &ty.shape,
+                (0, strides(&ty.shape)),
+                (0, src),
+            ));
+        }
+        Op::Expand { x } => {
+            let src = broadcast_strides(&ty.shape, &ty_of(x).shape, 1);
+            np.launches.extend(copy(
+                p,
+                *x,
+                ty.dtype.size(),
+                &ty.shape,
+                (0, strides(&ty.shape)),
+                (0, src),
+            ));
+        }
+        Op::Slice { x, ranges } => {
+            let st = strides(&ty_of(x).shape);
+            let base = ranges.iter().zip(&st).map(|(r, s)| r.start * s).sum();
+            let src = ranges.iter().zip(&st).map(|(r, s)| r.step * s).collect();
+            np.launches.extend(copy(
+                p,
+                *x,
+                ty.dtype.size(),
+                &ty.shape,
+                (0, strides(&ty.shape)),
+                (base, src),
+            ));
+        }
+        Op::Pad { x, pads, value } => {
+            let size = ty.dtype.size();
+            np.fill = Some(value.to_le_bytes()[..size as usize].to_vec());
+            let tx = ty_of(x);
+            let ost = strides(&ty.shape);
+            let base = pads.iter().zip(&ost).map(|(&(lo, _), s)| lo * s).sum();
+            np.launches.extend(copy(
+                p,
+                *x,
+                size,
+                &tx.shape,
+                (base, ost),
+                (0, strides(&tx.shape)),
+            ));
+        }
+        Op::Concat { xs, axis } => {
+            let a = *axis as usize;
+            let ost = strides(&ty.shape);
+            let mut at = 0u64;
+            for x in xs {
+                let tx = ty_of(x);
+                np.launches.extend(copy(
+                    p,
+                    *x,
+                    ty.dtype.size(),
+                    &tx.shape,
+                    (at * ost[a], ost.clone()),
+                    (0, strides(&tx.shape)),
+                ));
+                at += tx.shape[a];
+            }
+        }
+        Op::Gather { x, indices, axis } => {
+            let (tx, ti) = (ty_of(x), ty_of(indices));
+            let a = *axis as usize;
+            let idx_n = numel(ti);
+            let post: u64 = tx.shape[a + 1..].iter().product();
+            let size_a = tx.shape[a] as i64;
+            let idt = Arg::I32(dt(ti.dtype));
+            np.gather_slot = Some(0); // numbered by `plan`
+            np.launches.push(launch(
+                ew,
+                "k_gather_check",
+                idx_n,
+                vec![
+                    Arg::Value(*indices),
+                    Arg::U64(idx_n),
+                    Arg::I64(size_a),
+                    idt,
+                    Arg::GatherFlags,
+                    Arg::GatherSlot,
+                ],
+            ));
+            np.launches.push(launch(
+                ew,
+                "k_gather_fetch",
+                1,
+                vec![
+                    Arg::Value(*indices),
+                    idt,
+                    Arg::GatherFlags,
+                    Arg::GatherValues,
+                    Arg::GatherSlot,
+                ],
+            ));
+            np.launches.push(launch(
+                ew,
+                "k_gather",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::Value(*indices),
+                    Arg::U64(n),
+                    Arg::U64(idx_n),
+                    Arg::U64(post),
+                    Arg::I64(size_a),
+                    idt,
+                    Arg::I32(ty.dtype.size() as i32),
+                ],
+            ));
+        }
+        Op::Iota { axis } => {
+            let a = *axis as usize;
+            let inner: u64 = ty.shape[a + 1..].iter().product();
+            np.launches.push(launch(
+                ew,
+                "k_iota",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::U64(n),
+                    Arg::U64(inner),
+                    Arg::U64(ty.shape[a]),
+                    Arg::I32(dt(ty.dtype)),
+                ],
+            ));
+        }
+        Op::TriMask { upper, diagonal } => {
+            let r = ty.rank();
+            np.launches.push(launch(
+                ew,
+                "k_tri_mask",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::U64(n),
+                    Arg::U64(ty.shape[r - 2]),
+                    Arg::U64(ty.shape[r - 1]),
+                    Arg::I32(*upper as i32),
+                    Arg::I64(*diagonal),
+                ],
+            ));
+        }
+        Op::Normalize { op, x, axis } => {
+            let a = *axis as usize;
+            let st = strides(&ty.shape);
+            let len = ty.shape[a];
+            let (mut kd, mut ks) = (vec![], vec![]);
+            for (d, (&dim, &s)) in ty.shape.iter().zip(&st).enumerate() {
+                if d != a {
+                    kd.push(dim);
+                    ks.push(s);
+                }
+            }
+            let rows: u64 = kd.iter().product();
+            let mk = p.view(&kd, &[(0, ks)]);
+            np.launches.push(launch(
+                Family::Reduce,
+                "k_softmax",
+                rows,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::U64(rows),
+                    Arg::U64(len),
+                    Arg::U64(st[a]),
+                    Arg::I32(op.tag() as i32),
+                    Arg::I32(dt(ty.dtype)),
+                    Arg::Meta,
+                    Arg::U32(mk),
+                ],
+            ));
+        }
+        Op::LayerNorm {
+            x,
+            gamma,
+            beta,
+            eps_bits,
+        } => {
+            let len = *ty.shape.last().unwrap_or(&1);
+            let rows = n.checked_div(len).unwrap_or(0);
+            np.launches.push(launch(
+                Family::Reduce,
+                "k_layer_norm",
+                rows,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::MaybeValue(*gamma),
+                    Arg::MaybeValue(*beta),
+                    Arg::U64(rows),
+                    Arg::U64(len),
+                    Arg::I32(gamma.is_some() as i32),
+                    Arg::I32(beta.is_some() as i32),
+                    Arg::U32(*eps_bits),
+                    Arg::I32(dt(ty.dtype)),
+                ],
+            ));
+        }
+        Op::RmsNorm { x, gamma, eps_bits } => {
+            let len = *ty.shape.last().unwrap_or(&1);
+            let rows = n.checked_div(len).unwrap_or(0);
+            np.launches.push(launch(
+                Family::Reduce,
+                "k_rms_norm",
+                rows,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::MaybeValue(*gamma),
+                    Arg::U64(rows),
+                    Arg::U64(len),
+                    Arg::I32(gamma.is_some() as i32),
+                    Arg::U32(*eps_bits),
+                    Arg::I32(dt(ty.dtype)),
+                ],
+            ));
+        }
+        Op::Conv2d {
+            x,
+            w,
+            bias,
+            window,
+            groups,
+        } => {
+            let (tx, tw) = (ty_of(x), ty_of(w));
+            let g = *groups as u64;
+            let o = tw.shape[0];
+            let geometry = [
+                tx.shape[0],
+                tx.shape[1],
+                tx.shape[2],
+                tx.shape[3],
+                o,
+                tw.shape[1],
+                tw.shape[2],
+                tw.shape[3],
+                ty.shape[2],
+                ty.shape[3],
+                window.stride[0] as u64,
+                window.stride[1] as u64,
+                window.padding[0] as u64,
+                window.padding[1] as u64,
+                window.dilation[0] as u64,
+                window.dilation[1] as u64,
+                o / g,
+            ];
+            let mo = p.raw(&geometry.map(|v| v as i64));
+            np.launches.push(launch(
+                Family::Linalg,
+                "k_conv2d",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::Value(*w),
+                    Arg::MaybeValue(*bias),
+                    Arg::U64(n),
+                    Arg::I32(bias.is_some() as i32),
+                    Arg::I32(dt(ty.dtype)),
+                    Arg::Meta,
+                    Arg::U32(mo),
+                ],
+            ));
+        }
+        Op::Pool2d {
+            kind,
+            x,
+            kernel,
+            window,
+        } => {
+            let tx = ty_of(x);
+            let geometry = [
+                tx.shape[1],
+                tx.shape[2],
+                tx.shape[3],
+                kernel[0] as u64,
+                kernel[1] as u64,
+                ty.shape[2],
+                ty.shape[3],
+                window.stride[0] as u64,
+                window.stride[1] as u64,
+                window.padding[0] as u64,
+                window.padding[1] as u64,
+                window.dilation[0] as u64,
+                window.dilation[1] as u64,
+            ];
+            let mo = p.raw(&geometry.map(|v| v as i64));
+            // The reference divides by `(kernel[0] * kernel[1]) as f32` (u32 product).
+            let count = (kernel[0].wrapping_mul(kernel[1]) as f32).to_bits();
+            np.launches.push(launch(
+                Family::Linalg,
+                "k_pool2d",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*x),
+                    Arg::U64(n),
+                    Arg::I32(kind.tag() as i32),
+                    Arg::I32(dt(ty.dtype)),
+                    Arg::U32(count),
+                    Arg::Meta,
+                    Arg::U32(mo),
+                ],
+            ));
+        }
+        Op::Random { dist, key } => np.launches.push(launch(
+            ew,
+            "k_random",
+            n,
+            vec![
+                Arg::Out,
+                Arg::U64(n),
+                Arg::I32(dist.tag() as i32),
+                Arg::I32(dt(ty.dtype)),
+                Arg::Seed,
+                Arg::U64(*key),
+            ],
+        )),
+    }
+}
