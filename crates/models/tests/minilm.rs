@@ -105,3 +105,36 @@ fn embeddings_are_bit_identical_across_threads_and_simd_levels() {
         }
     }
 }
+
+/// The same embeddings, bit for bit, on every other device this machine has (OpenCL: a GPU,
+/// or PoCL on the CPU) as on the CPU. Without an OpenCL device only the CPU is checked, unless
+/// `TENET_REQUIRE_OPENCL=1`.
+#[test]
+fn embeddings_are_bit_identical_on_every_device() {
+    let Some(m) = model() else { return };
+    let sentences = [
+        "hello world",
+        "Grüße aus Zürich",
+        "a third, somewhat longer sentence",
+    ];
+    let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let want = bits(
+        &m.embed(&sentences, &CpuDevice::new(2, SimdLevel::detect()))
+            .unwrap(),
+    );
+    let mut others = 0;
+    for (spec, _) in tenet_devices::list(&Default::default()) {
+        if spec == tenet_devices::Spec::Cpu {
+            continue;
+        }
+        let device = tenet_devices::open_spec(spec, &Default::default()).unwrap();
+        let got = bits(&m.embed(&sentences, device.as_ref()).unwrap());
+        assert!(got == want, "{spec}: embeddings differ from the CPU's");
+        others += 1;
+    }
+    let required = std::env::var("TENET_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+    assert!(
+        others > 0 || !required,
+        "TENET_REQUIRE_OPENCL=1 but no OpenCL device"
+    );
+}

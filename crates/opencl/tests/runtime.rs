@@ -466,3 +466,44 @@ fn no_device_means_unavailable_without_panics() {
         );
     }
 }
+
+/// A device whose build breaks the exact tier's rules — contraction allowed, or denormals
+/// flushed — fails its determinism check when it opens, says why, and offers the tolerant
+/// tier only (what a node advertises, and so what the coordinator sends it).
+#[test]
+fn a_broken_device_is_refused_for_the_exact_tier() {
+    if device().is_none() {
+        return;
+    }
+    assert!(device().unwrap().info().exact.passed());
+    for (quirks, named) in [
+        (
+            Quirks {
+                contract: true,
+                flush_denormals: false,
+            },
+            "contract",
+        ),
+        (
+            Quirks {
+                contract: false,
+                flush_denormals: true,
+            },
+            "denormal",
+        ),
+    ] {
+        let info = {
+            // Discovery is serialised inside `open`; this device is a second one on the same
+            // hardware, built with the defect.
+            OpenClDevice::open(0, quirks).expect("the broken device still opens")
+        }
+        .info();
+        match &info.exact {
+            tenet_exec::ExactCheck::Failed(why) => {
+                assert!(why.contains(named), "{quirks:?}: {why}")
+            }
+            tenet_exec::ExactCheck::Passed => panic!("{quirks:?} passed the check"),
+        }
+        assert_eq!(info.tiers(), ["tolerant"], "{quirks:?}");
+    }
+}
