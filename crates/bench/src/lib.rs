@@ -412,7 +412,8 @@ fn model_rows(
 }
 
 /// SmolLM2 decoding with the KV cache, if the model has been fetched: the median time of one
-/// decode step after a short prompt, the bytes of weights each step reads (all of them, as f32:
+/// decode step after a short prompt (a [`tenet_models::smollm2::DecodeSession`]: the cache
+/// resident on the device, the decode program compiled once, before the timed steps), the bytes of weights each step reads (all of them, as f32:
 /// the weight format chosen, see ARCHITECTURE.md), and the machine's read bandwidth measured
 /// now, for the fraction of the memory limit reached.
 fn decode_row(
@@ -423,7 +424,7 @@ fn decode_row(
     progress: &mut impl FnMut(&str),
 ) -> Result<Row, String> {
     use tenet_models::fetch::{SMOLLM2, cached};
-    use tenet_models::smollm2::{Cache, GGUF_FILE, SmolLm2, argmax};
+    use tenet_models::smollm2::{GGUF_FILE, SmolLm2, argmax};
     let skipped = |e: String| format!("SmolLM2 decode skipped: {e}");
     let dir = cached(&SMOLLM2).map_err(|e| skipped(e.to_string()))?;
     progress("loading SmolLM2");
@@ -440,15 +441,16 @@ fn decode_row(
     let bandwidth = tenet_kernels::read_bandwidth_gbs(backend.threads(), 512 << 20, 5);
     progress("running smollm2 decode on tenet");
     let prompt = model.encode("The capital of France is").map_err(skipped)?;
-    let (mut logits, mut cache) = model
-        .step(&prompt, Cache::default(), device)
-        .map_err(skipped)?;
+    let mut session = model.session(device);
+    let mut logits = session.prefill(&prompt).map_err(skipped)?;
+    // The first step compiles the decode program; the timed ones only run it.
+    logits = session.step(argmax(&logits)).map_err(skipped)?;
     let steps = if quick { 4 } else { 24 };
     let mut times = Vec::new();
     for _ in 0..steps {
         let next = argmax(&logits);
         let t = Instant::now();
-        (logits, cache) = model.step(&[next], cache, device).map_err(skipped)?;
+        logits = session.step(next).map_err(skipped)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     Ok(Row {

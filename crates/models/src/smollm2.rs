@@ -1,14 +1,37 @@
 //! SmolLM2 (Llama architecture) from its GGUF file: weights dequantised once to f32, the
 //! tokenizer rebuilt from the GGUF's own vocabulary and merges (byte-level BPE, digits split
 //! individually, special tokens of type 3), as shared/models/reference/smollm2_numpy.py does.
+//!
+//! **Decoding keeps the KV cache on the device and reuses compiled programs.** A
+//! [`DecodeSession`] holds, for every layer, a key and a value buffer on the device of a fixed
+//! capacity (f32 `[capacity, kv_heads, head_dim]`, the position axis outermost, so one token's
+//! row is one contiguous run of bytes). The prompt runs once as a graph of its own length
+//! ([`llama_graph`], built and compiled per prompt), whose keys and values are written into the
+//! caches at row 0. Each later token runs the decode graph of the session's capacity
+//! ([`llama_decode_graph`]): inputs the token id, its position and the caches as they are;
+//! outputs the logits and the token's own key and value rows, which [`Device::write`] puts into
+//! the caches at that position. The decode graph is built and compiled once per (device,
+//! capacity) and kept in the model, so a decode step builds and plans nothing, and what crosses
+//! between host and device per token is the token id and position going in and the logits
+//! coming back. Capacities are shape buckets: powers of two from [`MIN_CAPACITY`] up to the
+//! model's context (the last bucket is the context itself); a session that fills its capacity
+//! moves to the next bucket by allocating zeroed caches and writing the old ones at row 0 (on
+//! the device), so a 48-token generation after a short prompt uses one program, and a full
+//! 8192-token context at most eight. A fixed capacity equal to the context was the
+//! alternative: one program, but every step would attend over 8192 positions and a session
+//! would hold 8192 positions of cache from its first token. Attention over the bucket's
+//! masked tail costs a little (at most twice the positions in the cache) and changes no bits
+//! (see [`llama_decode_graph`]): decoding gives exactly the logits of recomputing the whole
+//! sequence.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use tenet_exec::Device;
+use tenet_exec::{Buffer, Device, Program};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor, WeightSource, WeightsId};
 use tenet_reference::math;
 
@@ -39,13 +62,18 @@ pub struct LlamaConfig {
     pub vocab: u64,
     pub rms_eps: f32,
     pub rope_theta: f32,
+    /// Positions the model was trained for (`llama.context_length`): the most a decode
+    /// session holds.
+    pub context: u64,
 }
 
-/// A loaded SmolLM2: configuration, weights, tokenizer.
+/// A loaded SmolLM2: configuration, weights, tokenizer, and the decode programs compiled so far.
 pub struct SmolLm2 {
     pub config: LlamaConfig,
     pub weights: GgufWeights,
     pub tokenizer: tokenizers::Tokenizer,
+    /// Decode graphs compiled, by (device id, capacity): built and planned once each.
+    programs: Mutex<HashMap<(u64, u64), Arc<dyn Program>>>,
 }
 
 fn meta_err(key: &str) -> GgufError {
@@ -85,6 +113,7 @@ impl SmolLm2 {
             vocab: u("llama.vocab_size")?,
             rms_eps: f("llama.attention.layer_norm_rms_epsilon")?,
             rope_theta: f("llama.rope.freq_base")?,
+            context: u("llama.context_length")?,
         };
         let tensors = g
             .tensors
@@ -100,6 +129,7 @@ impl SmolLm2 {
             config,
             weights: GgufWeights { id, tensors },
             tokenizer,
+            programs: Mutex::default(),
         })
     }
 
@@ -141,21 +171,22 @@ impl SmolLm2 {
     /// Generate up to `max_tokens` after `ids`, calling `on_token` with each new id as it comes;
     /// stops early at the end-of-sequence token. Greedy without `sampling`; otherwise
     /// temperature sampling driven by a counter-based generator from the seed, so the same seed
-    /// gives the same tokens on every machine. Uses the KV cache.
+    /// gives the same tokens on every machine. Decodes in a [`DecodeSession`] on `device`.
     pub fn generate(
         &self,
         ids: &[u32],
         max_tokens: usize,
         sampling: Option<Sampling>,
-        backend: &dyn Device,
+        device: &dyn Device,
         mut on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, String> {
         let mut out = Vec::new();
         if max_tokens == 0 {
             return Ok(out);
         }
-        // One prefill over the prompt, then one decode step (one small graph) per token.
-        let (mut logits, mut cache) = self.step(ids, Cache::default(), backend)?;
+        // One prefill over the prompt, then one run of a compiled decode program per token.
+        let mut session = self.session(device);
+        let mut logits = session.prefill(ids)?;
         for step in 0..max_tokens {
             let next = match sampling {
                 None => argmax(&logits),
@@ -166,56 +197,62 @@ impl SmolLm2 {
             if next == EOS || step + 1 == max_tokens {
                 break;
             }
-            (logits, cache) = self.step(&[next], cache, backend)?;
+            logits = session.step(next)?;
         }
         Ok(out)
     }
 
-    /// Run `ids` after the tokens already in `cache` (empty for a prefill): the next token's
-    /// logits and the grown cache.
-    pub fn step(
+    /// A decode session on `device`: empty caches, filled by [`DecodeSession::prefill`].
+    pub fn session<'a>(&'a self, device: &'a dyn Device) -> DecodeSession<'a> {
+        let c = &self.config;
+        let names = (0..c.layers)
+            .map(|l| (format!("cache_k{l}"), format!("cache_v{l}")))
+            .collect();
+        DecodeSession {
+            model: self,
+            device,
+            len: 0,
+            capacity: 0,
+            layers: Vec::new(),
+            names,
+            row_bytes: c.kv_heads * (c.hidden / c.heads) * 4,
+        }
+    }
+
+    /// The capacity bucket that holds `positions` tokens: the next power of two from
+    /// [`MIN_CAPACITY`], at most the context; `None` past the context.
+    pub fn capacity_for(&self, positions: u64) -> Option<u64> {
+        let context = self.config.context;
+        (positions <= context).then(|| {
+            positions
+                .max(MIN_CAPACITY)
+                .checked_next_power_of_two()
+                .unwrap_or(u64::MAX)
+                .min(context)
+        })
+    }
+
+    /// The decode program of `capacity` on `device`: compiled the first time, then kept.
+    fn decode_program(
         &self,
-        ids: &[u32],
-        cache: Cache,
-        backend: &dyn Device,
-    ) -> Result<(Vec<f32>, Cache), String> {
-        let n_past = cache.len;
-        let graph = llama_graph(
-            &self.config,
-            self.weights.id,
-            n_past,
-            ids.len() as u64,
-            true,
-        )?;
-        let mut inputs = HashMap::from([(
-            "ids".to_string(),
-            HostTensor::from_i64(
-                &[ids.len() as u64],
-                &ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
-            )
-            .map_err(|e| e.to_string())?,
-        )]);
-        for (l, (k, v)) in cache.layers.into_iter().enumerate() {
-            inputs.insert(format!("past_k{l}"), k);
-            inputs.insert(format!("past_v{l}"), v);
+        device: &dyn Device,
+        capacity: u64,
+    ) -> Result<Arc<dyn Program>, String> {
+        let key = (device.id(), capacity);
+        let programs = || self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = programs().get(&key) {
+            return Ok(p.clone());
         }
-        let mut out = backend
-            .compile(&graph)
-            .and_then(|p| p.run(&inputs, &self.weights, 0))
-            .map_err(|e| e.to_string())?
-            .into_iter();
-        let logits = out.next().ok_or("no logits")?.1.to_f32_vec();
-        let mut layers = Vec::new();
-        while let (Some((_, k)), Some((_, v))) = (out.next(), out.next()) {
-            layers.push((k, v));
+        let graph = llama_decode_graph(&self.config, self.weights.id, capacity)?;
+        let program: Arc<dyn Program> =
+            Arc::from(device.compile(&graph).map_err(|e| e.to_string())?);
+        let mut programs = programs();
+        // Devices come and go (a node's, a test's); a model keeps a bounded number of programs.
+        if programs.len() >= MAX_PROGRAMS {
+            programs.clear();
         }
-        Ok((
-            logits,
-            Cache {
-                len: n_past + ids.len() as u64,
-                layers,
-            },
-        ))
+        programs.insert(key, program.clone());
+        Ok(program)
     }
 
     /// Greedy continuation using the KV cache: one prefill, then one decode step per token.
@@ -223,15 +260,16 @@ impl SmolLm2 {
         &self,
         ids: &[u32],
         steps: usize,
-        backend: &dyn Device,
+        device: &dyn Device,
     ) -> Result<Vec<u32>, String> {
         let mut out = Vec::new();
-        let (mut logits, mut cache) = self.step(ids, Cache::default(), backend)?;
+        let mut session = self.session(device);
+        let mut logits = session.prefill(ids)?;
         for i in 0..steps {
             let next = argmax(&logits);
             out.push(next);
             if i + 1 < steps {
-                (logits, cache) = self.step(&[next], cache, backend)?;
+                logits = session.step(next)?;
             }
         }
         Ok(out)
@@ -314,13 +352,177 @@ fn build_tokenizer(g: &GgufFile) -> Result<tokenizers::Tokenizer, GgufError> {
     Ok(tk)
 }
 
-/// Keys (after RoPE) and values of every layer for the tokens seen so far.
-#[derive(Default)]
-pub struct Cache {
+/// The smallest decode capacity, in positions; larger ones are its powers of two.
+pub const MIN_CAPACITY: u64 = 64;
+
+/// Decode programs a model keeps (over every device and capacity) before starting afresh.
+const MAX_PROGRAMS: usize = 64;
+
+/// A sequence being decoded on one device: the KV cache of every layer in device buffers of
+/// one capacity, the tokens held so far, and the model whose compiled decode programs it runs
+/// (see the module's header).
+pub struct DecodeSession<'a> {
+    model: &'a SmolLm2,
+    device: &'a dyn Device,
     /// Tokens held.
-    pub len: u64,
-    /// (keys, values) per layer, each f32 [len, kv_heads, head_dim].
-    pub layers: Vec<(HostTensor, HostTensor)>,
+    len: u64,
+    /// Positions the caches have room for (0 before the prefill).
+    capacity: u64,
+    /// (keys after RoPE, values) per layer, each f32 [capacity, kv_heads, head_dim] on the
+    /// device; rows from `len` on are zeros (the decode graph relies on it).
+    layers: Vec<(Buffer, Buffer)>,
+    /// The decode graph's cache input names, per layer.
+    names: Vec<(String, String)>,
+    /// Bytes of one position's row in one cache.
+    row_bytes: u64,
+}
+
+impl DecodeSession<'_> {
+    /// Tokens held.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the caches have room for now.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Feed `ids` and return the logits of the token after them. On an empty session this is
+    /// the prefill: one graph over the prompt, its keys and values written into the caches; on
+    /// a session holding tokens already, one decode step per id.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, String> {
+        if ids.is_empty() {
+            return Err("at least one new token is needed".into());
+        }
+        if self.len > 0 {
+            let mut logits = Vec::new();
+            for &id in ids {
+                logits = self.step(id)?;
+            }
+            return Ok(logits);
+        }
+        let (m, device) = (self.model, self.device);
+        let n = ids.len() as u64;
+        if n > m.config.context {
+            return Err(format!(
+                "the prompt's {n} tokens exceed the model's context of {}",
+                m.config.context
+            ));
+        }
+        let graph = llama_graph(&m.config, m.weights.id, 0, n, true)?;
+        let program = device.compile(&graph).map_err(|e| e.to_string())?;
+        let inputs = HashMap::from([("ids".to_string(), self.upload_ids(ids)?)]);
+        let (outputs, _) = program
+            .run_buffers(&inputs, &m.weights, 0, &|| false)
+            .map_err(|e| e.to_string())?;
+        // Room for the prompt and the token after it (where the context allows).
+        self.reserve((n + 1).min(m.config.context))?;
+        let logits = self.take_outputs(outputs, 0)?;
+        self.len = n;
+        Ok(logits)
+    }
+
+    /// Feed one token and return the logits of the next: one run of the compiled decode
+    /// program of this session's capacity (moving to the next capacity first if the caches
+    /// are full), then the token's key and value rows written into the caches on the device.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>, String> {
+        if self.len == 0 {
+            return self.prefill(&[token]);
+        }
+        let pos = self.len;
+        self.reserve(pos + 1)?;
+        let program = self.model.decode_program(self.device, self.capacity)?;
+        let pos_input = HostTensor::from_i64(&[1], &[pos as i64]).map_err(|e| e.to_string())?;
+        let mut inputs = HashMap::with_capacity(2 + 2 * self.layers.len());
+        inputs.insert("ids".to_string(), self.upload_ids(&[token])?);
+        inputs.insert(
+            "pos".to_string(),
+            self.device
+                .upload_owned(pos_input)
+                .map_err(|e| e.to_string())?,
+        );
+        for ((k, v), (kn, vn)) in self.layers.iter().zip(&self.names) {
+            inputs.insert(kn.clone(), k.clone());
+            inputs.insert(vn.clone(), v.clone());
+        }
+        let (outputs, _) = program
+            .run_buffers(&inputs, &self.model.weights, 0, &|| false)
+            .map_err(|e| e.to_string())?;
+        // The caches' handles are this session's alone again, so the writes are in place.
+        drop(inputs);
+        let logits = self.take_outputs(outputs, pos)?;
+        self.len = pos + 1;
+        Ok(logits)
+    }
+
+    fn upload_ids(&self, ids: &[u32]) -> Result<Buffer, String> {
+        let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let t = HostTensor::from_i64(&[ids.len() as u64], &ids).map_err(|e| e.to_string())?;
+        self.device.upload_owned(t).map_err(|e| e.to_string())
+    }
+
+    /// From a run's outputs (`logits`, then `k{l}`, `v{l}` per layer), write the keys and
+    /// values into the caches from row `at` and download the logits.
+    fn take_outputs(
+        &mut self,
+        outputs: Vec<(String, Buffer)>,
+        at: u64,
+    ) -> Result<Vec<f32>, String> {
+        let mut outputs = outputs.into_iter().map(|(_, b)| b);
+        let logits = outputs.next().ok_or("the graph gave no logits")?;
+        let offset = at * self.row_bytes;
+        for (k, v) in &mut self.layers {
+            let (Some(nk), Some(nv)) = (outputs.next(), outputs.next()) else {
+                return Err("the graph gave too few caches".into());
+            };
+            self.device
+                .write(k, offset, &nk)
+                .and_then(|()| self.device.write(v, offset, &nv))
+                .map_err(|e| e.to_string())?;
+        }
+        let logits = self.device.download(&logits).map_err(|e| e.to_string())?;
+        Ok(logits.to_f32_vec())
+    }
+
+    /// Make room for `positions` tokens: caches of the capacity bucket that holds them, the
+    /// rows held so far copied over on the device.
+    fn reserve(&mut self, positions: u64) -> Result<(), String> {
+        if positions <= self.capacity {
+            return Ok(());
+        }
+        let c = &self.model.config;
+        let capacity = self.model.capacity_for(positions).ok_or_else(|| {
+            format!(
+                "the context of {} tokens is full: no room for token {positions}",
+                c.context
+            )
+        })?;
+        let ty =
+            tenet_ir::TensorType::new(DType::F32, vec![capacity, c.kv_heads, c.hidden / c.heads]);
+        let grow = |old: Option<&Buffer>| -> Result<Buffer, String> {
+            let mut new = self.device.zeros(&ty).map_err(|e| e.to_string())?;
+            if let Some(old) = old {
+                self.device
+                    .write(&mut new, 0, old)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(new)
+        };
+        let layers = (0..c.layers as usize)
+            .map(|l| {
+                let old = self.layers.get(l);
+                Ok((grow(old.map(|o| &o.0))?, grow(old.map(|o| &o.1))?))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        self.layers = layers;
+        self.capacity = capacity;
+        Ok(())
+    }
 }
 
 /// `<|im_end|>`, SmolLM2's end-of-sequence token (`tokenizer.ggml.eos_token_id`).
@@ -387,6 +589,97 @@ pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Gra
     llama_graph(cfg, weights, 0, n, false)
 }
 
+/// What every Llama graph shares, so the prefill and the decode graphs compute their common
+/// parts with the same operations, created in the same order.
+struct Llama<'a> {
+    cfg: &'a LlamaConfig,
+    g: &'a GraphBuilder,
+    weights: WeightsId,
+    /// Head dimension.
+    hd: u64,
+}
+
+impl Llama<'_> {
+    fn w(&self, name: &str, shape: &[u64]) -> Tensor {
+        self.g.weight(self.weights, name, DType::F32, shape)
+    }
+
+    fn rms(&self, x: &Tensor, name: &str) -> Tensor {
+        x.rms_norm(Some(&self.w(name, &[self.cfg.hidden])), self.cfg.rms_eps)
+    }
+
+    fn linear(&self, x: &Tensor, name: &str, out: u64, inp: u64) -> Tensor {
+        x.matmul(&self.w(name, &[out, inp]).transpose(0, 1))
+    }
+
+    /// llama.cpp's "normal" RoPE on `x` ([n, heads, hd]): rotate adjacent pairs (x[2i],
+    /// x[2i+1]) by the angles whose cos and sin are `c` and `s` ([n, 1, hd/2, 1]).
+    fn rope(&self, x: Tensor, n: u64, heads: u64, c: &Tensor, s: &Tensor) -> Tensor {
+        let hd = self.hd;
+        let pairs = x.reshape(&[n as i64, heads as i64, (hd / 2) as i64, 2]);
+        let (x0, x1) = (pairs.slice(3, 0, 1, 1), pairs.slice(3, 1, 2, 1));
+        let y0 = &x0 * c - &x1 * s;
+        let y1 = &x0 * s + &x1 * c;
+        self.g
+            .concat(&[&y0, &y1], 3)
+            .reshape(&[n as i64, heads as i64, hd as i64])
+    }
+
+    /// Every layer over `x` ([n, hidden]), RoPE by `c` and `s`; `attend(l, q, k, v)` gives layer
+    /// `l`'s attention output ([n, hidden]) from its q ([n, heads, hd]), k and v ([n, kv_heads,
+    /// hd], k after RoPE).
+    fn layers(
+        &self,
+        mut x: Tensor,
+        n: u64,
+        c: &Tensor,
+        s: &Tensor,
+        mut attend: impl FnMut(u64, Tensor, Tensor, Tensor) -> Tensor,
+    ) -> Tensor {
+        let cfg = self.cfg;
+        let (d, nh, nkv, hd) = (cfg.hidden, cfg.heads, cfg.kv_heads, self.hd);
+        for l in 0..cfg.layers {
+            let p = format!("blk.{l}");
+            let h = self.rms(&x, &format!("{p}.attn_norm.weight"));
+            let q = self.rope(
+                self.linear(&h, &format!("{p}.attn_q.weight"), d, d)
+                    .reshape(&[n as i64, nh as i64, hd as i64]),
+                n,
+                nh,
+                c,
+                s,
+            );
+            let k = self.rope(
+                self.linear(&h, &format!("{p}.attn_k.weight"), nkv * hd, d)
+                    .reshape(&[n as i64, nkv as i64, hd as i64]),
+                n,
+                nkv,
+                c,
+                s,
+            );
+            let v = self
+                .linear(&h, &format!("{p}.attn_v.weight"), nkv * hd, d)
+                .reshape(&[n as i64, nkv as i64, hd as i64]);
+            let o = attend(l, q, k, v);
+            x = &x + self.linear(&o, &format!("{p}.attn_output.weight"), d, d);
+            let h = self.rms(&x, &format!("{p}.ffn_norm.weight"));
+            let gate = self.linear(&h, &format!("{p}.ffn_gate.weight"), cfg.ffn, d);
+            let silu = &gate / (1.0 + (-&gate).exp());
+            let up = self.linear(&h, &format!("{p}.ffn_up.weight"), cfg.ffn, d);
+            x = &x + self.linear(&(silu * up), &format!("{p}.ffn_down.weight"), d, cfg.ffn);
+        }
+        x
+    }
+
+    /// The logits (f32 [vocab]) of the last of `n` positions of `x`.
+    fn logits(&self, x: &Tensor, n: u64) -> Tensor {
+        let (d, vocab) = (self.cfg.hidden, self.cfg.vocab);
+        let last = self.rms(&x.slice(0, n - 1, n, 1), "output_norm.weight");
+        self.linear(&last, "token_embd.weight", vocab, d)
+            .reshape(&[vocab as i64])
+    }
+}
+
 /// `n_new` tokens after `n_past` cached ones. Inputs: `ids` (i64 [n_new]) and, when `n_past > 0`,
 /// `past_k{l}` / `past_v{l}` (f32 [n_past, kv_heads, head_dim], keys after RoPE) for every layer
 /// `l`. Outputs: `logits` (f32 [vocab], last position) and, with `with_cache`, the grown caches
@@ -407,23 +700,15 @@ pub fn llama_graph(
     let hd = d / nh;
     let (n, total) = (n_new, n_past + n_new);
     let g = GraphBuilder::new();
-    let w = |name: &str, shape: &[u64]| g.weight(weights, name, DType::F32, shape);
-    let rms = |x: &Tensor, name: &str| x.rms_norm(Some(&w(name, &[d])), cfg.rms_eps);
-    let linear = |x: &Tensor, name: &str, out: u64, inp: u64| {
-        x.matmul(&w(name, &[out, inp]).transpose(0, 1))
+    let m = Llama {
+        cfg,
+        g: &g,
+        weights,
+        hd,
     };
     let (cos, sin) = rope_tables(n_past, n, hd, cfg.rope_theta);
     let table = |v: &[f32]| g.constant_f32(&[n, 1, hd / 2, 1], v);
     let (c, s) = (table(&cos), table(&sin));
-    // llama.cpp's "normal" RoPE: rotate adjacent pairs (x[2i], x[2i+1]).
-    let rope = |x: Tensor, heads: u64| {
-        let pairs = x.reshape(&[n as i64, heads as i64, (hd / 2) as i64, 2]);
-        let (x0, x1) = (pairs.slice(3, 0, 1, 1), pairs.slice(3, 1, 2, 1));
-        let y0 = &x0 * &c - &x1 * &s;
-        let y1 = &x0 * &s + &x1 * &c;
-        g.concat(&[&y0, &y1], 3)
-            .reshape(&[n as i64, heads as i64, hd as i64])
-    };
     // Each KV head serves nh/nkv query heads in a row (numpy's repeat along the head axis).
     let repeat_kv = |t: &Tensor| {
         t.reshape(&[total as i64, nkv as i64, 1, hd as i64])
@@ -441,26 +726,12 @@ pub fn llama_graph(
             )
         })
         .collect();
-    let mut x = w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
+    let x = m.w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
     // Query i (position n_past + i) sees keys 0..=n_past + i.
     let future = g.tri_mask(&[n, total], true, n_past as i64 + 1);
     let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
     let mut caches = Vec::new();
-    for l in 0..cfg.layers {
-        let p = format!("blk.{l}");
-        let h = rms(&x, &format!("{p}.attn_norm.weight"));
-        let q = rope(
-            linear(&h, &format!("{p}.attn_q.weight"), d, d)
-                .reshape(&[n as i64, nh as i64, hd as i64]),
-            nh,
-        );
-        let k = rope(
-            linear(&h, &format!("{p}.attn_k.weight"), nkv * hd, d)
-                .reshape(&[n as i64, nkv as i64, hd as i64]),
-            nkv,
-        );
-        let v = linear(&h, &format!("{p}.attn_v.weight"), nkv * hd, d)
-            .reshape(&[n as i64, nkv as i64, hd as i64]);
+    let x = m.layers(x, n, &c, &s, |l, q, k, v| {
         let (k, v) = match past.get(l as usize) {
             Some((pk, pv)) => (g.concat(&[pk, &k], 0), g.concat(&[pv, &v], 0)),
             None => (k, v),
@@ -473,16 +744,10 @@ pub fn llama_graph(
             .matmul(&vr.permute(&[1, 0, 2]))
             .permute(&[1, 0, 2])
             .reshape(&[n as i64, d as i64]);
-        x = &x + linear(&o, &format!("{p}.attn_output.weight"), d, d);
-        let h = rms(&x, &format!("{p}.ffn_norm.weight"));
-        let gate = linear(&h, &format!("{p}.ffn_gate.weight"), cfg.ffn, d);
-        let silu = &gate / (1.0 + (-&gate).exp());
-        let up = linear(&h, &format!("{p}.ffn_up.weight"), cfg.ffn, d);
-        x = &x + linear(&(silu * up), &format!("{p}.ffn_down.weight"), d, cfg.ffn);
         caches.push((k, v));
-    }
-    let last = rms(&x.slice(0, n - 1, n, 1), "output_norm.weight");
-    let logits = linear(&last, "token_embd.weight", cfg.vocab, d).reshape(&[cfg.vocab as i64]);
+        o
+    });
+    let logits = m.logits(&x, n);
     let names: Vec<(String, String)> = (0..cfg.layers)
         .map(|l| (format!("k{l}"), format!("v{l}")))
         .collect();
@@ -494,4 +759,227 @@ pub fn llama_graph(
         }
     }
     g.finish(&outputs).map_err(|e| e.to_string())
+}
+
+/// One decode step against fixed-capacity caches: the graph a [`DecodeSession`] compiles once
+/// per capacity and runs for every token whose position is below it.
+///
+/// Inputs: `ids` (i64 [1], the new token), `pos` (i64 [1], its position: the tokens cached so
+/// far), and for every layer `l`, `cache_k{l}` / `cache_v{l}` (f32 [capacity, kv_heads,
+/// head_dim], keys after RoPE; rows from `pos` on must be zeros, as a [`DecodeSession`] keeps
+/// them). Outputs: `logits` (f32 [vocab]) and the new token's rows `k{l}` / `v{l}` (f32 [1,
+/// kv_heads, head_dim]), which the caller writes into its caches at row `pos`.
+///
+/// The new row is attended at its own position: the keys and values attended are the cache
+/// plus the new row times a one-hot column that is 1 at `pos` (elementwise, fused; a `where`
+/// would copy element by element), and the scores of positions after `pos` get `-inf` added
+/// before the softmax. Each attended score is the same chain of multiply-adds as in
+/// [`llama_graph`]; the masked positions add `exp(-inf) = +0` to the softmax's sums and
+/// `+0 · 0` to the product's chains, which changes no bits, so the logits are those of
+/// [`llama_graph`] over the whole sequence. Query heads are grouped by the
+/// KV head they share (`[kv_heads, heads / kv_heads, head_dim]`) instead of repeating K and V,
+/// which computes the same chains without copying the cache three times. RoPE's cos and sin
+/// are gathered at `pos` from tables over the capacity, made by the same function as
+/// [`llama_graph`]'s constants.
+pub fn llama_decode_graph(
+    cfg: &LlamaConfig,
+    weights: WeightsId,
+    capacity: u64,
+) -> Result<Graph, String> {
+    if capacity == 0 {
+        return Err("a decode graph needs a capacity of at least one position".into());
+    }
+    let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
+    let hd = d / nh;
+    let group = nh / nkv.max(1);
+    let g = GraphBuilder::new();
+    let m = Llama {
+        cfg,
+        g: &g,
+        weights,
+        hd,
+    };
+    let (cos, sin) = rope_tables(0, capacity, hd, cfg.rope_theta);
+    let table = |v: &[f32]| g.constant_f32(&[capacity, 1, hd / 2, 1], v);
+    let (cos, sin) = (table(&cos), table(&sin));
+    let ids = g.input("ids", DType::I64, &[1]);
+    let pos = g.input("pos", DType::I64, &[1]);
+    let (c, s) = (cos.gather(&pos, 0), sin.gather(&pos, 0));
+    let cache: Vec<(Tensor, Tensor)> = (0..cfg.layers)
+        .map(|l| {
+            let shape = [capacity, nkv, hd];
+            (
+                g.input(&format!("cache_k{l}"), DType::F32, &shape),
+                g.input(&format!("cache_v{l}"), DType::F32, &shape),
+            )
+        })
+        .collect();
+    let x = m.w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
+    let row = g.iota(DType::I64, &[capacity], 0);
+    let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
+    // 1 at the new token's row, 0 elsewhere; 0 at positions the new token sees, -inf after.
+    let here = row
+        .eq(&pos)
+        .reshape(&[capacity as i64, 1, 1])
+        .where_(&one, &zero);
+    let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
+    let future = row
+        .gt(&pos)
+        .reshape(&[1, 1, capacity as i64])
+        .where_(&minus_inf, &zero);
+    let mut new = Vec::new();
+    let x = m.layers(x, 1, &c, &s, |l, q, k, v| {
+        let (ck, cv) = &cache[l as usize];
+        // The cache's rows from `pos` on are zeros, so this puts the new row at `pos` and
+        // leaves the others as they are (up to the sign of a zero, which no product's chain
+        // can tell: a chain that starts at +0 never holds -0).
+        let keys = ck + &here * &k;
+        let values = cv + &here * &v;
+        let q = q.reshape(&[nkv as i64, group as i64, hd as i64]);
+        let scores = q.matmul(&keys.permute(&[1, 2, 0])) / (hd as f64).sqrt() + &future;
+        let o = scores
+            .softmax(-1)
+            .matmul(&values.permute(&[1, 0, 2]))
+            .reshape(&[1, d as i64]);
+        new.push((k, v));
+        o
+    });
+    let logits = m.logits(&x, 1);
+    let names: Vec<(String, String)> = (0..cfg.layers)
+        .map(|l| (format!("k{l}"), format!("v{l}")))
+        .collect();
+    let mut outputs: Vec<(&str, &Tensor)> = vec![("logits", &logits)];
+    for ((kn, vn), (k, v)) in names.iter().zip(&new) {
+        outputs.push((kn, k));
+        outputs.push((vn, v));
+    }
+    g.finish(&outputs).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenet_cpu::CpuDevice;
+
+    /// A Llama of SmolLM2's shape but tiny, with deterministic pseudo-random weights.
+    fn tiny(context: u64) -> SmolLm2 {
+        let config = LlamaConfig {
+            layers: 2,
+            hidden: 32,
+            ffn: 48,
+            heads: 4,
+            kv_heads: 2,
+            vocab: 61,
+            rms_eps: 1e-5,
+            rope_theta: 10000.0,
+            context,
+        };
+        let (d, kv, ffn) = (config.hidden, config.kv_heads * 8, config.ffn);
+        let mut shapes = vec![
+            ("token_embd.weight".to_string(), vec![config.vocab, d]),
+            ("output_norm.weight".to_string(), vec![d]),
+        ];
+        for l in 0..config.layers {
+            let p = format!("blk.{l}");
+            for (name, shape) in [
+                ("attn_norm", vec![d]),
+                ("attn_q", vec![d, d]),
+                ("attn_k", vec![kv, d]),
+                ("attn_v", vec![kv, d]),
+                ("attn_output", vec![d, d]),
+                ("ffn_norm", vec![d]),
+                ("ffn_gate", vec![ffn, d]),
+                ("ffn_up", vec![ffn, d]),
+                ("ffn_down", vec![d, ffn]),
+            ] {
+                shapes.push((format!("{p}.{name}.weight"), shape));
+            }
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let tensors = shapes
+            .into_iter()
+            .map(|(name, shape)| {
+                let n = shape.iter().product::<u64>() as usize;
+                let values: Vec<f32> = (0..n)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                    })
+                    .collect();
+                (name, HostTensor::from_f32(&shape, &values).unwrap())
+            })
+            .collect();
+        SmolLm2 {
+            config,
+            weights: GgufWeights {
+                id: WeightsId::of_bytes(b"tiny llama"),
+                tensors,
+            },
+            tokenizer: tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+            programs: Mutex::default(),
+        }
+    }
+
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// Every decode step, in every capacity bucket and across the move from one to the next,
+    /// gives the bits of recomputing the whole sequence; the context bounds the session.
+    #[test]
+    fn a_session_decodes_the_bits_of_recomputing_up_to_the_context() {
+        let m = tiny(100);
+        let device = CpuDevice::new(2, tenet_cpu::SimdLevel::detect());
+        let mut seq = vec![3u32, 14, 15, 9, 26];
+        let mut session = m.session(&device);
+        let mut logits = session.prefill(&seq).unwrap();
+        assert_eq!(session.capacity(), MIN_CAPACITY);
+        loop {
+            assert!(
+                same_bits(&logits, &m.next_logits(&seq, &device).unwrap()),
+                "logits after {} tokens",
+                seq.len()
+            );
+            if seq.len() as u64 == m.config.context {
+                break;
+            }
+            let next = argmax(&logits);
+            seq.push(next);
+            logits = session.step(next).unwrap();
+            assert_eq!(session.len(), seq.len() as u64);
+        }
+        assert_eq!(session.capacity(), 100, "the last bucket is the context");
+        assert!(session.step(1).unwrap_err().contains("context"));
+        // Two capacities, each compiled once.
+        assert_eq!(m.programs.lock().unwrap().len(), 2);
+        assert_eq!(m.capacity_for(1), Some(64));
+        assert_eq!(m.capacity_for(65), Some(100));
+        assert_eq!(m.capacity_for(101), None);
+    }
+
+    /// A session fed more tokens after its prefill steps through them; `generate` stops at the
+    /// token budget.
+    #[test]
+    fn a_prefill_after_tokens_steps_through_them() {
+        let m = tiny(512);
+        let device = CpuDevice::new(1, tenet_cpu::SimdLevel::detect());
+        let mut session = m.session(&device);
+        session.prefill(&[1, 2, 3]).unwrap();
+        let more = session.prefill(&[4, 5]).unwrap();
+        assert_eq!(session.len(), 5);
+        assert!(same_bits(
+            &more,
+            &m.next_logits(&[1, 2, 3, 4, 5], &device).unwrap()
+        ));
+        let greedy = m.greedy(&[1, 2, 3], 6, &device).unwrap();
+        assert_eq!(m.greedy_cached(&[1, 2, 3], 6, &device).unwrap(), greedy);
+        let mut seen = Vec::new();
+        let out = m
+            .generate(&[1, 2, 3], 6, None, &device, |t| seen.push(t))
+            .unwrap();
+        assert_eq!(out, seen);
+        assert!(out.len() <= 6 && greedy.starts_with(&out));
+    }
 }

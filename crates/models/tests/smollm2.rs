@@ -74,26 +74,107 @@ fn decoding_with_the_kv_cache_equals_recomputing() {
     let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
     let backend = CpuDevice::auto();
     let prompt = m.encode("Once upon a time, there was a little").unwrap();
-    // Logits after prefill + one cached step are the same bits as recomputing both tokens.
-    let (_, cache) = m
-        .step(&prompt, tenet_models::smollm2::Cache::default(), &backend)
-        .unwrap();
-    let next = 1838u32;
-    let (cached, cache2) = m.step(&[next], cache, &backend).unwrap();
+    // Logits after the prefill and after each decode step (the cache resident in device
+    // buffers, one compiled program per capacity) are the same bits as recomputing the whole
+    // sequence with a graph of its length.
+    let mut session = m.session(&backend);
+    let mut logits = session.prefill(&prompt).unwrap();
     let mut all = prompt.clone();
-    all.push(next);
-    let recomputed = m.next_logits(&all, &backend).unwrap();
-    assert_eq!(cache2.len, all.len() as u64);
-    assert!(
-        cached
-            .iter()
-            .zip(&recomputed)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "cached logits differ from recomputed ones"
-    );
+    for (i, next) in [1838u32, 253, 29, 7042].into_iter().enumerate() {
+        let recomputed = m.next_logits(&all, &backend).unwrap();
+        assert!(
+            logits
+                .iter()
+                .zip(&recomputed)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "cached logits differ from recomputed ones after {i} steps"
+        );
+        all.push(next);
+        logits = session.step(next).unwrap();
+        assert_eq!(session.len(), all.len() as u64);
+    }
     // And whole greedy continuations agree.
     assert_eq!(
         m.greedy_cached(&prompt, 8, &backend).unwrap(),
         m.greedy(&prompt, 8, &backend).unwrap()
+    );
+}
+
+/// A session moves to a larger capacity (past 64 positions) without changing a bit.
+#[test]
+fn decoding_across_a_capacity_bucket_equals_recomputing() {
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
+    let backend = CpuDevice::auto();
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(8);
+    let mut all = m.encode(&text).unwrap();
+    assert!(all.len() >= 62);
+    all.truncate(62);
+    let mut session = m.session(&backend);
+    let mut logits = session.prefill(&all).unwrap();
+    assert_eq!(session.capacity(), 64);
+    for _ in 0..4 {
+        let next = tenet_models::smollm2::argmax(&logits);
+        all.push(next);
+        logits = session.step(next).unwrap();
+    }
+    assert_eq!(session.capacity(), 128);
+    let recomputed = m.next_logits(&all, &backend).unwrap();
+    assert!(
+        logits
+            .iter()
+            .zip(&recomputed)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits after moving to a larger capacity differ from recomputed ones"
+    );
+}
+
+/// Greedy decoding on every other device this machine has (OpenCL: a GPU, or PoCL on the
+/// CPU) gives the CPU's logits bit for bit — after the prompt and after every step with the KV
+/// cache resident on that device — and so the same tokens. Without an OpenCL device only the
+/// CPU runs, unless `TENET_REQUIRE_OPENCL=1`.
+#[test]
+fn greedy_tokens_and_logits_are_bit_identical_on_every_device() {
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let m = SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap();
+    let prompt = m.encode("The capital of France is").unwrap();
+    let steps = 4;
+    let trace = |device: &dyn tenet_exec::Device| -> (Vec<u32>, Vec<Vec<u32>>) {
+        let mut session = m.session(device);
+        let mut logits = session.prefill(&prompt).unwrap();
+        let (mut tokens, mut bits) = (Vec::new(), Vec::new());
+        for _ in 0..steps {
+            bits.push(logits.iter().map(|x| x.to_bits()).collect());
+            let next = tenet_models::smollm2::argmax(&logits);
+            tokens.push(next);
+            logits = session.step(next).unwrap();
+        }
+        (tokens, bits)
+    };
+    let (want_tokens, want_bits) = trace(&CpuDevice::auto());
+    let mut others = 0;
+    for (spec, _) in tenet_devices::list(&Default::default()) {
+        if spec == tenet_devices::Spec::Cpu {
+            continue;
+        }
+        let device = tenet_devices::open_spec(spec, &Default::default()).unwrap();
+        let (tokens, bits) = trace(device.as_ref());
+        assert_eq!(tokens, want_tokens, "{spec}: greedy tokens");
+        for (i, (got, want)) in bits.iter().zip(&want_bits).enumerate() {
+            assert!(
+                got == want,
+                "{spec}: logits differ from the CPU's at step {i}"
+            );
+        }
+        others += 1;
+    }
+    let required = std::env::var("TENET_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+    assert!(
+        others > 0 || !required,
+        "TENET_REQUIRE_OPENCL=1 but no OpenCL device"
     );
 }

@@ -2,10 +2,11 @@
 //! against its cost limits and planned once; weights files indexed once; both cached in memory
 //! by content address, so a repeated job pays for neither.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tenet_exec::{Device, Program, RunStats};
+use tenet_exec::{Buffer, Device, Program, RunStats};
 use tenet_ir::{Graph, HostTensor, Limits, WeightSource, WeightsId};
 use tenet_models::{WeightsError, WeightsFile, check_bindings};
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -104,6 +105,26 @@ impl Engine {
 
     pub fn backend_name(&self) -> String {
         self.device.name()
+    }
+
+    /// Move a host tensor to the device tasks run on, where sessions keep their tensors (no
+    /// copy where the device is the host).
+    pub fn upload(&self, tensor: HostTensor) -> Result<Buffer, ApiError> {
+        self.device.upload_owned(tensor).map_err(exec_error)
+    }
+
+    /// A buffer's tensor on the host, to hash or send: read in place where the device is the
+    /// host (the buffer's handle is then the host tensor itself), downloaded otherwise.
+    pub fn host<'b>(&self, buffer: &'b Buffer) -> Result<Cow<'b, HostTensor>, ApiError> {
+        if buffer.device() == self.device.id()
+            && let Some(t) = buffer.handle::<HostTensor>()
+        {
+            return Ok(Cow::Borrowed(t));
+        }
+        self.device
+            .download(buffer)
+            .map(Cow::Owned)
+            .map_err(exec_error)
     }
 
     /// The task `hash`: from the cache, or decoded from the store, checked and planned.
@@ -261,6 +282,26 @@ impl Engine {
             .run_stoppable(inputs, &Bound(weights), seed, stop)
             .map_err(exec_error)
     }
+
+    /// Run `task` on buffers already on the device (a session's resident tensors), asking
+    /// `stop` between steps: the outputs stay on the device.
+    pub fn run_buffers(
+        &self,
+        task: &Task,
+        weights: Option<&WeightsFile>,
+        inputs: &HashMap<String, Buffer>,
+        seed: u64,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(Vec<(String, Buffer)>, RunStats), ApiError> {
+        check_bindings(
+            &task.graph,
+            weights.map(std::slice::from_ref).unwrap_or(&[]),
+        )
+        .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
+        task.prepared
+            .run_buffers(inputs, &Bound(weights), seed, stop)
+            .map_err(exec_error)
+    }
 }
 
 #[cfg(test)]
@@ -308,6 +349,46 @@ mod tests {
         assert!(
             kept as u64 * 900_000 <= 2 * limit,
             "{kept} files of 900 KB kept against a 1 MiB job limit"
+        );
+    }
+
+    /// Session tensors live on the device: a run reads its input buffers where they lie and
+    /// leaves its outputs there, and on the CPU reading one back for a hash or a fetch copies
+    /// nothing.
+    #[test]
+    fn runs_on_buffers_keep_outputs_on_the_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), tenet_store::StoreConfig::default()).unwrap();
+        let engine = Engine::new(
+            store.clone(),
+            tenet_devices::open("cpu", &tenet_devices::Options::default()).unwrap(),
+            JobLimits {
+                memory_bytes: 1 << 30,
+                flops: 1 << 30,
+            },
+        );
+        let g = tenet_ir::GraphBuilder::new();
+        let x = g.input("x", tenet_ir::DType::F32, &[4]);
+        let y = &x * 2.0;
+        let graph = g.finish(&[("y", &y)]).unwrap();
+        let task = engine
+            .task(&store.put_bytes(&graph.to_bytes()).unwrap())
+            .unwrap();
+        let x = engine
+            .upload(HostTensor::from_f32(&[4], &[1.0, 2.0, 3.0, 4.0]).unwrap())
+            .unwrap();
+        let in_place = engine.host(&x).unwrap();
+        assert!(matches!(in_place, Cow::Borrowed(_)), "read in place");
+        let inputs = HashMap::from([("x".to_string(), x.clone())]);
+        let (outputs, _) = engine
+            .run_buffers(&task, None, &inputs, 0, &|| false)
+            .unwrap();
+        let (name, y) = &outputs[0];
+        assert_eq!(name, "y");
+        assert_eq!(y.device(), engine.device.id());
+        assert_eq!(
+            engine.host(y).unwrap().to_f32_vec(),
+            vec![2.0, 4.0, 6.0, 8.0]
         );
     }
 }

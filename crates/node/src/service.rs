@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use hyper::Method;
+use tenet_exec::Buffer;
 use tenet_ir::HostTensor;
 use tenet_ir::recycle::Recycled;
 use tenet_models::WeightsFile;
@@ -127,9 +128,11 @@ struct JobTable {
     finished: VecDeque<String>,
 }
 
+/// A session tensor: a buffer on the node's device (a handle: runs read it where it lies) and
+/// the hash of its blob.
 #[derive(Clone)]
 struct ResidentTensor {
-    tensor: Arc<HostTensor>,
+    buffer: Buffer,
     hash: Hash,
 }
 
@@ -212,6 +215,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn hex_blob(hex: &str, what: &str) -> Result<Vec<u8>, ApiError> {
     tenet_proto::from_hex(hex).ok_or_else(|| bad_request(format!("{what} is not valid hex")))
+}
+
+/// A run's error, with a stop told apart: a cancellation if `cancel` is set, else a timeout.
+fn stopped(e: ApiError, cancel: &AtomicBool) -> ApiError {
+    if e.code != ErrorCode::Cancelled {
+        e
+    } else if cancel.load(Ordering::Relaxed) {
+        ApiError::new(ErrorCode::Cancelled, "the job was cancelled")
+    } else {
+        ApiError::new(
+            ErrorCode::Timeout,
+            "the job ran past its time limit and was stopped",
+        )
+    }
 }
 
 fn check_name(name: &str, what: &str) -> Result<(), ApiError> {
@@ -582,18 +599,7 @@ impl Node {
         let stop = || cancel.load(Ordering::Relaxed) || Instant::now() > deadline;
         self.engine
             .run(task, weights, inputs, seed, &stop)
-            .map_err(|e| {
-                if e.code != ErrorCode::Cancelled {
-                    e
-                } else if cancel.load(Ordering::Relaxed) {
-                    ApiError::new(ErrorCode::Cancelled, "the job was cancelled")
-                } else {
-                    ApiError::new(
-                        ErrorCode::Timeout,
-                        "the job ran past its time limit and was stopped",
-                    )
-                }
-            })
+            .map_err(|e| stopped(e, cancel))
     }
 
     /// Keep a large output fetchable: in memory now, in the blob store soon (without fsync: an
@@ -736,19 +742,16 @@ impl Node {
         let s = lock(&self.sessions)
             .remove(id)
             .ok_or_else(|| not_found(format!("no session {id} on this node")))?;
-        let freed: u64 = lock(&s)
-            .tensors
-            .values()
-            .map(|t| t.tensor.bytes().len() as u64)
-            .sum();
+        let freed: u64 = lock(&s).tensors.values().map(|t| t.buffer.bytes()).sum();
         self.resident_bytes.fetch_sub(freed, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Make `t` resident as `name`, replacing what had that name.
-    fn keep(&self, session: &mut Session, name: &str, t: HostTensor) -> Result<Resident, ApiError> {
-        let hash = tensor::hash(&t);
-        self.keep_hashed(session, name, t, hash, 0)
+    /// Make `b` resident as `name`, replacing what had that name. Its hash is of its bytes,
+    /// read on the host (downloaded where the device is not the host).
+    fn keep(&self, session: &mut Session, name: &str, b: Buffer) -> Result<Resident, ApiError> {
+        let hash = tensor::hash(&*self.engine.host(&b)?);
+        self.keep_hashed(session, name, b, hash, 0)
     }
 
     /// [`Node::keep`] for a tensor whose hash is known, of which `arriving` bytes are counted
@@ -758,16 +761,13 @@ impl Node {
         &self,
         session: &mut Session,
         name: &str,
-        t: HostTensor,
+        b: Buffer,
         hash: Hash,
         arriving: u64,
     ) -> Result<Resident, ApiError> {
         check_name(name, "tensor name")?;
-        let add = t.bytes().len() as u64;
-        let old = session
-            .tensors
-            .get(name)
-            .map_or(0, |r| r.tensor.bytes().len() as u64);
+        let add = b.bytes();
+        let old = session.tensors.get(name).map_or(0, |r| r.buffer.bytes());
         let limit = self.config.session_memory_bytes;
         let now = self.resident_bytes.load(Ordering::Relaxed);
         let others = self
@@ -792,15 +792,11 @@ impl Node {
         let resident = Resident {
             name: name.to_string(),
             hash,
-            ty: t.ty().to_string(),
+            ty: b.ty().to_string(),
         };
-        session.tensors.insert(
-            name.to_string(),
-            ResidentTensor {
-                tensor: Arc::new(t),
-                hash,
-            },
-        );
+        session
+            .tensors
+            .insert(name.to_string(), ResidentTensor { buffer: b, hash });
         Ok(resident)
     }
 
@@ -863,20 +859,21 @@ impl Node {
         // Decoding is strict, so the blob is the tensor's one encoding and its hash the
         // tensor's hash.
         debug_assert_eq!(tensor::hash(&t), hash);
+        let b = self.engine.upload(t)?;
         let s = self.session(sid)?;
         let mut s = lock(&s);
-        self.keep_hashed(&mut s, name, t, hash, inbound.held)
+        self.keep_hashed(&mut s, name, b, hash, inbound.held)
     }
 
-    /// A resident tensor's blob.
+    /// A resident tensor's blob (downloaded where the device is not the host).
     pub fn get_tensor(&self, sid: &str, name: &str) -> Result<Vec<u8>, ApiError> {
         let s = self.session(sid)?;
-        let s = lock(&s);
-        let r = s
+        let b = lock(&s)
             .tensors
             .get(name)
+            .map(|r| r.buffer.clone())
             .ok_or_else(|| not_found(format!("no tensor {name} in session {sid}")))?;
-        Ok(tensor::encode(&r.tensor))
+        Ok(tensor::encode(&*self.engine.host(&b)?))
     }
 
     pub fn free_tensor(&self, sid: &str, name: &str) -> Result<(), ApiError> {
@@ -886,7 +883,7 @@ impl Node {
             .remove(name)
             .ok_or_else(|| not_found(format!("no tensor {name} in session {sid}")))?;
         self.resident_bytes
-            .fetch_sub(removed.tensor.bytes().len() as u64, Ordering::Relaxed);
+            .fetch_sub(removed.buffer.bytes(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -894,9 +891,13 @@ impl Node {
     pub fn tensor_by_hash(&self, hash: &Hash) -> Result<Payload, ApiError> {
         let sessions: Vec<_> = lock(&self.sessions).values().cloned().collect();
         for s in sessions {
-            let s = lock(&s);
-            if let Some(r) = s.tensors.values().find(|r| r.hash == *hash) {
-                return Ok(payload(tensor::encode(&r.tensor)));
+            let found = lock(&s)
+                .tensors
+                .values()
+                .find(|r| r.hash == *hash)
+                .map(|r| r.buffer.clone());
+            if let Some(b) = found {
+                return Ok(payload(tensor::encode(&*self.engine.host(&b)?)));
             }
         }
         self.blob(hash)
@@ -909,7 +910,11 @@ impl Node {
                 let bytes = hex_blob(&blob, &format!("blob for {name}"))?;
                 let t = tensor::decode(&bytes)
                     .map_err(|e| ApiError::new(ErrorCode::BadInputs, format!("{name}: {e}")))?;
-                Ok(OpResult::Resident(vec![self.keep(session, &name, t)?]))
+                let hash = tensor::hash(&t);
+                let b = self.engine.upload(t)?;
+                Ok(OpResult::Resident(vec![
+                    self.keep_hashed(session, &name, b, hash, 0)?,
+                ]))
             }
             SessionOp::Get { name } => {
                 let r = session
@@ -917,7 +922,7 @@ impl Node {
                     .get(&name)
                     .ok_or_else(|| not_found(format!("no tensor {name} in this session")))?;
                 Ok(OpResult::Blob(tenet_proto::to_hex(&tensor::encode(
-                    &r.tensor,
+                    &*self.engine.host(&r.buffer)?,
                 ))))
             }
             SessionOp::Free { name } => {
@@ -926,7 +931,7 @@ impl Node {
                     .remove(&name)
                     .ok_or_else(|| not_found(format!("no tensor {name} in this session")))?;
                 self.resident_bytes
-                    .fetch_sub(r.tensor.bytes().len() as u64, Ordering::Relaxed);
+                    .fetch_sub(r.buffer.bytes(), Ordering::Relaxed);
                 Ok(OpResult::Done)
             }
             SessionOp::Run {
@@ -946,7 +951,7 @@ impl Node {
                             format!("input {input}: no tensor {name} in this session"),
                         )
                     })?;
-                    feed.insert(input.clone(), (*r.tensor).clone());
+                    feed.insert(input.clone(), r.buffer.clone());
                 }
                 for out in outputs.keys() {
                     if !task.graph.outputs().iter().any(|o| o.name == *out) {
@@ -958,12 +963,17 @@ impl Node {
                 }
                 let never = AtomicBool::new(false);
                 let deadline = Instant::now() + Duration::from_millis(self.config.job_timeout_ms);
-                let (results, _) =
-                    self.run_task(&task, weights.as_deref(), &feed, seed, &never, deadline)?;
+                // On the resident buffers, where they lie; the outputs stay on the device.
+                let stop = || Instant::now() > deadline;
+                let (results, _) = self
+                    .engine
+                    .run_buffers(&task, weights.as_deref(), &feed, seed, &stop)
+                    .map_err(|e| stopped(e, &never))?;
+                drop(feed);
                 let mut kept = Vec::new();
-                for (out, t) in results {
+                for (out, b) in results {
                     if let Some(name) = outputs.get(&out) {
-                        kept.push(self.keep(session, name, t)?);
+                        kept.push(self.keep(session, name, b)?);
                     }
                 }
                 Ok(OpResult::Resident(kept))
@@ -1093,8 +1103,9 @@ impl Node {
         let t = tensor::decode(&bytes)
             .map_err(|e| failed(format!("peer {peer} sent a malformed tensor: {e}")))?;
         drop(bytes);
+        let b = self.engine.upload(t)?;
         let mut s = lock(session);
-        self.keep_hashed(&mut s, name, t, *hash, inbound.held)
+        self.keep_hashed(&mut s, name, b, *hash, inbound.held)
     }
 
     /// The Prometheus text.
