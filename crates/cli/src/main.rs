@@ -275,7 +275,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         batch: u64,
         /// Tokens per sentence for minilm (pad shorter ones; mask them with attention_mask);
-        /// prompt tokens for smollm2-prefill; cached tokens for smollm2-decode.
+        /// prompt tokens for smollm2-prefill; the KV cache's capacity (positions) for
+        /// smollm2-decode.
         #[arg(long, default_value_t = 128)]
         seq: u64,
     },

@@ -151,40 +151,49 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
         "smollm2-prefill" | "smollm2-decode" => {
             let gguf = smollm2_gguf()?;
             let m = load_smollm2(&gguf)?;
-            // Prefill: `seq` prompt tokens, nothing cached. Decode: one token after `seq` cached.
-            let (past, new) = if model == "smollm2-prefill" {
-                (0, seq)
+            // Prefill: `seq` prompt tokens, nothing cached. Decode: one token at position `pos`
+            // against KV caches of `seq` positions (inputs `k{l}`/`v{l}`), as a decode session
+            // runs it; outputs the logits and the token's key and value rows.
+            let (graph, what) = if model == "smollm2-prefill" {
+                let g = smollm2::llama_graph(&m.config, m.weights.id, 0, seq, true);
+                (g, format!("{seq} prompt token(s)"))
             } else {
-                (seq, 1)
+                let g = smollm2::llama_decode_graph(&m.config, m.weights.id, seq);
+                (
+                    g,
+                    format!("one token against a KV cache of {seq} positions"),
+                )
             };
-            let graph = smollm2::llama_graph(&m.config, m.weights.id, past, new, true)
-                .map_err(anyhow::Error::msg)?;
+            let graph = graph.map_err(anyhow::Error::msg)?;
             crate::write_atomically(output, &graph.to_bytes())?;
-            println!(
-                "exported {model} ({new} new token(s) after {past} cached) -> {}",
-                output.display()
-            );
+            println!("exported {model} ({what}) -> {}", output.display());
             println!("id {}", graph.id());
-            let c = &m.config;
-            let (last, kv, hd) = (c.layers - 1, c.kv_heads, c.hidden / c.heads);
-            println!(
-                "inputs: ids i64[{new}]{}",
-                if past > 0 {
-                    format!(", past_k0..past_k{last} / past_v0..past_v{last} f32[{past},{kv},{hd}]")
+            // What it takes and gives, from the graph itself (layers' caches abbreviated).
+            let list = |items: Vec<String>| {
+                if items.len() <= 4 {
+                    items.join(", ")
                 } else {
-                    String::new()
+                    format!(
+                        "{}, {}, … {} ({} in all)",
+                        items[0],
+                        items[1],
+                        items[items.len() - 1],
+                        items.len()
+                    )
                 }
-            );
+            };
+            let inputs = graph.inputs().map(|(_, n, t)| format!("{n} {t}")).collect();
+            let outputs = graph
+                .outputs()
+                .iter()
+                .map(|o| format!("{} {}", o.name, graph.node(o.node).ty))
+                .collect();
+            println!("inputs: {}", list(inputs));
+            println!("outputs: {}", list(outputs));
             println!(
-                "outputs: logits f32[{}], k0..k{last} / v0..v{last} f32[{},{kv},{hd}]",
-                c.vocab,
-                past + new,
-            );
-            println!(
-                "run it with: tenet run {} --weights {} -i ids=...{} (the GGUF's tensors are dequantised to f32 as it loads)",
+                "run it with: tenet run {} --weights {} -i NAME=FILE ... (the GGUF's tensors are dequantised to f32 as it loads)",
                 output.display(),
                 gguf.display(),
-                if past > 0 { " -i past_k0=... ..." } else { "" }
             );
             Ok(())
         }
