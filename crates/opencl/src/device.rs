@@ -1,9 +1,10 @@
-//! `OpenClDevice`: one OpenCL device opened for tenet: its context and queue, the programs
-//! built for it (by source text, so a kernel family is built once per device), its weight
-//! cache, and the `tenet_exec::Device` operations on its buffers.
+//! `OpenClDevice`: one OpenCL device opened for tenet: its context and queue, its kernel
+//! tuning (from its largest work group and local memory), the programs built for it (by
+//! source text, so a kernel family is built once per device), its weight cache, and the
+//! `tenet_exec::Device` operations on its buffers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opencl3::command_queue::CommandQueue;
@@ -13,6 +14,7 @@ use opencl3::device::{
     Device as ClDevice,
 };
 use opencl3::error_codes::{CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR};
+use opencl3::kernel::Kernel;
 use opencl3::platform::{Platform, get_platforms};
 use opencl3::program::Program as ClProgram;
 use tenet_exec::{
@@ -21,7 +23,8 @@ use tenet_exec::{
 use tenet_ir::{Graph, HostTensor, TensorType};
 
 use crate::cl_api::{Mem, cl_err};
-use crate::kernels::Family;
+use crate::kernels::{Family, GemmTile, Tuning};
+use crate::plan::Caps;
 use crate::source::{self, Quirks};
 
 /// What a [`Buffer`] made by an OpenCL device holds: its device memory, or nothing for an
@@ -49,8 +52,15 @@ pub(crate) struct Inner {
     pub(crate) device: ClDevice,
     /// The largest single allocation the driver allows.
     pub(crate) max_alloc: u64,
-    /// The largest work group the device runs.
-    pub(crate) max_group: usize,
+    /// What the kernels' sources take from the device's limits.
+    pub(crate) tuning: Tuning,
+    /// The SGEMM tiles whose kernels the built program can run in their whole work group
+    /// (asked once, after the first build of the Linalg family).
+    gemm_usable: Mutex<Option<Vec<GemmTile>>>,
+    /// For tests: products compiled from now on use only this SGEMM kernel (`k_matmul`: none).
+    forced_gemm: Mutex<Option<&'static str>>,
+    /// The Linalg family failed to build with the SGEMM tiles and is built without them.
+    linalg_plain: AtomicBool,
     /// Built programs by their full source text.
     programs: Mutex<HashMap<String, Arc<ClProgram>>>,
     builds: AtomicU64,
@@ -154,6 +164,7 @@ impl OpenClDevice {
             .max_mem_alloc_size()
             .map_err(|e| cl_err("querying memory", e))?;
         let max_group = device.max_work_group_size().unwrap_or(1);
+        let local_mem = device.local_mem_size().unwrap_or(0);
         let memory = limit.map_or(global, |l| l.min(global));
         let class = match device.dev_type().map_err(|e| cl_err("querying type", e))? {
             t if t & CL_DEVICE_TYPE_GPU != 0 => DeviceClass::Gpu,
@@ -187,7 +198,10 @@ impl OpenClDevice {
                 queue,
                 device,
                 max_alloc,
-                max_group,
+                tuning: Tuning::for_limits(max_group, local_mem),
+                gemm_usable: Mutex::new(None),
+                forced_gemm: Mutex::new(None),
+                linalg_plain: AtomicBool::new(false),
                 programs: Mutex::new(HashMap::new()),
                 builds: AtomicU64::new(0),
                 weights: WeightCache::new(memory / WEIGHT_SHARE_DIVISOR),
@@ -202,24 +216,128 @@ impl OpenClDevice {
         self.inner.builds.load(Ordering::Relaxed)
     }
 
-    /// The built program of a kernel family, building it on first use.
-    pub(crate) fn program(&self, family: Family) -> Result<Arc<ClProgram>, ExecError> {
-        let src = family.source(&self.inner.quirks);
-        let mut programs = self
+    /// The SGEMM kernels float products may use on this device, largest tile first (each
+    /// computes the same bits; which one runs depends on the product's shape): those its
+    /// work-group and local-memory limits allow, less any that the first build of the
+    /// kernels showed it cannot run.
+    #[doc(hidden)]
+    pub fn gemm_kernels(&self) -> Vec<&'static str> {
+        let usable = self
             .inner
-            .programs
+            .gemm_usable
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        usable
+            .as_ref()
+            .unwrap_or(&self.inner.tuning.gemm)
+            .iter()
+            .map(|t| t.name)
+            .collect()
+    }
+
+    /// For tests: make float products compiled from now on use only the SGEMM kernel `name`
+    /// (one of [`OpenClDevice::gemm_kernels`]), or `k_matmul` (one item per output) for
+    /// `"k_matmul"`; `None` restores the choice by shape. False for an unknown name.
+    #[doc(hidden)]
+    pub fn force_gemm(&self, name: Option<&str>) -> bool {
+        let forced = match name {
+            None => None,
+            Some("k_matmul") => Some("k_matmul"),
+            Some(n) => match self.inner.tuning.gemm.iter().find(|t| t.name == n) {
+                Some(t) => Some(t.name),
+                None => return false,
+            },
+        };
+        *self
+            .inner
+            .forced_gemm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = forced;
+        true
+    }
+
+    /// What the planner may use: every SGEMM tile of the tuning (or only the forced one)
+    /// unless a build has shown a kernel cannot run its whole work group here.
+    pub(crate) fn caps(&self) -> Caps {
+        let inner = &self.inner;
+        let usable = inner
+            .gemm_usable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut gemm = usable.unwrap_or_else(|| inner.tuning.gemm.clone());
+        if let Some(f) = *inner.forced_gemm.lock().unwrap_or_else(|e| e.into_inner()) {
+            gemm.retain(|t| t.name == f);
+        }
+        Caps {
+            gemm,
+            compute_units: inner.info.compute_units.max(1) as u64,
+            rows: inner.tuning.rows,
+        }
+    }
+
+    /// Ask the built Linalg program which SGEMM kernels run in their whole work group (a
+    /// driver may allow fewer items for a kernel that needs many registers); remembered.
+    /// True if that removed a tile the planner could have chosen.
+    pub(crate) fn check_gemm(&self, linalg: &ClProgram) -> bool {
+        let inner = &self.inner;
+        let mut usable = inner.gemm_usable.lock().unwrap_or_else(|e| e.into_inner());
+        if usable.is_some() {
+            return false;
+        }
+        let fits = |t: &GemmTile| {
+            Kernel::create(linalg, t.name)
+                .and_then(|k| k.get_work_group_size(inner.device.id()))
+                .is_ok_and(|g| g >= t.threads() as usize)
+        };
+        let ok: Vec<GemmTile> = inner
+            .tuning
+            .gemm
+            .iter()
+            .filter(|t| fits(t))
+            .copied()
+            .collect();
+        let removed = ok.len() != inner.tuning.gemm.len();
+        *usable = Some(ok);
+        removed
+    }
+
+    /// The built program of a kernel family, building it on first use. Should the Linalg
+    /// family fail to build with its SGEMM tiles (a driver refusing one), it is built without
+    /// them, and products fall back to `k_matmul` (`check_gemm` then finds no tile kernels).
+    pub(crate) fn program(&self, family: Family) -> Result<Arc<ClProgram>, ExecError> {
+        let inner = &self.inner;
+        let plain = family == Family::Linalg && inner.linalg_plain.load(Ordering::Relaxed);
+        let tuning = Tuning {
+            rows: inner.tuning.rows,
+            gemm: if plain {
+                vec![]
+            } else {
+                inner.tuning.gemm.clone()
+            },
+        };
+        let src = family.source(&inner.quirks, &tuning);
+        let mut programs = inner.programs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = programs.get(&src) {
             return Ok(p.clone());
         }
-        self.inner.builds.fetch_add(1, Ordering::Relaxed);
-        let options = source::build_options(&self.inner.quirks);
-        let program = ClProgram::create_and_build_from_source(&self.inner.context, &src, &options)
-            .map_err(|log| ExecError::Device(format!("building the {family:?} kernels: {log}")))?;
-        let program = Arc::new(program);
-        programs.insert(src, program.clone());
-        Ok(program)
+        inner.builds.fetch_add(1, Ordering::Relaxed);
+        let options = source::build_options(&inner.quirks);
+        match ClProgram::create_and_build_from_source(&inner.context, &src, &options) {
+            Ok(program) => {
+                let program = Arc::new(program);
+                programs.insert(src, program.clone());
+                Ok(program)
+            }
+            Err(_) if family == Family::Linalg && !tuning.gemm.is_empty() => {
+                inner.linalg_plain.store(true, Ordering::Relaxed);
+                drop(programs);
+                self.program(family)
+            }
+            Err(log) => Err(ExecError::Device(format!(
+                "building the {family:?} kernels: {log}"
+            ))),
+        }
     }
 
     /// The handle of a buffer this device made.

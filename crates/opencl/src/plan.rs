@@ -4,10 +4,15 @@
 //! node types. The kernels index only within the extents computed here, which are derived from
 //! the same types the buffers are allocated for: that is what makes the launches in
 //! `cl_api.rs` sound.
+//!
+//! The work-group shapes are chosen here too: float products pick one of the device's SGEMM
+//! tiles by the product's shape ([`choose_gemm`]), and the row kernels (reductions, softmax,
+//! norms) run 16 lanes per row, `Caps::rows` rows per group, lanes or rows adjacent by which
+//! of them is contiguous in memory.
 
 use tenet_ir::{DType, Graph, Node, NodeId, Op, TensorType, WeightsId};
 
-use crate::kernels::Family;
+use crate::kernels::{Family, GemmTile, LANES};
 
 /// Where a node's value comes from.
 #[derive(Clone, Debug)]
@@ -46,19 +51,78 @@ pub(crate) enum Arg {
     U32(u32),
 }
 
+/// How a launch's work items are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Grid {
+    /// One item per element of the index space (`Launch::items`), walked in grid-stride
+    /// loops, in groups of the kernel's preferred size.
+    Items,
+    /// `groups[0] × groups[1]` work groups of `group` items (global range `[groups[0] ·
+    /// group, groups[1], 1]`); the kernel walks whatever its groups do not cover.
+    Groups { group: u32, groups: [u64; 2] },
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Launch {
     pub family: Family,
     pub kernel: &'static str,
     pub args: Vec<Arg>,
-    /// Work items the kernel's index space needs (the launch walks it in grid-stride loops).
+    /// Work items the kernel's index space needs; no launch when 0.
     pub items: u64,
-    /// For kernels run in work groups of `TILE × TILE`: (columns, rows, batches) to cover.
-    pub tiles: Option<[u64; 3]>,
+    pub grid: Grid,
 }
 
-/// The side of `k_matmul_tiled`'s square work groups.
-pub(crate) const TILE: u64 = 16;
+/// What the planner may use on this device.
+#[derive(Clone, Debug)]
+pub(crate) struct Caps {
+    /// The SGEMM tiles the device runs, largest first (none: `k_matmul`, one item per output).
+    pub gemm: Vec<GemmTile>,
+    /// The device's compute units: a product should have at least this many blocks.
+    pub compute_units: u64,
+    /// Rows per work group of the row kernels (`Tuning::rows`).
+    pub rows: u32,
+}
+
+/// The most work groups along a launch's second dimension (CUDA's grid limit, which NVIDIA's
+/// OpenCL shares); kernels loop over the rest.
+const MAX_GROUPS_Y: u64 = 65_535;
+/// The most work groups a row kernel is launched with; its groups loop over the rest.
+const MAX_ROW_GROUPS: u64 = 4096;
+
+/// The SGEMM tile for an `m × n` product over `batches`: the largest tile that wastes at most
+/// a quarter of its blocks' outputs on the edges and still gives every compute unit a block;
+/// if none does, the tile that wastes least (the smaller on ties: more blocks).
+pub(crate) fn choose_gemm(
+    tiles: &[GemmTile],
+    m: u64,
+    n: u64,
+    batches: u64,
+    compute_units: u64,
+) -> Option<GemmTile> {
+    let covered = |t: &GemmTile| {
+        let (bm, bn) = (t.bm() as u64, t.bn() as u64);
+        (m.div_ceil(bm) * bm) as f64 * (n.div_ceil(bn) * bn) as f64
+    };
+    let useful = |t: &GemmTile| (m as f64 * n as f64) / covered(t).max(1.0);
+    let blocks = |t: &GemmTile| {
+        m.div_ceil(t.bm() as u64)
+            .saturating_mul(n.div_ceil(t.bn() as u64))
+            .saturating_mul(batches)
+    };
+    tiles
+        .iter()
+        .find(|t| useful(t) >= 0.75 && blocks(t) >= compute_units)
+        .or_else(|| tiles.iter().max_by(|a, b| useful(a).total_cmp(&useful(b))))
+        .copied()
+}
+
+/// The grid of a row kernel over `rows` rows.
+fn row_grid(caps: &Caps, rows: u64) -> Grid {
+    Grid::Groups {
+        group: LANES * caps.rows,
+        groups: [rows.div_ceil(caps.rows as u64).clamp(1, MAX_ROW_GROUPS), 1],
+    }
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct NodePlan {
@@ -108,6 +172,30 @@ fn broadcast_strides(out: &[u64], inp: &[u64], scale: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Axes of a one-operand view (dims and strides, in row-major order) with size-1 axes dropped
+/// and each run of axes that steps through memory as one axis merged into it: the same
+/// elements in the same order, so the kernel's offset is usually one multiply (the reduced
+/// axes of a reduction; the kept axes of reductions and softmax).
+fn merge_axes(dims: &[u64], strides: &[u64]) -> (Vec<u64>, Vec<u64>) {
+    let (mut d, mut s): (Vec<u64>, Vec<u64>) = (vec![], vec![]);
+    for (&dim, &st) in dims.iter().zip(strides) {
+        if dim == 1 {
+            continue;
+        }
+        match (d.last_mut(), s.last_mut()) {
+            (Some(pd), Some(ps)) if *ps == st.saturating_mul(dim) => {
+                *pd *= dim;
+                *ps = st;
+            }
+            _ => {
+                d.push(dim);
+                s.push(st);
+            }
+        }
+    }
+    (d, s)
+}
+
 fn numel(ty: &TensorType) -> u64 {
     ty.numel().unwrap_or(0)
 }
@@ -148,7 +236,7 @@ fn launch(family: Family, kernel: &'static str, items: u64, args: Vec<Arg>) -> L
         kernel,
         args,
         items,
-        tiles: None,
+        grid: Grid::Items,
     }
 }
 
@@ -181,9 +269,8 @@ fn copy(
     ))
 }
 
-/// Plan every node of `graph`; `tiled`: whether float products may use work groups of
-/// `TILE × TILE` (the device allows groups that large).
-pub(crate) fn plan(graph: &Graph, tiled: bool) -> Plan {
+/// Plan every node of `graph` for a device with `caps`.
+pub(crate) fn plan(graph: &Graph, caps: &Caps) -> Plan {
     let nodes = graph.nodes();
     let mut p = Planner { meta: Vec::new() };
     let mut constants = Vec::new();
@@ -197,7 +284,7 @@ pub(crate) fn plan(graph: &Graph, tiled: bool) -> Plan {
             gather_slot: None,
             work: work(nodes, node),
         };
-        plan_node(&mut p, nodes, node, &mut np, &mut constants, tiled);
+        plan_node(&mut p, nodes, node, &mut np, &mut constants, caps);
         // Nothing to compute into an empty result (and no index of an empty gather is read).
         if numel(&node.ty) == 0 && matches!(np.source, Source::Computed) {
             np.launches.clear();
@@ -241,7 +328,7 @@ fn plan_node(
     node: &Node,
     np: &mut NodePlan,
     constants: &mut Vec<(TensorType, Vec<u8>)>,
-    tiled: bool,
+    caps: &Caps,
 ) {
     let ty = &node.ty;
     let n = numel(ty);
@@ -349,28 +436,36 @@ fn plan_node(
                 }
             }
             let nred: u64 = rd.iter().product();
+            let (rd, rs) = merge_axes(&rd, &rs);
+            let (kd, ks) = merge_axes(&kd, &ks);
+            // Lanes adjacent when a row's elements are; rows adjacent when only they are.
+            let lanes_fast = rs.last() == Some(&1) || ks.last() != Some(&1);
             let mk = p.view(&kd, &[(0, ks)]);
             let mut red = vec![rd.len() as i64];
             red.extend(rd.iter().map(|&d| d as i64));
             red.extend(rs.iter().map(|&s| s as i64));
             let mr = p.raw(&red);
-            np.launches.push(launch(
-                Family::Reduce,
-                "k_reduce",
-                n,
-                vec![
-                    Arg::Out,
-                    Arg::Value(*x),
-                    Arg::U64(n),
-                    Arg::U64(nred),
-                    Arg::I32(op.tag() as i32),
-                    Arg::I32(dt(tx.dtype)),
-                    Arg::I32(dt(ty.dtype)),
-                    Arg::Meta,
-                    Arg::U32(mk),
-                    Arg::U32(mr),
-                ],
-            ));
+            np.launches.push(Launch {
+                grid: row_grid(caps, n),
+                ..launch(
+                    Family::Reduce,
+                    "k_reduce",
+                    n,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*x),
+                        Arg::U64(n),
+                        Arg::U64(nred),
+                        Arg::I32(op.tag() as i32),
+                        Arg::I32(dt(tx.dtype)),
+                        Arg::I32(dt(ty.dtype)),
+                        Arg::Meta,
+                        Arg::U32(mk),
+                        Arg::U32(mr),
+                        Arg::I32(lanes_fast as i32),
+                    ],
+                )
+            });
         }
         Op::MatMul { a, b } => {
             let (ta, tb) = (ty_of(a), ty_of(b));
@@ -384,26 +479,45 @@ fn plan_node(
                     (0, broadcast_strides(batch, &tb.shape[..rb - 2], k * nn)),
                 ],
             );
-            if tiled && ty.dtype.is_float() {
-                let batches: u64 = batch.iter().product();
-                let mut l = launch(
-                    Family::Linalg,
-                    "k_matmul_tiled",
-                    n,
-                    vec![
-                        Arg::Out,
-                        Arg::Value(*a),
-                        Arg::Value(*b),
-                        Arg::U64(m),
-                        Arg::U64(nn),
-                        Arg::U64(k),
-                        Arg::I32(dt(ty.dtype)),
-                        Arg::Meta,
-                        Arg::U32(mo),
-                    ],
-                );
-                l.tiles = Some([nn, m, batches]);
-                np.launches.push(l);
+            let batches: u64 = batch.iter().product();
+            let tile = if ty.dtype.is_float() {
+                choose_gemm(&caps.gemm, m, nn, batches, caps.compute_units)
+            } else {
+                None
+            };
+            if let Some(t) = tile {
+                // float4 loads and stores where every row of the operand starts 16-byte
+                // aligned: f32 with k (A's rows) or n (B's and the result's) a multiple of 4.
+                let f32 = ty.dtype == DType::F32;
+                let vec = (f32 && k % 4 == 0) as i32 | (((f32 && nn % 4 == 0) as i32) << 1);
+                let mblocks = m.div_ceil(t.bm() as u64);
+                np.launches.push(Launch {
+                    grid: Grid::Groups {
+                        group: t.threads(),
+                        groups: [
+                            nn.div_ceil(t.bn() as u64),
+                            mblocks.saturating_mul(batches).clamp(1, MAX_GROUPS_Y),
+                        ],
+                    },
+                    ..launch(
+                        Family::Linalg,
+                        t.name,
+                        n,
+                        vec![
+                            Arg::Out,
+                            Arg::Value(*a),
+                            Arg::Value(*b),
+                            Arg::U64(m),
+                            Arg::U64(nn),
+                            Arg::U64(k),
+                            Arg::I32(dt(ty.dtype)),
+                            Arg::I32(vec),
+                            Arg::Meta,
+                            Arg::U32(mo),
+                            Arg::U64(batches),
+                        ],
+                    )
+                });
             } else {
                 np.launches.push(launch(
                     Family::Linalg,
@@ -587,23 +701,29 @@ fn plan_node(
                 }
             }
             let rows: u64 = kd.iter().product();
+            let (kd, ks) = merge_axes(&kd, &ks);
+            let lanes_fast = st[a] == 1 || ks.last() != Some(&1);
             let mk = p.view(&kd, &[(0, ks)]);
-            np.launches.push(launch(
-                Family::Reduce,
-                "k_softmax",
-                rows,
-                vec![
-                    Arg::Out,
-                    Arg::Value(*x),
-                    Arg::U64(rows),
-                    Arg::U64(len),
-                    Arg::U64(st[a]),
-                    Arg::I32(op.tag() as i32),
-                    Arg::I32(dt(ty.dtype)),
-                    Arg::Meta,
-                    Arg::U32(mk),
-                ],
-            ));
+            np.launches.push(Launch {
+                grid: row_grid(caps, rows),
+                ..launch(
+                    Family::Reduce,
+                    "k_softmax",
+                    rows,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*x),
+                        Arg::U64(rows),
+                        Arg::U64(len),
+                        Arg::U64(st[a]),
+                        Arg::I32(op.tag() as i32),
+                        Arg::I32(dt(ty.dtype)),
+                        Arg::Meta,
+                        Arg::U32(mk),
+                        Arg::I32(lanes_fast as i32),
+                    ],
+                )
+            });
         }
         Op::LayerNorm {
             x,
@@ -613,42 +733,48 @@ fn plan_node(
         } => {
             let len = *ty.shape.last().unwrap_or(&1);
             let rows = n.checked_div(len).unwrap_or(0);
-            np.launches.push(launch(
-                Family::Reduce,
-                "k_layer_norm",
-                rows,
-                vec![
-                    Arg::Out,
-                    Arg::Value(*x),
-                    Arg::MaybeValue(*gamma),
-                    Arg::MaybeValue(*beta),
-                    Arg::U64(rows),
-                    Arg::U64(len),
-                    Arg::I32(gamma.is_some() as i32),
-                    Arg::I32(beta.is_some() as i32),
-                    Arg::U32(*eps_bits),
-                    Arg::I32(dt(ty.dtype)),
-                ],
-            ));
+            np.launches.push(Launch {
+                grid: row_grid(caps, rows),
+                ..launch(
+                    Family::Reduce,
+                    "k_layer_norm",
+                    rows,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*x),
+                        Arg::MaybeValue(*gamma),
+                        Arg::MaybeValue(*beta),
+                        Arg::U64(rows),
+                        Arg::U64(len),
+                        Arg::I32(gamma.is_some() as i32),
+                        Arg::I32(beta.is_some() as i32),
+                        Arg::U32(*eps_bits),
+                        Arg::I32(dt(ty.dtype)),
+                    ],
+                )
+            });
         }
         Op::RmsNorm { x, gamma, eps_bits } => {
             let len = *ty.shape.last().unwrap_or(&1);
             let rows = n.checked_div(len).unwrap_or(0);
-            np.launches.push(launch(
-                Family::Reduce,
-                "k_rms_norm",
-                rows,
-                vec![
-                    Arg::Out,
-                    Arg::Value(*x),
-                    Arg::MaybeValue(*gamma),
-                    Arg::U64(rows),
-                    Arg::U64(len),
-                    Arg::I32(gamma.is_some() as i32),
-                    Arg::U32(*eps_bits),
-                    Arg::I32(dt(ty.dtype)),
-                ],
-            ));
+            np.launches.push(Launch {
+                grid: row_grid(caps, rows),
+                ..launch(
+                    Family::Reduce,
+                    "k_rms_norm",
+                    rows,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*x),
+                        Arg::MaybeValue(*gamma),
+                        Arg::U64(rows),
+                        Arg::U64(len),
+                        Arg::I32(gamma.is_some() as i32),
+                        Arg::U32(*eps_bits),
+                        Arg::I32(dt(ty.dtype)),
+                    ],
+                )
+            });
         }
         Op::Conv2d {
             x,
@@ -751,5 +877,44 @@ fn plan_node(
                 Arg::U64(*key),
             ],
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::GEMM_TILES;
+
+    fn pick(m: u64, n: u64, batches: u64, cu: u64) -> &'static str {
+        choose_gemm(&GEMM_TILES, m, n, batches, cu).unwrap().name
+    }
+
+    #[test]
+    fn products_get_the_largest_tile_that_keeps_the_device_busy() {
+        // An H100's 132 compute units, MiniLM at batch 32 × 128 tokens.
+        assert_eq!(pick(4096, 4096, 1, 132), "k_gemm_128x128");
+        assert_eq!(pick(4096, 1536, 1, 132), "k_gemm_128x128");
+        assert_eq!(pick(4096, 384, 1, 132), "k_gemm_64x64");
+        assert_eq!(pick(128, 128, 384, 132), "k_gemm_128x128");
+        // Attention's P·V: 32 columns would waste three quarters of a 128-wide block.
+        assert_eq!(pick(128, 32, 384, 132), "k_gemm_32x32");
+        // Nothing fits well: the least waste, the smaller tile on ties.
+        assert_eq!(pick(3, 5, 1, 132), "k_gemm_32x32");
+        assert_eq!(pick(100, 100, 1, 2), "k_gemm_32x32");
+        assert_eq!(pick(1024, 1024, 1, 2), "k_gemm_128x128");
+        assert!(choose_gemm(&[], 8, 8, 1, 1).is_none());
+    }
+
+    #[test]
+    fn reduced_axes_merge_only_where_memory_agrees() {
+        // [2, 3, 4] reduced over all axes: one run of 24.
+        assert_eq!(merge_axes(&[2, 3, 4], &[12, 4, 1]), (vec![24], vec![1]));
+        // Axes 0 and 2 of [2, 3, 4]: strides 12 and 1 do not chain.
+        assert_eq!(merge_axes(&[2, 4], &[12, 1]), (vec![2, 4], vec![12, 1]));
+        // Size-1 axes drop out; nothing left is an empty view (one element).
+        assert_eq!(merge_axes(&[1, 5, 1], &[5, 1, 1]), (vec![5], vec![1]));
+        assert_eq!(merge_axes(&[1, 1], &[1, 1]), (vec![], vec![]));
+        // An empty axis stays (no element is read).
+        assert_eq!(merge_axes(&[3, 0], &[0, 1]), (vec![0], vec![1]));
     }
 }

@@ -22,7 +22,7 @@ use tenet_reference::RunError;
 use crate::cl_api::{KernelArg, Mem, Range, cl_err, launch_range};
 use crate::device::{Handle, OpenClDevice};
 use crate::kernels::Family;
-use crate::plan::{self, Arg, Plan, Source};
+use crate::plan::{self, Arg, Grid, Plan, Source};
 
 /// Fixed bytes of a run beside its tensors (the placeholder buffer).
 pub const RUN_FIXED: u64 = 64;
@@ -51,8 +51,7 @@ pub(crate) struct GraphProgram {
 impl GraphProgram {
     pub(crate) fn compile(device: &OpenClDevice, graph: &Graph) -> Result<GraphProgram, ExecError> {
         let inner = &device.inner;
-        let tiled = inner.max_group >= (plan::TILE * plan::TILE) as usize;
-        let mut plan = plan::plan(graph, tiled);
+        let mut plan = plan::plan(graph, &device.caps());
         let constant_bytes: u64 = plan.constants.iter().map(|(_, d)| d.len() as u64).sum();
         let scratch = constant_bytes
             .saturating_add(8 * plan.meta.len() as u64)
@@ -95,19 +94,16 @@ impl GraphProgram {
                 }
             }
         }
-        // The tiled product needs its whole work group; a device that cannot run it (too few
-        // registers for 256 items, say) gets the one-item-per-output product instead.
-        let uses_tiles = plan
-            .nodes
-            .iter()
-            .any(|n| n.launches.iter().any(|l| l.tiles.is_some()));
-        if uses_tiles {
-            let k = Kernel::create(&programs[&Family::Linalg], "k_matmul_tiled")
-                .map_err(|e| cl_err("creating kernel k_matmul_tiled", e))?;
-            let group = k.get_work_group_size(inner.device.id()).unwrap_or(0);
-            if group < (plan::TILE * plan::TILE) as usize {
-                plan = plan::plan(graph, false);
-            }
+        // An SGEMM tile needs its whole work group: a device that cannot run one (too few
+        // registers for its items, say) gets the graph planned again without it.
+        let uses_gemm = plan.nodes.iter().any(|n| {
+            n.launches
+                .iter()
+                .any(|l| l.family == Family::Linalg && l.grid != Grid::Items)
+        });
+        if uses_gemm && device.check_gemm(&programs[&Family::Linalg]) {
+            // Every product kernel is in the Linalg program already built.
+            plan = plan::plan(graph, &device.caps());
         }
         let meta = if plan.meta.is_empty() {
             None
@@ -370,11 +366,16 @@ impl Program for GraphProgram {
                         .map_err(|e| cl_err(&format!("creating kernel {}", l.kernel), e))?;
                     // A fixed group size: drivers that specialise a kernel per group size
                     // (PoCL compiles each one, ~0.3 s) then do so once per kernel.
-                    let group = k
-                        .get_work_group_size(inner.device.id())
-                        .unwrap_or(1)
-                        .clamp(1, 64);
-                    kernels.insert(l.kernel, (k, group));
+                    let most = k.get_work_group_size(inner.device.id()).unwrap_or(1);
+                    if let Grid::Groups { group, .. } = l.grid
+                        && most < group as usize
+                    {
+                        return Err(ExecError::Device(format!(
+                            "{} needs work groups of {group} items; this device runs {most}",
+                            l.kernel
+                        )));
+                    }
+                    kernels.insert(l.kernel, (k, most.clamp(1, 64)));
                 }
                 let (kernel, group) = &kernels[l.kernel];
                 fn mem<'a>(h: &'a Handle, dummy: &'a Mem) -> KernelArg<'a> {
@@ -403,19 +404,12 @@ impl Program for GraphProgram {
                         Arg::U32(v) => KernelArg::U32(v),
                     })
                     .collect();
-                let range = match l.tiles {
-                    Some([cols, rows, batches]) => {
-                        let t = plan::TILE;
-                        Range::Groups {
-                            global: [
-                                (cols.div_ceil(t) * t) as usize,
-                                (rows.div_ceil(t) * t) as usize,
-                                batches as usize,
-                            ],
-                            local: [t as usize, t as usize, 1],
-                        }
-                    }
-                    None => {
+                let range = match l.grid {
+                    Grid::Groups { group, groups } => Range::Groups {
+                        global: [groups[0] as usize * group as usize, groups[1] as usize, 1],
+                        local: [group as usize, 1, 1],
+                    },
+                    Grid::Items => {
                         let g = *group as u64;
                         let n = l.items.min(MAX_ITEMS).div_ceil(g) * g;
                         Range::Groups {

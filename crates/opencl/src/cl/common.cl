@@ -58,9 +58,14 @@ void copy_el(global uchar* dst, ulong di, global const uchar* src, ulong si, int
 // A strided view of `nops` operands over one iteration shape, in the meta buffer at `m`:
 // m[0] = rank r; m[1..=r] = the shape; then per operand k, at 1 + r + k*(r+1): its base
 // offset and its r strides (elements; 0 where it broadcasts). Flat index `o` (row-major over
-// the shape) gives each operand's element offset in `off`.
+// the shape, below its size) gives each operand's element offset in `off`.
 void view_offsets(global const long* m, ulong o, int nops, ulong* off) {
     int r = (int)m[0];
+    if (r == 1) {
+        // One axis (merged views often have one): `o` is the index, no division needed.
+        for (int k = 0; k < nops; ++k) off[k] = (ulong)m[2 + 2 * k] + o * (ulong)m[3 + 2 * k];
+        return;
+    }
     for (int k = 0; k < nops; ++k) off[k] = (ulong)m[1 + r + k * (r + 1)];
     for (int d = r - 1; d >= 0; --d) {
         ulong dim = (ulong)m[1 + d];

@@ -1,6 +1,10 @@
 // Matrix products, convolution and pooling: one work item per output element, each running
 // its chain of fused multiply-adds (explicit `fma`, correctly rounded by the OpenCL spec) in
-// exactly the reference's order, so the result does not depend on how work is split.
+// exactly the reference's order, so the result does not depend on how work is split. Float
+// products normally run on the register-tiled SGEMM (`gemm.cl`, instantiated before this
+// file); `k_matmul` serves integer products and devices that can run none of its tiles.
+// Convolution and pooling stay one item per output: each output's chain (input channel, kh,
+// kw, skipping padding) is short and its own, and neighbouring items read neighbouring inputs.
 
 // out[batch, i, j] = fma chain over p of a[batch_a, i, p] * b[batch_b, p, j]. meta + mo: a
 // two-operand view over the batch shape giving each operand's batch offset in elements.
@@ -25,35 +29,6 @@ kernel void k_matmul(global uchar* out, global const uchar* a, global const ucha
             st_i(out, dt, o, as_long(acc));
         }
     }
-}
-
-// The same products for float dtypes, 16 x 16 outputs per work group: each group stages a
-// 16-wide slice of A's rows and B's columns in local memory (decoded to f32), and each work
-// item continues its own chain over the slice, p ascending, so every output is still one
-// unbroken fma chain in the reference's order. Launched over (N, M, batches) rounded up to
-// whole tiles.
-#define TILE 16
-kernel __attribute__((reqd_work_group_size(TILE, TILE, 1)))
-void k_matmul_tiled(global uchar* out, global const uchar* a, global const uchar* b, ulong M,
-                    ulong N, ulong K, int dt, global const long* meta, uint mo) {
-    local float as[TILE][TILE + 1];
-    local float bs[TILE][TILE + 1];
-    ulong lj = get_local_id(0), li = get_local_id(1);
-    ulong j = get_group_id(0) * TILE + lj, i = get_group_id(1) * TILE + li;
-    ulong bi = get_global_id(2);
-    ulong off[2];
-    view_offsets(meta + mo, bi, 2, off);
-    float acc = 0.0f;
-    for (ulong p0 = 0; p0 < K; p0 += TILE) {
-        ulong pa = p0 + lj, pb = p0 + li;
-        as[li][lj] = (i < M && pa < K) ? ld_f(a, dt, off[0] + i * K + pa) : 0.0f;
-        bs[li][lj] = (pb < K && j < N) ? ld_f(b, dt, off[1] + pb * N + j) : 0.0f;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        ulong steps = K - p0 < TILE ? K - p0 : TILE;
-        for (ulong p = 0; p < steps; ++p) acc = fma(as[li][p], bs[p][lj], acc);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (i < M && j < N) st_f(out, dt, (bi * M + i) * N + j, acc);
 }
 
 // Geometry in meta + mo: N, C, H, W, O, C/groups, KH, KW, OH, OW, stride h/w, padding

@@ -1,0 +1,170 @@
+//! Times the OpenCL backend's heavy kernels on device 0: products, softmax, the norms and
+//! reductions, each a one-op graph run on buffers already on the device (best of a few runs,
+//! after a warm-up that builds and specialises the kernels).
+//!
+//! `cargo run --release -p tenet-opencl --example opencl_speed [case...]`; cases: `matmul`,
+//! `matmul_minilm`, `softmax`, `layer_norm`, `rms_norm`, `sum_rows`, `sum_cols`, `mean_seq`,
+//! `argmax`; none runs them all. `--check` also compares each result with the reference (slow
+//! for the big products); `--gemm=NAME` makes products use only that SGEMM kernel (one of
+//! those printed first, or `k_matmul`); `--size=N` sets the square product's side (1024).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tenet_exec::Device;
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, NoWeights};
+use tenet_opencl::{OpenClDevice, Quirks};
+
+fn case(name: &str, size: u64) -> Option<(Graph, f64)> {
+    let g = GraphBuilder::new();
+    let (y, flops) = match name {
+        "matmul" => {
+            let n = size;
+            let a = g.input("a", DType::F32, &[n, n]);
+            let b = g.input("b", DType::F32, &[n, n]);
+            (a.matmul(&b), 2.0 * (n * n * n) as f64)
+        }
+        "matmul_minilm" => {
+            let a = g.input("a", DType::F32, &[4096, 384]);
+            let b = g.input("b", DType::F32, &[384, 1536]);
+            (a.matmul(&b), 2.0 * 4096.0 * 384.0 * 1536.0)
+        }
+        "softmax" => {
+            let x = g.input("x", DType::F32, &[4096, 1024]);
+            (x.softmax(-1), 0.0)
+        }
+        "layer_norm" => {
+            let x = g.input("x", DType::F32, &[4096, 1024]);
+            let gamma = g.input("g", DType::F32, &[1024]);
+            let beta = g.input("b", DType::F32, &[1024]);
+            (x.layer_norm(Some(&gamma), Some(&beta), 1e-5), 0.0)
+        }
+        "rms_norm" => {
+            let x = g.input("x", DType::F32, &[4096, 1024]);
+            (x.rms_norm(None, 1e-6), 0.0)
+        }
+        "sum_rows" => {
+            let x = g.input("x", DType::F32, &[4096, 1024]);
+            (x.sum(&[-1], false), 0.0)
+        }
+        "sum_cols" => {
+            let x = g.input("x", DType::F32, &[1024, 4096]);
+            (x.sum(&[0], false), 0.0)
+        }
+        "mean_seq" => {
+            let x = g.input("x", DType::F32, &[32, 128, 384]);
+            (x.mean(&[1], false), 0.0)
+        }
+        "argmax" => {
+            let x = g.input("x", DType::F32, &[4096, 1024]);
+            (x.argmax(&[-1], false), 0.0)
+        }
+        _ => return None,
+    };
+    Some((g.finish(&[("y", &y)]).expect("a valid graph"), flops))
+}
+
+const ALL: [&str; 9] = [
+    "matmul",
+    "matmul_minilm",
+    "softmax",
+    "layer_norm",
+    "rms_norm",
+    "sum_rows",
+    "sum_cols",
+    "mean_seq",
+    "argmax",
+];
+
+fn inputs(graph: &Graph) -> HashMap<String, HostTensor> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    graph
+        .inputs()
+        .map(|(_, name, ty)| {
+            let n = ty.numel().expect("small") as usize;
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+                })
+                .collect();
+            (
+                name.to_string(),
+                HostTensor::from_f32(&ty.shape, &v).expect("f32"),
+            )
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let check = args.iter().any(|a| a == "--check");
+    let names: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let names = if names.is_empty() {
+        ALL.to_vec()
+    } else {
+        names
+    };
+    let flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_string))
+    };
+    let size = flag("size").map_or(1024, |s| s.parse().expect("--size=N"));
+    let dev = OpenClDevice::open(0, Quirks::default()).expect("an OpenCL device");
+    println!("{}", dev.info().name);
+    println!("SGEMM kernels: {:?}", dev.gemm_kernels());
+    if let Some(k) = flag("gemm") {
+        assert!(dev.force_gemm(Some(&k)), "no SGEMM kernel {k}");
+        println!("products use {k} only");
+    }
+    for name in names {
+        let Some((graph, flops)) = case(name, size) else {
+            eprintln!("unknown case {name}; cases: {ALL:?}");
+            std::process::exit(2);
+        };
+        let host = inputs(&graph);
+        let t = Instant::now();
+        let program = dev.compile(&graph).expect("compiles");
+        let compile = t.elapsed().as_secs_f64();
+        let on_device: HashMap<_, _> = host
+            .iter()
+            .map(|(n, t)| (n.clone(), dev.upload(t).expect("upload")))
+            .collect();
+        let run = || {
+            let t = Instant::now();
+            let (outs, _) = program
+                .run_buffers(&on_device, &NoWeights, 0, &|| false)
+                .expect("runs");
+            // Downloading waits for the queue; only the first output's first bytes matter.
+            let _ = dev.download(&outs[0].1).expect("download");
+            t.elapsed().as_secs_f64()
+        };
+        let first = run();
+        let best = (0..3).map(|_| run()).fold(f64::INFINITY, f64::min);
+        let rate = if flops > 0.0 {
+            format!(", {:.2} GFLOP/s", flops / best / 1e9)
+        } else {
+            String::new()
+        };
+        println!(
+            "{name:>14}: compile {compile:.3} s, first run {first:.3} s, best {:.1} ms{rate}",
+            best * 1e3
+        );
+        if check {
+            let want = tenet_reference::run(&graph, &host, &NoWeights, 0).expect("reference");
+            let got = program.run(&host, &NoWeights, 0).expect("runs");
+            let same = want[0].1.bytes() == got[0].1.bytes();
+            println!(
+                "{name:>14}: {}",
+                if same { "bits match" } else { "BITS DIFFER" }
+            );
+            assert!(same, "{name}: bits differ from the reference");
+        }
+    }
+}
