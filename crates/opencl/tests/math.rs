@@ -462,62 +462,8 @@ fn math_functions_match_the_reference() {
     assert!(bad.is_empty(), "on {}:\n{}", env.device, bad.join("\n"));
 }
 
-/// `exp64` and `log64` as crates/reference/src/math.rs defines them (private there), copied
-/// verbatim so that pow's f64 core can be compared before its rounding to f32 hides most
-/// differences; `pow_matches_the_reference` checks the whole against the reference itself.
-mod reference64 {
-    const LN2_HI64: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-    const LN2_LO64: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-    const INV_FACT: [f64; 14] = {
-        let mut c = [1.0f64; 14];
-        let mut n = 1;
-        while n < 14 {
-            c[n] = c[n - 1] / n as f64;
-            n += 1;
-        }
-        c
-    };
-
-    pub fn exp64(x: f64) -> f64 {
-        if x.is_nan() {
-            return f64::NAN;
-        }
-        let xc = x.clamp(-1100.0, 1100.0);
-        let k = (xc * std::f64::consts::LOG2_E).round_ties_even();
-        let r = (-k).mul_add(LN2_HI64, xc);
-        let r = (-k).mul_add(LN2_LO64, r);
-        let mut p = INV_FACT[13];
-        for &c in INV_FACT[..13].iter().rev() {
-            p = p.mul_add(r, c);
-        }
-        let ki = k as i32;
-        let (k1, k2) = (ki >> 1, ki - (ki >> 1));
-        let s1 = f64::from_bits(((k1 + 1023) as u64) << 52);
-        let s2 = f64::from_bits(((k2 + 1023) as u64) << 52);
-        p * s1 * s2
-    }
-
-    pub fn log64(x: f64) -> f64 {
-        let bits = x.to_bits();
-        let mut e = ((bits >> 52) as i64) - 1023;
-        let mut m = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000);
-        if m > std::f64::consts::SQRT_2 {
-            m *= 0.5;
-            e += 1;
-        }
-        let f = m - 1.0;
-        let s = f / (2.0 + f);
-        let z = s * s;
-        let mut r: f64 = 2.0 / 17.0;
-        for n in (1..8).rev() {
-            r = r.mul_add(z, 2.0 / (2 * n + 1) as f64);
-        }
-        r *= z;
-        let hfsq = 0.5 * f * f;
-        let ef = e as f64;
-        (((s * (hfsq + r) + ef * LN2_LO64) - hfsq) + f) + ef * LN2_HI64
-    }
-}
+/// pow's f64 core, compared before its rounding to f32 hides most differences.
+use tenet_reference::math as reference64;
 
 #[test]
 fn pow_core_in_f64_matches_the_reference() {

@@ -305,8 +305,9 @@ const INV_FACT: [f64; 14] = {
     c
 };
 
-/// e^x in f64 (Taylor to degree 13 after reduction to |r| ≤ 0.35), for `pow`.
-fn exp64(x: f64) -> f64 {
+/// e^x in f64 (Taylor to degree 13 after reduction to |r| ≤ 0.35), for `pow`. Public so that
+/// a device's port of pow's f64 core can be checked before its rounding to f32 hides errors.
+pub fn exp64(x: f64) -> f64 {
     if x.is_nan() {
         return f64::NAN;
     }
@@ -326,7 +327,7 @@ fn exp64(x: f64) -> f64 {
 }
 
 /// ln x in f64 for positive, finite, normal x (atanh series to degree 8 in s²), for `pow`.
-fn log64(x: f64) -> f64 {
+pub fn log64(x: f64) -> f64 {
     let bits = x.to_bits();
     let mut e = ((bits >> 52) as i64) - 1023;
     let mut m = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000);
