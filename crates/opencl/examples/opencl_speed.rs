@@ -3,10 +3,12 @@
 //! after a warm-up that builds and specialises the kernels).
 //!
 //! `cargo run --release -p tenet-opencl --example opencl_speed [case...]`; cases: `matmul`,
-//! `matmul_minilm`, `softmax`, `layer_norm`, `rms_norm`, `sum_rows`, `sum_cols`, `mean_seq`,
+//! `matmul_minilm`, `gemv` (one row times a transposed weight), `xyz` (x*y+z over 16M),
+//! `softmax`, `layer_norm`, `rms_norm`, `sum_rows`, `sum_cols`, `mean_seq`,
 //! `argmax`; none runs them all. `--check` also compares each result with the reference (slow
 //! for the big products); `--gemm=NAME` makes products use only that SGEMM kernel (one of
-//! those printed first, or `k_matmul`); `--size=N` sets the square product's side (1024).
+//! those printed first, or `k_matmul`); `--unfused` runs
+//! elementwise chains one kernel per node; `--size=N` sets the square product's side (1024).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -28,6 +30,18 @@ fn case(name: &str, size: u64) -> Option<(Graph, f64)> {
             let a = g.input("a", DType::F32, &[4096, 384]);
             let b = g.input("b", DType::F32, &[384, 1536]);
             (a.matmul(&b), 2.0 * 4096.0 * 384.0 * 1536.0)
+        }
+        "gemv" => {
+            // A decode step's logits: one token times a transposed [49152, 576] weight.
+            let x = g.input("x", DType::F32, &[1, 576]);
+            let w = g.input("w", DType::F32, &[49152, 576]);
+            (x.matmul(&w.transpose(0, 1)), 2.0 * 576.0 * 49152.0)
+        }
+        "xyz" => {
+            let x = g.input("x", DType::F32, &[16 << 20]);
+            let y = g.input("y", DType::F32, &[16 << 20]);
+            let z = g.input("z", DType::F32, &[16 << 20]);
+            (&(&x * &y) + &z, 0.0)
         }
         "softmax" => {
             let x = g.input("x", DType::F32, &[4096, 1024]);
@@ -64,9 +78,11 @@ fn case(name: &str, size: u64) -> Option<(Graph, f64)> {
     Some((g.finish(&[("y", &y)]).expect("a valid graph"), flops))
 }
 
-const ALL: [&str; 9] = [
+const ALL: [&str; 11] = [
     "matmul",
     "matmul_minilm",
+    "gemv",
+    "xyz",
     "softmax",
     "layer_norm",
     "rms_norm",
@@ -122,6 +138,10 @@ fn main() {
     if let Some(k) = flag("gemm") {
         assert!(dev.force_gemm(Some(&k)), "no SGEMM kernel {k}");
         println!("products use {k} only");
+    }
+    if args.iter().any(|a| a == "--unfused") {
+        dev.set_fusion(false);
+        println!("elementwise chains unfused");
     }
     for name in names {
         let Some((graph, flops)) = case(name, size) else {

@@ -23,8 +23,8 @@ use tenet_exec::{
 use tenet_ir::{Graph, HostTensor, TensorType};
 
 use crate::cl_api::{Mem, cl_err};
-use crate::kernels::{Family, GemmTile, Tuning};
-use crate::plan::Caps;
+use crate::kernels::{Family, GEMV_T, GemmTile, Tuning};
+use crate::plan::{Caps, Gemv};
 use crate::source::{self, Quirks};
 
 /// What a [`Buffer`] made by an OpenCL device holds: its device memory, or nothing for an
@@ -32,6 +32,10 @@ use crate::source::{self, Quirks};
 /// and [`Device::write`] copies a shared one before writing.
 #[derive(Clone, Debug)]
 pub(crate) struct Handle(pub(crate) Option<Arc<Mem>>);
+
+/// The most programs of fused elementwise chains a device builds (one per distinct set of a
+/// graph's chains); graphs with new chains past it run unfused.
+const MAX_FUSED_PROGRAMS: u64 = 64;
 
 /// The share of device memory the weight cache may hold.
 const WEIGHT_SHARE_DIVISOR: u64 = 2;
@@ -57,7 +61,14 @@ pub(crate) struct Inner {
     /// The SGEMM tiles whose kernels the built program can run in their whole work group
     /// (asked once, after the first build of the Linalg family).
     gemm_usable: Mutex<Option<Vec<GemmTile>>>,
-    /// For tests: products compiled from now on use only this SGEMM kernel (`k_matmul`: none).
+    /// Whether the built program runs `k_gemv` in its whole work group (asked with the tiles).
+    gemv_usable: Mutex<Option<bool>>,
+    /// Programs of fused chains built (or refused by the driver) so far.
+    fused_programs: AtomicU64,
+    /// For tests and timings: graphs compiled from now on run every node unfused.
+    unfused: AtomicBool,
+    /// For tests: products compiled from now on use only this SGEMM kernel (`k_matmul`: none;
+    /// `k_gemv`: the few-row kernel for every float product).
     forced_gemm: Mutex<Option<&'static str>>,
     /// The Linalg family failed to build with the SGEMM tiles and is built without them.
     linalg_plain: AtomicBool,
@@ -200,6 +211,9 @@ impl OpenClDevice {
                 max_alloc,
                 tuning: Tuning::for_limits(max_group, local_mem),
                 gemm_usable: Mutex::new(None),
+                gemv_usable: Mutex::new(None),
+                fused_programs: AtomicU64::new(0),
+                unfused: AtomicBool::new(false),
                 forced_gemm: Mutex::new(None),
                 linalg_plain: AtomicBool::new(false),
                 programs: Mutex::new(HashMap::new()),
@@ -216,10 +230,10 @@ impl OpenClDevice {
         self.inner.builds.load(Ordering::Relaxed)
     }
 
-    /// The SGEMM kernels float products may use on this device, largest tile first (each
-    /// computes the same bits; which one runs depends on the product's shape): those its
-    /// work-group and local-memory limits allow, less any that the first build of the
-    /// kernels showed it cannot run.
+    /// The product kernels float products may use on this device, largest SGEMM tile first,
+    /// then `k_gemv` (each computes the same bits; which one runs depends on the product's
+    /// shape): those its work-group and local-memory limits allow, less any that the first
+    /// build of the kernels showed it cannot run.
     #[doc(hidden)]
     pub fn gemm_kernels(&self) -> Vec<&'static str> {
         let usable = self
@@ -227,12 +241,45 @@ impl OpenClDevice {
             .gemm_usable
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        usable
+        let mut names: Vec<&'static str> = usable
             .as_ref()
             .unwrap_or(&self.inner.tuning.gemm)
             .iter()
             .map(|t| t.name)
+            .collect();
+        drop(usable);
+        if self.gemv_usable() {
+            names.push("k_gemv");
+        }
+        names
+    }
+
+    fn gemv_usable(&self) -> bool {
+        let inner = &self.inner;
+        inner
+            .gemv_usable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(inner.tuning.gemv)
+            && !inner.linalg_plain.load(Ordering::Relaxed)
+    }
+
+    /// For tests: the kernels a compile of `graph` would launch now, in order (one name per
+    /// launch; fused chains as `k_fused_N`, folded nodes launch nothing).
+    #[doc(hidden)]
+    pub fn planned_kernels(&self, graph: &Graph) -> Vec<String> {
+        crate::plan::plan(graph, &self.caps())
+            .nodes
+            .iter()
+            .flat_map(|n| n.launches.iter().map(|l| l.kernel.to_string()))
             .collect()
+    }
+
+    /// For tests and timings: whether graphs compiled from now on may fuse elementwise
+    /// chains (the default) or run every node as its own kernel.
+    #[doc(hidden)]
+    pub fn set_fusion(&self, on: bool) {
+        self.inner.unfused.store(!on, Ordering::Relaxed);
     }
 
     /// For tests: make float products compiled from now on use only the SGEMM kernel `name`
@@ -243,6 +290,7 @@ impl OpenClDevice {
         let forced = match name {
             None => None,
             Some("k_matmul") => Some("k_matmul"),
+            Some("k_gemv") if self.inner.tuning.gemv => Some("k_gemv"),
             Some(n) => match self.inner.tuning.gemm.iter().find(|t| t.name == n) {
                 Some(t) => Some(t.name),
                 None => return false,
@@ -266,13 +314,26 @@ impl OpenClDevice {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let mut gemm = usable.unwrap_or_else(|| inner.tuning.gemm.clone());
+        let mut gemv = if self.gemv_usable() {
+            Gemv::FewRows
+        } else {
+            Gemv::Off
+        };
         if let Some(f) = *inner.forced_gemm.lock().unwrap_or_else(|e| e.into_inner()) {
             gemm.retain(|t| t.name == f);
+            gemv = match (gemv, f) {
+                (Gemv::Off, _) => Gemv::Off,
+                (_, "k_gemv") => Gemv::All,
+                _ => Gemv::Off,
+            };
         }
         Caps {
             gemm,
             compute_units: inner.info.compute_units.max(1) as u64,
             rows: inner.tuning.rows,
+            gemv,
+            fuse: inner.fused_programs.load(Ordering::Relaxed) < MAX_FUSED_PROGRAMS
+                && !inner.unfused.load(Ordering::Relaxed),
         }
     }
 
@@ -297,9 +358,35 @@ impl OpenClDevice {
             .filter(|t| fits(t))
             .copied()
             .collect();
-        let removed = ok.len() != inner.tuning.gemm.len();
+        let gemv = inner.tuning.gemv
+            && Kernel::create(linalg, "k_gemv")
+                .and_then(|k| k.get_work_group_size(inner.device.id()))
+                .is_ok_and(|g| g >= GEMV_T as usize);
+        let removed = ok.len() != inner.tuning.gemm.len() || gemv != inner.tuning.gemv;
         *usable = Some(ok);
+        *inner.gemv_usable.lock().unwrap_or_else(|e| e.into_inner()) = Some(gemv);
         removed
+    }
+
+    /// The built program of a graph's fused chains (`kernels`: their generated source),
+    /// building it on first use; `None` once the device has built `MAX_FUSED_PROGRAMS` of
+    /// them, or if the driver refuses it (the graph then runs unfused).
+    pub(crate) fn fused_program(&self, kernels: &str) -> Option<Arc<ClProgram>> {
+        let inner = &self.inner;
+        let src = crate::kernels::fused_source(&inner.quirks, kernels);
+        let mut programs = inner.programs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = programs.get(&src) {
+            return Some(p.clone());
+        }
+        if inner.fused_programs.fetch_add(1, Ordering::Relaxed) >= MAX_FUSED_PROGRAMS {
+            return None;
+        }
+        inner.builds.fetch_add(1, Ordering::Relaxed);
+        let options = source::build_options(&inner.quirks);
+        let program =
+            Arc::new(ClProgram::create_and_build_from_source(&inner.context, &src, &options).ok()?);
+        programs.insert(src, program.clone());
+        Some(program)
     }
 
     /// The built program of a kernel family, building it on first use. Should the Linalg
@@ -315,6 +402,7 @@ impl OpenClDevice {
             } else {
                 inner.tuning.gemm.clone()
             },
+            gemv: !plain && inner.tuning.gemv,
         };
         let src = family.source(&inner.quirks, &tuning);
         let mut programs = inner.programs.lock().unwrap_or_else(|e| e.into_inner());

@@ -8,13 +8,16 @@
 //! [`OpenClDevice::available`] says whether a device can be opened here.
 //!
 //! Map: `device.rs` (opening devices, buffers, the `Device` trait), `program.rs` (compile
-//! and run), `plan.rs` (each node as launches with their shapes and strides), `kernels.rs`
-//! and `cl/*.cl` (the OpenCL C), `cl_api.rs` (every `unsafe` call into OpenCL),
+//! and run), `plan.rs` (each node as launches with their shapes and strides: which product
+//! kernel, which chains fuse, which permutations are read in place), `kernels.rs` and
+//! `cl/*.cl` (the OpenCL C), `fused.rs` (the kernels generated for fused elementwise
+//! chains), `cl_api.rs` (every `unsafe` call into OpenCL),
 //! `source.rs` and `check.rs` (the preamble, math library and the determinism check).
 
 mod check;
 mod cl_api;
 mod device;
+mod fused;
 mod kernels;
 mod plan;
 mod program;

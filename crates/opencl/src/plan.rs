@@ -5,14 +5,31 @@
 //! the same types the buffers are allocated for: that is what makes the launches in
 //! `cl_api.rs` sound.
 //!
-//! The work-group shapes are chosen here too: float products pick one of the device's SGEMM
-//! tiles by the product's shape ([`choose_gemm`]), and the row kernels (reductions, softmax,
+//! The work-group shapes are chosen here too: float products with at most 4 rows (a decode
+//! step's activations times a weight) run on the few-row kernel `k_gemv` (`cl/gemv.cl`:
+//! parallel over columns, one fma chain per output), others pick one of the device's SGEMM
+//! tiles by the product's shape ([`choose_gemm`]); the row kernels (reductions, softmax,
 //! norms) run 16 lanes per row, `Caps::rows` rows per group, lanes or rows adjacent by which
 //! of them is contiguous in memory.
+//!
+//! Two kinds of node are folded into a later launch and get no memory (`Source::Folded`):
+//! a permutation read only by `k_gemv` products (they read its source through permuted
+//! strides, so a transposed weight is never copied), and the members but the last of a fused
+//! elementwise chain (`fused.rs`: consecutive f32 elementwise nodes of one shape, found by
+//! `tenet_exec::Schedule::elementwise_group`, whose intermediates nothing else reads; the last
+//! member's launch evaluates the whole chain). `Plan::step_of` says which step's launch
+//! computes each node, so values a folded node reads live until that launch. Neither changes
+//! a bit: the permuted strides address exactly the elements the copy would hold, and the
+//! fused kernel computes each member with the unfused kernel's function and rounding.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use tenet_exec::Schedule;
 use tenet_ir::{DType, Graph, Node, NodeId, Op, TensorType, WeightsId};
 
-use crate::kernels::{Family, GemmTile, LANES};
+use crate::fused::{self, Chain};
+use crate::kernels::{Family, GEMV_ROWS, GEMV_T, GemmTile, LANES};
 
 /// Where a node's value comes from.
 #[derive(Clone, Debug)]
@@ -25,6 +42,9 @@ pub(crate) enum Source {
     Alias(NodeId),
     /// New memory, filled by `fill` then `launches`.
     Computed,
+    /// No memory: computed inside a later node's launch (a fused chain's intermediate, a
+    /// permutation a product reads through strides), and read by nothing else.
+    Folded,
 }
 
 /// One argument of a planned launch.
@@ -65,7 +85,7 @@ pub(crate) enum Grid {
 #[derive(Clone, Debug)]
 pub(crate) struct Launch {
     pub family: Family,
-    pub kernel: &'static str,
+    pub kernel: Cow<'static, str>,
     pub args: Vec<Arg>,
     /// Work items the kernel's index space needs; no launch when 0.
     pub items: u64,
@@ -81,6 +101,21 @@ pub(crate) struct Caps {
     pub compute_units: u64,
     /// Rows per work group of the row kernels (`Tuning::rows`).
     pub rows: u32,
+    /// Which float products run on `k_gemv`.
+    pub gemv: Gemv,
+    /// Whether chains of f32 elementwise nodes are fused into generated kernels.
+    pub fuse: bool,
+}
+
+/// Which float products run on the few-row kernel `k_gemv`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gemv {
+    /// None (the device cannot run it, or tests force another kernel).
+    Off,
+    /// Those with at most `GEMV_ROWS` rows.
+    FewRows,
+    /// Every one (tests).
+    All,
 }
 
 /// The most work groups along a launch's second dimension (CUDA's grid limit, which NVIDIA's
@@ -145,6 +180,11 @@ pub(crate) struct Plan {
     pub constants: Vec<(TensorType, Vec<u8>)>,
     /// The gathers that check their indices, by slot, in graph order.
     pub gathers: Vec<NodeId>,
+    /// The step whose launches compute each node: its own, or for a folded node the step of
+    /// the launch that computes it (its values' readers then keep them until that step).
+    pub step_of: Vec<usize>,
+    /// The generated kernels of the graph's fused chains (`Family::Fused`); empty if none.
+    pub fused: String,
 }
 
 /// Row-major element strides of a shape.
@@ -230,10 +270,15 @@ impl Planner {
     }
 }
 
-fn launch(family: Family, kernel: &'static str, items: u64, args: Vec<Arg>) -> Launch {
+fn launch(
+    family: Family,
+    kernel: impl Into<Cow<'static, str>>,
+    items: u64,
+    args: Vec<Arg>,
+) -> Launch {
     Launch {
         family,
-        kernel,
+        kernel: kernel.into(),
         args,
         items,
         grid: Grid::Items,
@@ -269,14 +314,86 @@ fn copy(
     ))
 }
 
+/// Whether `node` is a float product that runs on `k_gemv` on a device with `caps`.
+fn on_gemv(nodes: &[Node], node: &Node, caps: &Caps) -> bool {
+    let Op::MatMul { a, .. } = &node.op else {
+        return false;
+    };
+    let ta = &nodes[a.index()].ty;
+    node.ty.dtype.is_float()
+        && match caps.gemv {
+            Gemv::Off => false,
+            Gemv::FewRows => ta.shape[ta.rank() - 2] <= GEMV_ROWS,
+            Gemv::All => true,
+        }
+}
+
 /// Plan every node of `graph` for a device with `caps`.
 pub(crate) fn plan(graph: &Graph, caps: &Caps) -> Plan {
     let nodes = graph.nodes();
+    let n = nodes.len();
+    let schedule = Schedule::new(graph);
+    let users = schedule.all_users();
+    // Permutations read only by products on `k_gemv` (and not outputs): those read the
+    // permutation's source through permuted strides, and the permutation computes nothing.
+    let folded: Vec<bool> = (0..n)
+        .map(|m| {
+            matches!(nodes[m].op, Op::Permute { .. })
+                && !schedule.is_output(m)
+                && !users[m].is_empty()
+                && users[m].iter().all(|&u| on_gemv(nodes, &nodes[u], caps))
+        })
+        .collect();
     let mut p = Planner { meta: Vec::new() };
     let mut constants = Vec::new();
     let mut gathers = Vec::new();
-    let mut out = Vec::with_capacity(nodes.len());
-    for (i, node) in nodes.iter().enumerate() {
+    let mut out = Vec::with_capacity(n);
+    let mut step_of: Vec<usize> = (0..n).collect();
+    // The fused kernels' names by their text (named `K`), and their source.
+    let mut fused_names: HashMap<String, String> = HashMap::new();
+    let mut fused_src = String::new();
+    let mut i = 0;
+    while i < n {
+        let node = &nodes[i];
+        let folded_node = || NodePlan {
+            source: Source::Folded,
+            fill: None,
+            launches: Vec::new(),
+            gather_slot: None,
+            work: 0,
+        };
+        if folded[i] {
+            step_of[i] = users[i].iter().copied().max().unwrap_or(i);
+            out.push(folded_node());
+            i += 1;
+            continue;
+        }
+        if caps.fuse && numel(&node.ty) > 0 && fused::fusable(graph, NodeId(i as u32)) {
+            let end = schedule.elementwise_group(graph, i, fused::MAX_MEMBERS, |m| {
+                fused::fusable(graph, NodeId(m as u32))
+            });
+            let chain = (end > i)
+                .then(|| Chain::new(graph, (i..=end).map(|m| NodeId(m as u32)).collect()))
+                .flatten();
+            if let Some(chain) = chain {
+                step_of[i..end].fill(end);
+                out.extend((i..end).map(|_| folded_node()));
+                let key = chain.kernel(graph, "K");
+                let count = fused_names.len();
+                let name = fused_names
+                    .entry(key)
+                    .or_insert_with(|| {
+                        let name = format!("k_fused_{count}");
+                        fused_src.push_str(&chain.kernel(graph, &name));
+                        fused_src.push('\n');
+                        name
+                    })
+                    .clone();
+                out.push(plan_chain(&mut p, nodes, &chain, name));
+                i = end + 1;
+                continue;
+            }
+        }
         let mut np = NodePlan {
             source: Source::Computed,
             fill: None,
@@ -284,7 +401,7 @@ pub(crate) fn plan(graph: &Graph, caps: &Caps) -> Plan {
             gather_slot: None,
             work: work(nodes, node),
         };
-        plan_node(&mut p, nodes, node, &mut np, &mut constants, caps);
+        plan_node(&mut p, nodes, node, &mut np, &mut constants, caps, &folded);
         // Nothing to compute into an empty result (and no index of an empty gather is read).
         if numel(&node.ty) == 0 && matches!(np.source, Source::Computed) {
             np.launches.clear();
@@ -296,13 +413,102 @@ pub(crate) fn plan(graph: &Graph, caps: &Caps) -> Plan {
             gathers.push(NodeId(i as u32));
         }
         out.push(np);
+        i += 1;
     }
     Plan {
         nodes: out,
         meta: p.meta,
         constants,
         gathers,
+        step_of,
+        fused: fused_src,
     }
+}
+
+/// The last member of a fused chain: one launch of its generated kernel `name`, reading each
+/// external operand through a view broadcast to the chain's shape.
+fn plan_chain(p: &mut Planner, nodes: &[Node], chain: &Chain, name: String) -> NodePlan {
+    let last = &nodes[chain.members.last().expect("a chain has members").index()];
+    let shape = &last.ty.shape;
+    let n = numel(&last.ty);
+    let operands: Vec<Vec<u64>> = chain
+        .externals
+        .iter()
+        .map(|x| broadcast_strides(shape, &nodes[x.index()].ty.shape, 1))
+        .collect();
+    let (dims, operands) = merge_view(shape, operands);
+    let views: Vec<(u64, Vec<u64>)> = operands.into_iter().map(|st| (0, st)).collect();
+    let mo = p.view(&dims, &views);
+    let mut args = vec![Arg::Out];
+    args.extend(chain.externals.iter().map(|&x| Arg::Value(x)));
+    args.extend([Arg::U64(n), Arg::Meta, Arg::U32(mo)]);
+    NodePlan {
+        source: Source::Computed,
+        fill: None,
+        launches: vec![launch(Family::Fused, name, n, args)],
+        gather_slot: None,
+        work: chain
+            .members
+            .iter()
+            .map(|m| work(nodes, &nodes[m.index()]))
+            .fold(0, u64::saturating_add),
+    }
+}
+
+/// A view of several operands over `dims` with size-1 axes dropped and neighbouring axes
+/// merged wherever every operand steps through them as through one axis: the same elements
+/// in the same order (a contiguous elementwise op becomes one axis: offsets without division).
+fn merge_view(dims: &[u64], operands: Vec<Vec<u64>>) -> (Vec<u64>, Vec<Vec<u64>>) {
+    let mut d: Vec<u64> = Vec::new();
+    let mut s: Vec<Vec<u64>> = vec![Vec::new(); operands.len()];
+    for (a, &dim) in dims.iter().enumerate() {
+        if dim == 1 {
+            continue;
+        }
+        let chains = !d.is_empty()
+            && operands
+                .iter()
+                .zip(&s)
+                .all(|(st, ms)| *ms.last().expect("same rank") == st[a].saturating_mul(dim));
+        if chains {
+            *d.last_mut().expect("not empty") *= dim;
+            for (st, ms) in operands.iter().zip(s.iter_mut()) {
+                *ms.last_mut().expect("same rank") = st[a];
+            }
+        } else {
+            d.push(dim);
+            for (st, ms) in operands.iter().zip(s.iter_mut()) {
+                ms.push(st[a]);
+            }
+        }
+    }
+    (d, s)
+}
+
+/// The buffer a product's operand `x` is read from and its element strides over `x`'s shape:
+/// `x` itself, row-major, or for a folded permutation its source through permuted strides.
+fn operand_view(nodes: &[Node], folded: &[bool], x: NodeId) -> (NodeId, Vec<u64>) {
+    match &nodes[x.index()].op {
+        Op::Permute { x: src, perm } if folded[x.index()] => {
+            let st = strides(&nodes[src.index()].ty.shape);
+            (*src, perm.iter().map(|&q| st[q as usize]).collect())
+        }
+        _ => (x, strides(&nodes[x.index()].ty.shape)),
+    }
+}
+
+/// Batch strides of an operand of `shape` with element strides `st` broadcast to `batch`.
+fn batch_strides(batch: &[u64], shape: &[u64], st: &[u64]) -> Vec<u64> {
+    let off = batch.len() - shape.len();
+    (0..batch.len())
+        .map(|d| {
+            if d < off || shape[d - off] == 1 {
+                0
+            } else {
+                st[d - off]
+            }
+        })
+        .collect()
 }
 
 /// Element operations of a node's kernels: the inner loop's length times the outputs for
@@ -329,6 +535,7 @@ fn plan_node(
     np: &mut NodePlan,
     constants: &mut Vec<(TensorType, Vec<u8>)>,
     caps: &Caps,
+    folded: &[bool],
 ) {
     let ty = &node.ty;
     let n = numel(ty);
@@ -355,13 +562,15 @@ fn plan_node(
         )),
         Op::Binary { op, a, b } => {
             let (ta, tb) = (ty_of(a), ty_of(b));
-            let mo = p.view(
+            let (dims, st) = merge_view(
                 &ty.shape,
-                &[
-                    (0, broadcast_strides(&ty.shape, &ta.shape, 1)),
-                    (0, broadcast_strides(&ty.shape, &tb.shape, 1)),
+                vec![
+                    broadcast_strides(&ty.shape, &ta.shape, 1),
+                    broadcast_strides(&ty.shape, &tb.shape, 1),
                 ],
             );
+            let views: Vec<(u64, Vec<u64>)> = st.into_iter().map(|s| (0, s)).collect();
+            let mo = p.view(&dims, &views);
             np.launches.push(launch(
                 ew,
                 "k_binary",
@@ -472,6 +681,51 @@ fn plan_node(
             let (ra, rb, r) = (ta.rank(), tb.rank(), ty.rank());
             let (m, k, nn) = (ta.shape[ra - 2], ta.shape[ra - 1], tb.shape[rb - 1]);
             let batch = &ty.shape[..r - 2];
+            let batches: u64 = batch.iter().product();
+            if on_gemv(nodes, node, caps) {
+                let ((ba, sa), (bb, sb)) = (
+                    operand_view(nodes, folded, *a),
+                    operand_view(nodes, folded, *b),
+                );
+                let mo = p.view(
+                    batch,
+                    &[
+                        (0, batch_strides(batch, &ta.shape[..ra - 2], &sa[..ra - 2])),
+                        (0, batch_strides(batch, &tb.shape[..rb - 2], &sb[..rb - 2])),
+                    ],
+                );
+                let geometry = [sa[ra - 2], sa[ra - 1], sb[rb - 2], sb[rb - 1]];
+                let mg = p.raw(&geometry.map(|v| v as i64));
+                let mblocks = m.div_ceil(GEMV_ROWS);
+                np.launches.push(Launch {
+                    grid: Grid::Groups {
+                        group: GEMV_T,
+                        groups: [
+                            nn.div_ceil(GEMV_T as u64).max(1),
+                            mblocks.saturating_mul(batches).clamp(1, MAX_GROUPS_Y),
+                        ],
+                    },
+                    ..launch(
+                        Family::Linalg,
+                        "k_gemv",
+                        n,
+                        vec![
+                            Arg::Out,
+                            Arg::Value(ba),
+                            Arg::Value(bb),
+                            Arg::U64(m),
+                            Arg::U64(nn),
+                            Arg::U64(k),
+                            Arg::I32(dt(ty.dtype)),
+                            Arg::Meta,
+                            Arg::U32(mo),
+                            Arg::U32(mg),
+                            Arg::U64(batches),
+                        ],
+                    )
+                });
+                return;
+            }
             let mo = p.view(
                 batch,
                 &[
@@ -479,7 +733,6 @@ fn plan_node(
                     (0, broadcast_strides(batch, &tb.shape[..rb - 2], k * nn)),
                 ],
             );
-            let batches: u64 = batch.iter().product();
             let tile = if ty.dtype.is_float() {
                 choose_gemm(&caps.gemm, m, nn, batches, caps.compute_units)
             } else {
@@ -903,6 +1156,21 @@ mod tests {
         assert_eq!(pick(100, 100, 1, 2), "k_gemm_32x32");
         assert_eq!(pick(1024, 1024, 1, 2), "k_gemm_128x128");
         assert!(choose_gemm(&[], 8, 8, 1, 1).is_none());
+    }
+
+    #[test]
+    fn elementwise_views_merge_only_where_every_operand_agrees() {
+        // x[2, 3, 4] * y[4]: y's stride 0 on the first two axes breaks the chain at the last.
+        let (d, s) = merge_view(&[2, 3, 4], vec![vec![12, 4, 1], vec![0, 0, 1]]);
+        assert_eq!((d, s), (vec![6, 4], vec![vec![4, 1], vec![0, 1]]));
+        // Both contiguous: one axis; size-1 axes drop; a scalar view has no axes.
+        let (d, s) = merge_view(&[2, 1, 3], vec![vec![3, 3, 1], vec![3, 3, 1]]);
+        assert_eq!((d, s), (vec![6], vec![vec![1], vec![1]]));
+        let (d, s) = merge_view(&[1], vec![vec![1]]);
+        assert_eq!((d, s), (vec![], vec![vec![]]));
+        // A broadcast scalar merges with anything.
+        let (d, s) = merge_view(&[5, 7], vec![vec![7, 1], vec![0, 0]]);
+        assert_eq!((d, s), (vec![35], vec![vec![1], vec![0]]));
     }
 
     #[test]

@@ -1,7 +1,16 @@
 //! A graph compiled for an OpenCL device: its plan, the kernel programs it needs (built, or
 //! found already built, at compile), its constants and meta buffer uploaded once; and a run,
 //! which enqueues every launch in graph order on the device's queue, releases each value
-//! after its last reader, and reads the gather flags once at the end.
+//! after its last reader (a reader folded into a later launch reads at that launch), and
+//! reads the gather flags once at the end. A graph with fused chains has one more program,
+//! its chains' generated kernels (`Family::Fused`), built at compile or found by its text;
+//! a device that refuses it (past its bound of such programs) gets the graph planned unfused.
+//!
+//! Folded nodes hold no memory, and the values they read are held until the launch that
+//! computes them: at a fused chain's launch exactly the values the certificate counts live at
+//! its first member's step are live (the chain's operands all precede it), with its result in
+//! place of the first member's, of the same size; a folded permutation's source is held in
+//! place of the permutation, of the same size. So the run's peak stays within the certificate's.
 //!
 //! Memory bound: the certificate's `peak_bytes`, plus what this program keeps on the device
 //! beside the tensors the certificate counts: its constants for the program's whole life (the
@@ -86,24 +95,38 @@ impl GraphProgram {
                 "a gather with more than 2^31 indices is not supported on OpenCL".into(),
             ));
         }
-        let mut programs = HashMap::new();
-        for n in &plan.nodes {
-            for l in &n.launches {
-                if let std::collections::hash_map::Entry::Vacant(e) = programs.entry(l.family) {
-                    e.insert(device.program(l.family)?);
-                }
-            }
-        }
-        // An SGEMM tile needs its whole work group: a device that cannot run one (too few
-        // registers for its items, say) gets the graph planned again without it.
+        // An SGEMM tile (or `k_gemv`) needs its whole work group: a device that cannot run
+        // one (too few registers for its items, say) gets the graph planned again without it.
         let uses_gemm = plan.nodes.iter().any(|n| {
             n.launches
                 .iter()
                 .any(|l| l.family == Family::Linalg && l.grid != Grid::Items)
         });
-        if uses_gemm && device.check_gemm(&programs[&Family::Linalg]) {
+        if uses_gemm && device.check_gemm(&*device.program(Family::Linalg)?) {
             // Every product kernel is in the Linalg program already built.
             plan = plan::plan(graph, &device.caps());
+        }
+        // The graph's fused chains, built as one program; a device that builds no more of
+        // them (or fails to) runs the graph unfused.
+        let mut fused = None;
+        if !plan.fused.is_empty() {
+            fused = device.fused_program(&plan.fused);
+            if fused.is_none() {
+                let mut caps = device.caps();
+                caps.fuse = false;
+                plan = plan::plan(graph, &caps);
+            }
+        }
+        let mut programs = HashMap::new();
+        for n in &plan.nodes {
+            for l in &n.launches {
+                if let std::collections::hash_map::Entry::Vacant(e) = programs.entry(l.family) {
+                    e.insert(match (l.family, &fused) {
+                        (Family::Fused, Some(f)) => f.clone(),
+                        (family, _) => device.program(family)?,
+                    });
+                }
+            }
         }
         let meta = if plan.meta.is_empty() {
             None
@@ -121,7 +144,7 @@ impl GraphProgram {
             }
             constants.push(h);
         }
-        let release = release_schedule(graph);
+        let release = release_schedule(graph, &plan);
         Ok(GraphProgram {
             device: device.clone(),
             graph: graph.clone(),
@@ -220,13 +243,15 @@ fn index_count(graph: &Graph, gather: NodeId) -> u64 {
 }
 
 /// After which step each value stops counting, as the certificate counts (a source from the
-/// start, any other node from its step, each to its last reader; outputs never).
-fn release_schedule(graph: &Graph) -> Vec<Vec<NodeId>> {
+/// start, any other node from its step, each to its last reader; outputs never). A reader
+/// folded into a later launch (a fused chain's member, a permutation a product reads through
+/// strides) reads at that launch's step; folded nodes hold no memory and are never released.
+fn release_schedule(graph: &Graph, plan: &Plan) -> Vec<Vec<NodeId>> {
     let n = graph.nodes().len();
     let mut last = vec![0usize; n];
     for (i, node) in graph.nodes().iter().enumerate() {
         for o in node.op.operands() {
-            last[o.index()] = i;
+            last[o.index()] = last[o.index()].max(plan.step_of[i]);
         }
     }
     let mut output = vec![false; n];
@@ -235,7 +260,7 @@ fn release_schedule(graph: &Graph) -> Vec<Vec<NodeId>> {
     }
     let mut release = vec![Vec::new(); n];
     for (j, node) in graph.nodes().iter().enumerate() {
-        if output[j] {
+        if output[j] || matches!(plan.nodes[j].source, Source::Folded) {
             continue;
         }
         let start = if node.op.is_source() { 0 } else { j };
@@ -283,7 +308,7 @@ impl Program for GraphProgram {
             (None, None)
         };
 
-        let mut kernels: HashMap<&'static str, (Kernel, usize)> = HashMap::new();
+        let mut kernels: HashMap<&str, (Kernel, usize)> = HashMap::new();
         let mut values: Vec<Option<Handle>> = vec![None; nodes.len()];
         // Live tensor bytes as the certificate counts them: sources from the start.
         let mut live: u64 = nodes
@@ -343,6 +368,7 @@ impl Program for GraphProgram {
                 }
                 Source::Constant(k) => self.constants[*k].clone(),
                 Source::Alias(x) => values[x.index()].clone().expect("operands precede users"),
+                Source::Folded => Handle(None),
                 Source::Computed => {
                     let h = dev.alloc(bytes(&node.ty))?;
                     live += bytes(&node.ty);
@@ -361,8 +387,9 @@ impl Program for GraphProgram {
                 if l.items == 0 {
                     continue;
                 }
-                if !kernels.contains_key(l.kernel) {
-                    let k = Kernel::create(&self.programs[&l.family], l.kernel)
+                let name: &str = &l.kernel;
+                if !kernels.contains_key(name) {
+                    let k = Kernel::create(&self.programs[&l.family], name)
                         .map_err(|e| cl_err(&format!("creating kernel {}", l.kernel), e))?;
                     // A fixed group size: drivers that specialise a kernel per group size
                     // (PoCL compiles each one, ~0.3 s) then do so once per kernel.
@@ -375,9 +402,9 @@ impl Program for GraphProgram {
                             l.kernel
                         )));
                     }
-                    kernels.insert(l.kernel, (k, most.clamp(1, 64)));
+                    kernels.insert(name, (k, most.clamp(1, 64)));
                 }
-                let (kernel, group) = &kernels[l.kernel];
+                let (kernel, group) = &kernels[name];
                 fn mem<'a>(h: &'a Handle, dummy: &'a Mem) -> KernelArg<'a> {
                     KernelArg::Mem(h.0.as_deref().unwrap_or(dummy))
                 }

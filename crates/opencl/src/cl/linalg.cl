@@ -2,7 +2,8 @@
 // its chain of fused multiply-adds (explicit `fma`, correctly rounded by the OpenCL spec) in
 // exactly the reference's order, so the result does not depend on how work is split. Float
 // products normally run on the register-tiled SGEMM (`gemm.cl`, instantiated before this
-// file); `k_matmul` serves integer products and devices that can run none of its tiles.
+// file) or, with at most 4 rows, on `k_gemv` (`gemv.cl`); `k_matmul` serves integer products
+// and devices that can run none of them.
 // Convolution and pooling stay one item per output: each output's chain (input channel, kh,
 // kw, skipping padding) is short and its own, and neighbouring items read neighbouring inputs.
 
