@@ -1,8 +1,10 @@
 //! `tenet bench`: workloads timed on the executor, on numpy (run through `python3` in the same
-//! invocation), and against the FMA peak measured in the same run. Medians over repeats; the
+//! invocation), and against the FMA peak measured in the same run; SmolLM2 also on llama.cpp
+//! (llama-cpp-python, through the same `python3`). Medians over repeats; the
 //! machine is shared and noisy, so only ratios from one run mean much.
 
 pub mod hostile;
+mod llamacpp;
 pub mod load;
 pub mod node;
 mod numpy;
@@ -36,11 +38,38 @@ pub struct Row {
     pub bytes: Option<(f64, f64)>,
     /// Why the numpy column is empty, when the reason is particular to this row.
     pub note: Option<String>,
+    /// The share of the run's FMA peak this row may use (a 1-thread row of a 2-thread run:
+    /// 0.5); `None` for all of it.
+    pub peak_share: Option<f64>,
+    /// For the rows llama.cpp runs too: its median time for the same work, or why it could
+    /// not be measured; `None` for the other rows.
+    pub llamacpp: Option<Result<f64, String>>,
+    /// Bytes of weights llama.cpp reads a run (the Q4_1 tensors), for its decode rows.
+    pub llamacpp_bytes: Option<f64>,
 }
 
 impl Row {
     pub fn gflops(&self) -> Option<f64> {
         self.flops.map(|f| f / (self.tenet_ms * 1e6))
+    }
+
+    /// GFLOP/s as a share of the peak this row may use.
+    pub fn ratio_to_peak(&self) -> Option<f64> {
+        self.gflops()
+            .map(|g| g / (self.peak_gflops * self.peak_share.unwrap_or(1.0)))
+    }
+
+    /// llama.cpp's median time, when it ran.
+    pub fn llamacpp_ms(&self) -> Option<f64> {
+        self.llamacpp
+            .as_ref()
+            .and_then(|r| r.as_ref().ok().copied())
+    }
+
+    /// llama.cpp's read rate against the same bandwidth, for its decode rows.
+    pub fn llamacpp_ratio_to_bandwidth(&self) -> Option<f64> {
+        let (ms, bytes, (_, bw)) = (self.llamacpp_ms()?, self.llamacpp_bytes?, self.bytes?);
+        Some(bytes / (ms * 1e6) / bw)
     }
 
     /// GB/s read, for memory-bound rows.
@@ -50,7 +79,7 @@ impl Row {
 
     pub fn json(&self, numpy_note: &Option<String>) -> Value {
         let numpy_note = self.note.as_ref().or(numpy_note.as_ref());
-        json!({
+        let mut v = json!({
             format!("{}_per_s", self.unit): self.items.map(|n| round(n as f64 / (self.tenet_ms / 1e3))),
             "gbytes_per_s": self.bytes_rate().map(round),
             "ratio_to_bandwidth": self.bytes.and_then(|(_, bw)| self.bytes_rate().map(|r| round(r / bw))),
@@ -62,8 +91,42 @@ impl Row {
             "numpy_avx512_ms": self.numpy_avx512_ms.map(round),
             "tenet_over_numpy_avx512": self.numpy_avx512_ms.map(|n| round(self.tenet_ms / n)),
             "gflops": self.gflops().map(round),
-            "ratio_to_peak": self.gflops().map(|g| round(g / self.peak_gflops)),
-        })
+            "ratio_to_peak": self.ratio_to_peak().map(round),
+        });
+        if let (Some(peer), Some(o)) = (&self.llamacpp, v.as_object_mut()) {
+            let ms = peer.as_ref().ok().copied();
+            let rate = |ms: f64| round(self.items.unwrap_or(1) as f64 / (ms / 1e3));
+            o.insert("llamacpp_ms".into(), json!(ms.map(round)));
+            o.insert("llamacpp_tokens_per_s".into(), json!(ms.map(rate)));
+            o.insert("llamacpp_note".into(), json!(peer.as_ref().err()));
+            o.insert(
+                "tenet_over_llamacpp".into(),
+                json!(ms.map(|l| round(self.tenet_ms / l))),
+            );
+            if self.llamacpp_bytes.is_some() {
+                o.insert(
+                    "llamacpp_ratio_to_bandwidth".into(),
+                    json!(self.llamacpp_ratio_to_bandwidth().map(round)),
+                );
+            }
+        }
+        v
+    }
+
+    /// The table's words for the llama.cpp peer of this row (empty for the other rows).
+    fn llamacpp_text(&self) -> String {
+        match &self.llamacpp {
+            None => String::new(),
+            Some(Err(_)) => "; llama.cpp —".into(),
+            Some(Ok(ms)) => format!(
+                "; llama.cpp {ms:.2} ms ({:.1} {}/s{}): tenet {:.2}× its time",
+                self.items.unwrap_or(1) as f64 / (ms / 1e3),
+                self.unit,
+                self.llamacpp_ratio_to_bandwidth()
+                    .map_or(String::new(), |r| format!(", {r:.2} of the bandwidth")),
+                self.tenet_ms / ms
+            ),
+        }
     }
 }
 
@@ -176,6 +239,8 @@ pub struct Report {
     pub backend: String,
     pub peak_gflops: f64,
     pub numpy: Result<String, String>,
+    /// llama.cpp's version, or why it could not run; `None` without SmolLM2 rows.
+    pub llamacpp: Option<Result<String, String>>,
     pub rows: Vec<Row>,
 }
 
@@ -264,6 +329,9 @@ pub fn run(
             unit: "items",
             bytes: None,
             note: None,
+            peak_share: None,
+            llamacpp: None,
+            llamacpp_bytes: None,
         });
     }
     let mut notes = Vec::new();
@@ -271,10 +339,16 @@ pub fn run(
         Ok(r) => rows.extend(r),
         Err(why) => notes.push(why),
     }
-    match decode_row(device, backend, peak, quick, &mut progress) {
-        Ok(r) => rows.push(r),
-        Err(why) => notes.push(why),
-    }
+    let llamacpp = match smollm2_rows(device, backend, python, peak, quick, &mut progress) {
+        Ok((r, peer)) => {
+            rows.extend(r);
+            Some(peer)
+        }
+        Err(why) => {
+            notes.push(why);
+            None
+        }
+    };
     progress("measuring the FMA peak again");
     peak = peak.max(measure_peak());
     for r in &mut rows {
@@ -285,6 +359,7 @@ pub fn run(
         backend: device.name(),
         peak_gflops: peak,
         numpy: numpy.map(|m| m.version),
+        llamacpp,
         rows,
     }
 }
@@ -305,6 +380,13 @@ impl Report {
                 Err(e) => format!("not measured ({e})"),
             }
         );
+        match &self.llamacpp {
+            Some(Ok(v)) => s.push_str(&format!(
+                "llama.cpp: {v}, on the same GGUF file (its Q4_1 weights as stored), same tokens and threads\n\n"
+            )),
+            Some(Err(e)) => s.push_str(&format!("llama.cpp: not measured ({e})\n\n")),
+            None => {}
+        }
         s.push_str(&format!(
             "{:<34} {:>10} {:>10} {:>12} {:>9} {:>8} {:>22}\n",
             "workload",
@@ -324,7 +406,7 @@ impl Report {
             if let (Some(rate), Some((_, bw))) = (r.bytes_rate(), r.bytes) {
                 // A memory-bound row: read rate against the bandwidth measured in this run.
                 s.push_str(&format!(
-                    "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8}   {:.1} GB/s read = {:.2} of the {:.1} GB/s measured\n",
+                    "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8}   {:.1} GB/s read = {:.2} of the {:.1} GB/s measured{}\n",
                     format!("{} ({:.1} {}/s)", r.name, r.items.unwrap_or(1) as f64 / (r.tenet_ms / 1e3), r.unit),
                     r.tenet_ms,
                     "—",
@@ -334,11 +416,12 @@ impl Report {
                     rate,
                     rate / bw,
                     bw,
+                    r.llamacpp_text(),
                 ));
                 continue;
             }
             s.push_str(&format!(
-                "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8} {:>22}\n",
+                "{:<34} {:>10.2} {:>10} {:>12} {:>9} {:>8} {:>22}{}\n",
                 match r.items {
                     Some(n) => format!("{} ({:.1}/s)", r.name, n as f64 / (r.tenet_ms / 1e3)),
                     None => r.name.clone(),
@@ -347,11 +430,12 @@ impl Report {
                 opt(r.numpy_ms, 2),
                 opt(r.numpy_ms.map(|n| r.tenet_ms / n), 2),
                 opt(r.gflops(), 0),
-                opt(r.gflops().map(|g| g / r.peak_gflops), 2),
+                opt(r.ratio_to_peak(), 2),
                 r.numpy_avx512_ms.map_or("—".to_string(), |n| format!(
                     "{n:.2} (tenet {:.2}×)",
                     r.tenet_ms / n
                 )),
+                r.llamacpp_text(),
             ));
         }
         s
@@ -406,26 +490,47 @@ fn model_rows(
             unit: "sentences",
             bytes: None,
             note: Some("no numpy peer for model workloads".into()),
+            peak_share: None,
+            llamacpp: None,
+            llamacpp_bytes: None,
         });
     }
     Ok(rows)
 }
 
-/// SmolLM2 decoding with the KV cache, if the model has been fetched: the median time of one
-/// decode step after a short prompt (a [`tenet_models::smollm2::DecodeSession`]: the cache
-/// resident on the device, the decode program compiled once, before the timed steps), the bytes of weights each step reads (all of them, as f32:
-/// the weight format chosen, see ARCHITECTURE.md), and the machine's read bandwidth measured
-/// now, for the fraction of the memory limit reached.
-fn decode_row(
+/// The prompt of the prefill rows: this text's first [`PREFILL_TOKENS`] tokens.
+const PREFILL_TEXT: &str = "A verifiable computation lets anyone check that a result came from \
+    the program and the inputs it claims, without trusting the machine that produced it. ";
+
+/// Tokens in the prefill rows' prompt.
+const PREFILL_TOKENS: usize = 128;
+
+/// SmolLM2 rows, against llama.cpp run in the same invocation, if the model has been fetched.
+///
+/// Decoding with the KV cache: the median time of one decode step after a short prompt (a
+/// [`tenet_models::smollm2::DecodeSession`]: the cache resident on the device, the decode
+/// program compiled once, before the timed steps), the bytes of weights each step reads (all
+/// of them, as f32: the weight format chosen, see ARCHITECTURE.md), and the machine's read
+/// bandwidth measured now with the same threads, for the fraction of the memory limit
+/// reached. Prefill: the median time of [`PREFILL_TOKENS`] tokens into a new session (which
+/// includes compiling the prefill graph, as every prefill does).
+///
+/// On the CPU, at 1 and 2 threads and the device's own count (that count alone with `quick`);
+/// on another device, on it alone. llama.cpp loads the same GGUF file (its Q4_1 weights as they
+/// are), prefills the same token ids and decodes the same tokens at the same thread counts
+/// (the device's CPU threads for another device). The second value is llama.cpp's version, or
+/// why it could not run.
+fn smollm2_rows(
     device: &dyn Device,
     backend: &CpuDevice,
+    python: &str,
     peak: f64,
     quick: bool,
     progress: &mut impl FnMut(&str),
-) -> Result<Row, String> {
+) -> Result<(Vec<Row>, Result<String, String>), String> {
     use tenet_models::fetch::{SMOLLM2, cached};
-    use tenet_models::smollm2::{GGUF_FILE, SmolLm2, argmax};
-    let skipped = |e: String| format!("SmolLM2 decode skipped: {e}");
+    use tenet_models::smollm2::{GGUF_FILE, SmolLm2, argmax, llama_graph};
+    let skipped = |e: String| format!("SmolLM2 rows skipped: {e}");
     let dir = cached(&SMOLLM2).map_err(|e| skipped(e.to_string()))?;
     progress("loading SmolLM2");
     let gguf = tenet_models::fetch::find_file(&dir, GGUF_FILE)
@@ -437,32 +542,159 @@ fn decode_row(
         .values()
         .map(|t| t.bytes().len() as f64)
         .sum();
-    progress("measuring the read bandwidth");
-    let bandwidth = tenet_kernels::read_bandwidth_gbs(backend.threads(), 512 << 20, 5);
-    progress("running smollm2 decode on tenet");
+    // What llama.cpp reads a step: every tensor as stored (the embedding table is the output
+    // projection too, so all of it).
+    let quantized_bytes: f64 = tenet_models::gguf::GgufFile::open(&gguf)
+        .map_err(|e| skipped(e.to_string()))?
+        .tensors
+        .iter()
+        .map(|t| t.range.len() as f64)
+        .sum();
+    let on_cpu = device.info().spec == "cpu";
+    let threads: Vec<usize> = if !on_cpu || quick {
+        vec![backend.threads()]
+    } else {
+        let mut t = vec![1, 2, backend.threads()];
+        t.sort_unstable();
+        t.dedup();
+        t
+    };
     let prompt = model.encode("The capital of France is").map_err(skipped)?;
-    let mut session = model.session(device);
-    let mut logits = session.prefill(&prompt).map_err(skipped)?;
-    // The first step compiles the decode program; the timed ones only run it.
-    logits = session.step(argmax(&logits)).map_err(skipped)?;
-    let steps = if quick { 4 } else { 24 };
-    let mut times = Vec::new();
-    for _ in 0..steps {
-        let next = argmax(&logits);
-        let t = Instant::now();
-        logits = session.step(next).map_err(skipped)?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+    let long = model
+        .encode(&PREFILL_TEXT.repeat(8))
+        .map_err(skipped)?
+        .into_iter()
+        .take(PREFILL_TOKENS)
+        .collect::<Vec<_>>();
+    if long.len() < PREFILL_TOKENS {
+        return Err(skipped(format!(
+            "the prefill text gives {} tokens, not {PREFILL_TOKENS}",
+            long.len()
+        )));
     }
-    Ok(Row {
-        name: "smollm2 decode, f32 weights".into(),
-        tenet_ms: median(times),
-        numpy_ms: None,
-        numpy_avx512_ms: None,
-        flops: None,
-        peak_gflops: peak,
-        items: Some(1),
-        unit: "tokens",
-        bytes: Some((weight_bytes, bandwidth)),
-        note: Some("no numpy peer for model workloads".into()),
-    })
+    let prefill_flops = llama_graph(
+        &model.config,
+        model.weights.id,
+        0,
+        PREFILL_TOKENS as u64,
+        true,
+    )
+    .map_err(skipped)?
+    .cost()
+    .flops as f64;
+    let (steps, prefills) = if quick { (4, 2) } else { (24, 5) };
+    // The tokens fed to the decode steps (the untimed first one included), for llama.cpp.
+    let mut fed = Vec::new();
+    // (threads, decode ms, bandwidth, prefill ms) per thread count.
+    let mut measured = Vec::new();
+    for &t in &threads {
+        let own = on_cpu.then(|| {
+            tenet_devices::cpu(&tenet_devices::Options {
+                threads: Some(t),
+                simd: Some(backend.level()),
+                memory_limit: None,
+            })
+        });
+        let dev: &dyn Device = match &own {
+            Some(cpu) => cpu,
+            None => device,
+        };
+        let label = if on_cpu {
+            format!(", {t} thread{}", if t == 1 { "" } else { "s" })
+        } else {
+            String::new()
+        };
+        progress(&format!("measuring the read bandwidth with {t} threads"));
+        let bandwidth = tenet_kernels::read_bandwidth_gbs(t, 512 << 20, 5);
+        progress(&format!("running smollm2 decode{label} on tenet"));
+        let mut session = model.session(dev);
+        let mut logits = session.prefill(&prompt).map_err(skipped)?;
+        let mut tokens = Vec::new();
+        // The first step compiles the decode program; the timed ones only run it.
+        tokens.push(argmax(&logits));
+        logits = session.step(tokens[0]).map_err(skipped)?;
+        let mut times = Vec::new();
+        for _ in 0..steps {
+            let next = argmax(&logits);
+            tokens.push(next);
+            let start = Instant::now();
+            logits = session.step(next).map_err(skipped)?;
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        drop(session);
+        if fed.is_empty() {
+            fed = tokens;
+        }
+        progress(&format!(
+            "running smollm2 prefill of {PREFILL_TOKENS} tokens{label} on tenet"
+        ));
+        let mut prefill_times = Vec::new();
+        // One untimed prefill first, like llama.cpp's.
+        for i in 0..=prefills {
+            let mut session = model.session(dev);
+            let start = Instant::now();
+            std::hint::black_box(session.prefill(&long).map_err(skipped)?);
+            if i > 0 {
+                prefill_times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        measured.push((label, t, median(times), bandwidth, median(prefill_times)));
+    }
+    progress("running smollm2 on llama.cpp");
+    let peer = llamacpp::measure(
+        python,
+        &llamacpp::Spec {
+            model: &gguf,
+            threads: threads.clone(),
+            prefill: &long,
+            prefill_reps: prefills,
+            prompt: &prompt,
+            decode: &fed,
+        },
+    );
+    let peer_ms = |t: usize, pick: fn(&llamacpp::Timing) -> f64| -> Result<f64, String> {
+        match &peer {
+            Ok(m) => m
+                .by_threads
+                .get(&t)
+                .map(pick)
+                .ok_or_else(|| format!("llama-cpp-python gave no figure at {t} threads")),
+            Err(e) => Err(e.clone()),
+        }
+    };
+    let mut rows = Vec::new();
+    for (label, t, decode_ms, bandwidth, prefill_ms) in measured {
+        let row = |name: String, ms: f64| Row {
+            name,
+            tenet_ms: ms,
+            numpy_ms: None,
+            numpy_avx512_ms: None,
+            flops: None,
+            peak_gflops: peak,
+            items: Some(1),
+            unit: "tokens",
+            bytes: None,
+            note: Some("no numpy peer for model workloads".into()),
+            peak_share: None,
+            llamacpp: None,
+            llamacpp_bytes: None,
+        };
+        rows.push(Row {
+            bytes: Some((weight_bytes, bandwidth)),
+            llamacpp: Some(peer_ms(t, |m| m.decode_ms)),
+            llamacpp_bytes: Some(quantized_bytes),
+            ..row(format!("smollm2 decode, f32 weights{label}"), decode_ms)
+        });
+        rows.push(Row {
+            items: Some(PREFILL_TOKENS as u64),
+            flops: Some(prefill_flops),
+            peak_share: on_cpu.then(|| t as f64 / backend.threads() as f64),
+            llamacpp: Some(peer_ms(t, |m| m.prefill_ms)),
+            ..row(
+                format!("smollm2 prefill {PREFILL_TOKENS} tokens, f32 weights{label}"),
+                prefill_ms,
+            )
+        });
+    }
+    Ok((rows, peer.map(|m| m.version)))
 }

@@ -453,20 +453,38 @@ fn bench_json_has_the_documented_keys() {
     let o = stdout(&tenet(&["bench", "--quick", "--json"]));
     let rows: Vec<serde_json::Value> = serde_json::from_str(&o).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
-    // Five kernel workloads, then two MiniLM rows and a SmolLM2 decode row for the models in
-    // the cache.
+    // Five kernel workloads, then two MiniLM rows and SmolLM2 decode and prefill rows for the
+    // models in the cache.
     let minilm = rows
         .iter()
         .filter(|r| r["name"].as_str().unwrap().starts_with("minilm"));
+    let smollm2: Vec<_> = rows
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().starts_with("smollm2"))
+        .collect();
     let decode: Vec<_> = rows
         .iter()
         .filter(|r| r["name"].as_str().unwrap().starts_with("smollm2 decode"))
         .collect();
     assert_eq!(
         names.len(),
-        5 + minilm.clone().count() + decode.len(),
+        5 + minilm.clone().count() + smollm2.len(),
         "{names:?}"
     );
+    assert_eq!(smollm2.len(), 2 * decode.len(), "{names:?}");
+    // Each SmolLM2 row carries llama.cpp's figure, or says why it has none.
+    for r in &smollm2 {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        match r["llamacpp_tokens_per_s"].as_f64() {
+            Some(v) => assert!(v > 0.0, "{r}"),
+            None => assert!(
+                r["llamacpp_note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("llama")),
+                "{r}"
+            ),
+        }
+    }
     assert!([0, 2].contains(&minilm.clone().count()), "{names:?}");
     for r in minilm {
         assert!(r["sentences_per_s"].as_f64().unwrap() > 0.0, "{r}");
