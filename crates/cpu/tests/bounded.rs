@@ -25,7 +25,7 @@ use proptest::prelude::*;
 use tenet_cpu::{CpuDevice, SimdLevel};
 use tenet_exec::{Device, Program};
 use tenet_ir::testing::{RandomWeights as Weights, random_graph, random_io};
-use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor};
+use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, QuantFormat, Tensor};
 use tenet_sys::memory::Counting;
 
 #[global_allocator]
@@ -251,7 +251,11 @@ fn ops_on_the_reference_path_stay_within_the_bound() {
     let i = g.input("i", DType::I64, &[64, 96]);
     let f = g.input("f", DType::F32, &[2, 8, 24, 24]);
     let w = g.input("w", DType::F32, &[4, 8, 3, 3]);
+    let a = g.input("a", DType::F32, &[64, 96]);
+    let q = g.input("q", DType::U8, &[80, 3, 20]);
     let outs = [
+        ("qmatmul", a.qmatmul(&q, QuantFormat::Q4_1)),
+        ("dequantize", q.dequantize(QuantFormat::Q4_1)),
         ("add_f16", &h + &h),
         ("mul_i64", &i * &i),
         ("lt", h.lt(&h)),
@@ -309,6 +313,19 @@ fn long_steps_ask_to_stop_as_they_go() {
             let w = g.input("w", DType::F32, &[16, 16, 3, 3]);
             let y = x.conv2d(&w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1);
             g.finish(&[("y", &y)]).unwrap()
+        }),
+        ("qmatmul (the reference's code)", {
+            let g = GraphBuilder::new();
+            let a = g.input("a", DType::F32, &[16, 1024]);
+            let w = g.input("w", DType::U8, &[256, 32, 34]);
+            g.finish(&[("y", &a.qmatmul(&w, QuantFormat::Q8_0))])
+                .unwrap()
+        }),
+        ("dequantize (the reference's code)", {
+            let g = GraphBuilder::new();
+            let w = g.input("w", DType::U8, &[4096, 32, 18]);
+            g.finish(&[("y", &w.dequantize(QuantFormat::Q4_0))])
+                .unwrap()
         }),
         ("max_pool2d (the reference's code)", {
             let g = GraphBuilder::new();

@@ -190,6 +190,8 @@ fn every_op_name() -> BTreeSet<&'static str> {
         "layer_norm",
         "rms_norm",
         "conv2d",
+        "dequantize",
+        "qmatmul",
     ]
     .into_iter()
     .collect();

@@ -29,7 +29,8 @@ use crate::error::ValidationError;
 use crate::graph::{Graph, Limits, Node, Output, check_node, used_nodes};
 use crate::id::WeightsId;
 use crate::op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, ReduceOp, SliceRange, UnaryOp, Window2d,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    UnaryOp, Window2d,
 };
 
 /// A mistake found while building, with where the offending call is in the caller's source.
@@ -606,6 +607,30 @@ impl Tensor {
             .apply(&[self, other], None, Location::caller(), |n| Op::MatMul {
                 a: n[0],
                 b: n[1],
+            })
+    }
+
+    /// `self @ transpose(dequantize(w))`: `self` is `f32[..., m, k]`, `w` a quantised `[n, k]`
+    /// weight as GGUF stores it, `u8[n, k/32, format.block_bytes()]`; the result is
+    /// `f32[..., m, n]`, bit for bit the product with the dequantised, transposed weight.
+    #[track_caller]
+    pub fn qmatmul(&self, w: &Tensor, format: QuantFormat) -> Tensor {
+        self.builder()
+            .apply(&[self, w], None, Location::caller(), |n| Op::QMatMul {
+                a: n[0],
+                w: n[1],
+                format,
+            })
+    }
+
+    /// The f32 values of quantised blocks: `u8[..., nb, format.block_bytes()]` to
+    /// `f32[..., nb·32]`.
+    #[track_caller]
+    pub fn dequantize(&self, format: QuantFormat) -> Tensor {
+        self.builder()
+            .apply(&[self], None, Location::caller(), |n| Op::Dequantize {
+                x: n[0],
+                format,
             })
     }
 

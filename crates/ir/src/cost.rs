@@ -49,9 +49,13 @@ fn node_flops(node: &Node, operand_types: &[&TensorType]) -> u128 {
     let out = numel(&node.ty);
     match &node.op {
         Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => 0,
-        Op::Unary { .. } | Op::Binary { .. } | Op::Where { .. } | Op::Random { .. } => out,
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where { .. }
+        | Op::Random { .. }
+        | Op::Dequantize { .. } => out,
         Op::Reduce { .. } => numel(operand_types[0]),
-        Op::MatMul { .. } => {
+        Op::MatMul { .. } | Op::QMatMul { .. } => {
             let a = operand_types[0];
             mul(&[2, out, a.shape[a.rank() - 1] as u128])
         }

@@ -2,7 +2,7 @@
 //! call `infer`. docs/OPS.md states the same rules in prose.
 
 use crate::dtype::{DType, TensorType, numel};
-use crate::op::{BinaryOp, NodeId, Op, PoolKind, ReduceOp, UnaryOp, Window2d};
+use crate::op::{BinaryOp, NodeId, Op, PoolKind, QuantFormat, ReduceOp, UnaryOp, Window2d};
 
 /// Why an op cannot be applied to its operands. The message names the shapes involved.
 pub type RuleError = String;
@@ -384,7 +384,63 @@ pub fn infer(
             }
             Ok(d)
         }
+        Op::Dequantize { x, format } => {
+            let t = ty_of(*x);
+            let nb = quant_blocks(&t, *format)?;
+            let r = t.rank();
+            let mut shape = t.shape[..r - 2].to_vec();
+            shape.push(
+                nb.checked_mul(QuantFormat::BLOCK)
+                    .ok_or("dequantised size overflows")?,
+            );
+            Ok(TensorType::new(DType::F32, shape))
+        }
+        Op::QMatMul { a, w, format } => {
+            let (ta, tw) = (ty_of(*a), ty_of(*w));
+            let f = format.name();
+            if tw.rank() != 3 {
+                return Err(format!(
+                    "qmatmul weight is {tw}, needs u8[n, k/32, {}] ({f} blocks of a [n, k] weight)",
+                    format.block_bytes()
+                ));
+            }
+            let nb = quant_blocks(&tw, *format)?;
+            if nb == 0 {
+                return Err(format!(
+                    "qmatmul weight {tw} has no blocks: k must be at least 32"
+                ));
+            }
+            let k = nb * QuantFormat::BLOCK;
+            if ta.dtype != DType::F32 || ta.rank() < 2 {
+                return Err(format!(
+                    "qmatmul activations are {ta}, need f32 of rank >= 2 ([..., m, {k}])"
+                ));
+            }
+            let r = ta.rank();
+            if ta.shape[r - 1] != k {
+                return Err(format!(
+                    "qmatmul of {ta} by {f} weight {tw}: inner dimensions differ ({} vs {nb} blocks of 32 = {k})",
+                    ta.shape[r - 1]
+                ));
+            }
+            let mut shape = ta.shape.clone();
+            shape[r - 1] = tw.shape[0];
+            Ok(TensorType::new(DType::F32, shape))
+        }
     }
+}
+
+/// The block count `nb` of a quantised tensor `u8[..., nb, block_bytes]` of `format`.
+fn quant_blocks(t: &TensorType, format: QuantFormat) -> Result<u64, RuleError> {
+    let bb = format.block_bytes();
+    let r = t.rank();
+    if t.dtype != DType::U8 || r < 2 || t.shape[r - 1] != bb {
+        return Err(format!(
+            "{} blocks are u8[..., nb, {bb}] ({bb} bytes a block of 32 elements), got {t}",
+            format.name()
+        ));
+    }
+    Ok(t.shape[r - 2])
 }
 
 /// numpy broadcasting of two shapes, `None` if incompatible.

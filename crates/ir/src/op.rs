@@ -101,6 +101,31 @@ named_enum! {
     }
 }
 
+named_enum! {
+    /// Block formats of quantised weights (GGUF's), the `format=` of `dequantize` and
+    /// `qmatmul`. A quantised tensor is a `u8` tensor `[..., nb, block_bytes]` holding the
+    /// file's blocks verbatim, each block [`QuantFormat::BLOCK`] elements along the logical
+    /// last axis (docs/OPS.md, "Quantised weights").
+    QuantFormat {
+        Q4_0 = "q4_0", Q4_1 = "q4_1", Q8_0 = "q8_0",
+    }
+}
+
+impl QuantFormat {
+    /// Elements per block.
+    pub const BLOCK: u64 = 32;
+
+    /// Bytes per block: Q4_0 an f16 scale and 16 bytes of nibbles; Q4_1 an f16 scale, an f16
+    /// minimum and 16 bytes of nibbles; Q8_0 an f16 scale and 32 signed bytes.
+    pub fn block_bytes(self) -> u64 {
+        match self {
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_1 => 20,
+            QuantFormat::Q8_0 => 34,
+        }
+    }
+}
+
 impl UnaryOp {
     /// True for ops that are only defined on floating-point operands.
     pub fn float_only(self) -> bool {
@@ -299,6 +324,19 @@ pub enum Op {
         dist: Distribution,
         key: u64,
     },
+    /// The f32 values of quantised blocks: `u8[..., nb, block_bytes]` to `f32[..., nb·32]`.
+    Dequantize {
+        x: NodeId,
+        format: QuantFormat,
+    },
+    /// `a @ transpose(dequantize(w))`: `a` is `f32[..., m, k]`, `w` is `u8[n, k/32,
+    /// block_bytes]` (a linear layer's weight as GGUF stores it, `[out, in]` with blocks along
+    /// `in`); the result is `f32[..., m, n]`.
+    QMatMul {
+        a: NodeId,
+        w: NodeId,
+        format: QuantFormat,
+    },
 }
 
 /// Visit every operand slot of an op in order. Written once as a macro so that the same match
@@ -323,8 +361,9 @@ macro_rules! for_each_operand {
             | Op::Slice { x, .. }
             | Op::Pad { x, .. }
             | Op::Normalize { x, .. }
-            | Op::Pool2d { x, .. } => f(x),
-            Op::Binary { a, b, .. } | Op::MatMul { a, b } => {
+            | Op::Pool2d { x, .. }
+            | Op::Dequantize { x, .. } => f(x),
+            Op::Binary { a, b, .. } | Op::MatMul { a, b } | Op::QMatMul { a, w: b, .. } => {
                 f(a);
                 f(b);
             }
@@ -396,6 +435,8 @@ impl Op {
             Op::Conv2d { .. } => "conv2d",
             Op::Pool2d { kind, .. } => kind.name(),
             Op::Random { dist, .. } => dist.name(),
+            Op::Dequantize { .. } => "dequantize",
+            Op::QMatMul { .. } => "qmatmul",
         }
     }
 

@@ -311,9 +311,75 @@ fn propose(rng: &mut Rng, nodes: &[Node]) -> (Op, Option<TensorType>) {
     }
 }
 
-/// A random valid graph of up to `steps` proposed ops on top of 1 to 3 inputs.
+/// Append a quantised tensor (an input, weight or constant of random bytes: random f16 scales,
+/// infinities, NaNs and denormals among them) and a `dequantize` or `qmatmul` reading it.
+/// Its own generator `q`, so the other proposals' stream is the same with or without it.
+fn quant_step(q: &mut Rng, nodes: &mut Vec<Node>) {
+    let format = *q.pick(QuantFormat::ALL);
+    let (nb, bb) = (1 + q.below(2), format.block_bytes());
+    let k = nb * QuantFormat::BLOCK;
+    let lead = |q: &mut Rng| if q.chance(5) { 0 } else { 1 + q.below(3) };
+    let qmatmul = q.chance(60);
+    let shape = if qmatmul {
+        vec![lead(q), nb, bb]
+    } else if q.chance(50) {
+        vec![nb, bb]
+    } else {
+        vec![lead(q), nb, bb]
+    };
+    let ty = TensorType::new(DType::U8, shape);
+    let at = nodes.len();
+    let op = match q.below(3) {
+        0 => Op::Input {
+            name: format!("qin{at}"),
+        },
+        1 => Op::Weight {
+            file: WeightsId(std::array::from_fn(|_| q.next_u64() as u8)),
+            tensor: format!("q{at}.weight"),
+        },
+        _ => Op::Constant {
+            data: constant_data(q, &ty),
+        },
+    };
+    nodes.push(Node { op, ty });
+    let w = NodeId(at as u32);
+    let op = if qmatmul {
+        // Activations: an earlier f32 node of the right width, or a new input.
+        let fits: Vec<usize> = (0..at)
+            .filter(|&i| {
+                let t = &nodes[i].ty;
+                t.dtype == DType::F32 && t.rank() >= 2 && t.shape.last() == Some(&k)
+            })
+            .collect();
+        let a = if !fits.is_empty() && q.chance(50) {
+            NodeId(*q.pick(&fits) as u32)
+        } else {
+            let mut shape = vec![lead(q), k];
+            if q.chance(30) {
+                shape.insert(0, 1 + q.below(2));
+            }
+            nodes.push(Node {
+                op: Op::Input {
+                    name: format!("qa{}", nodes.len()),
+                },
+                ty: TensorType::new(DType::F32, shape),
+            });
+            NodeId(nodes.len() as u32 - 1)
+        };
+        Op::QMatMul { a, w, format }
+    } else {
+        Op::Dequantize { x: w, format }
+    };
+    let ty_of = |n: NodeId| nodes[n.index()].ty.clone();
+    let ty = infer(&op, &ty_of, None).expect("quantised operands are built to fit");
+    nodes.push(Node { op, ty });
+}
+
+/// A random valid graph of up to `steps` proposed ops on top of 1 to 3 inputs; now and then
+/// (about one step in 30) a quantised tensor and a `dequantize` or `qmatmul` of it.
 pub fn random_graph(seed: u64, steps: usize) -> Graph {
     let mut rng = Rng(seed);
+    let mut q = Rng(seed ^ 0x71ab_7c3e_05d2_9f11);
     let mut nodes: Vec<Node> = Vec::new();
     for i in 0..1 + rng.below(3) {
         let dtype = *rng.pick(&[DType::F32, DType::F32, DType::I64, DType::Bool, DType::F16]);
@@ -331,6 +397,9 @@ pub fn random_graph(seed: u64, steps: usize) -> Graph {
     }
     let limits = Limits::default();
     for _ in 0..steps {
+        if q.chance(3) {
+            quant_step(&mut q, &mut nodes);
+        }
         let (op, declared) = propose(&mut rng, &nodes);
         let ty_of = |n: NodeId| nodes[n.index()].ty.clone();
         let Ok(ty) = infer(&op, &ty_of, declared.as_ref()) else {

@@ -135,3 +135,18 @@ fn id_is_blake3_of_canonical_bytes() {
 fn blake3_hash(bytes: &[u8]) -> Box<[u8; 32]> {
     Box::new(GraphId::of_bytes(bytes).0)
 }
+
+/// The examples' ids, pinned: an encoding change that would alter an existing graph's id (a
+/// renumbered op tag, a reordered payload) fails here. New ops only append tags.
+#[test]
+fn the_examples_ids_are_pinned() {
+    let id = |src: &str| text::parse(src).unwrap().id().to_string();
+    assert_eq!(
+        id(include_str!("../../../examples/matmul.tg")),
+        "aabeec0929b0961f991adc307f832e6ae07de0ee9c283ce506cb28b497f4f9ba"
+    );
+    assert_eq!(
+        id(include_str!("../../../examples/mlp.tg")),
+        "ea642b769dc7ab68e31cfbcb7678c9a17ea8cab299db93423bee942fdc007b13"
+    );
+}

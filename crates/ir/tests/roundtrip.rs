@@ -57,6 +57,8 @@ fn the_generator_covers_every_op() {
         "layer_norm",
         "rms_norm",
         "conv2d",
+        "dequantize",
+        "qmatmul",
     ];
     all.extend(UnaryOp::ALL.iter().map(|o| o.name()));
     all.extend(BinaryOp::ALL.iter().map(|o| o.name()));

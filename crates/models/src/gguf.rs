@@ -1,6 +1,7 @@
 //! GGUF v3 files (llama.cpp's format): metadata, tensor index, and dequantisation of F32, F16,
 //! Q8_0 and Q4_1 tensors to f32 with exactly gguf-py's arithmetic (Q8_0: `q·d`; Q4_1:
-//! `(d·q) + m`, low nibbles first).
+//! `(d·q) + m`, low nibbles first), by `tenet_reference::quant`, the definition the
+//! `dequantize` and `qmatmul` ops share, NaN results made canonical.
 //!
 //! The file is untrusted: every count and length is checked against the bytes actually present
 //! and against limits before anything is allocated, tensor data must lie inside the file, and
@@ -21,7 +22,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use half::f16;
-use tenet_ir::{DType, HostTensor, SharedBytes, TensorType};
+use tenet_ir::{DType, HostTensor, QuantFormat, SharedBytes, TensorType};
+use tenet_reference::quant;
 
 pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
 const MAX_STRING: u64 = 1 << 20;
@@ -554,7 +556,6 @@ impl GgufFile {
             .ok()
             .and_then(|n| out.try_reserve_exact(n).ok())
             .ok_or_else(|| tensor_err(format!("cannot allocate {len} bytes to dequantise it")))?;
-        let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
         match t.kind {
             GgmlType::F32 => out.extend_from_slice(data),
             GgmlType::F16 => {
@@ -562,23 +563,17 @@ impl GgufFile {
                     out.extend_from_slice(&f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes());
                 }
             }
-            GgmlType::Q8_0 => {
-                for b in data.chunks_exact(34) {
-                    let d = f16_at(b, 0);
-                    for &q in &b[2..34] {
-                        out.extend_from_slice(&((q as i8) as f32 * d).to_le_bytes());
-                    }
-                }
-            }
-            GgmlType::Q4_1 => {
-                for b in data.chunks_exact(20) {
-                    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                    let qs = &b[4..20];
-                    for &q in qs {
-                        out.extend_from_slice(&(d * (q & 0x0f) as f32 + m).to_le_bytes());
-                    }
-                    for &q in qs {
-                        out.extend_from_slice(&(d * (q >> 4) as f32 + m).to_le_bytes());
+            GgmlType::Q8_0 | GgmlType::Q4_1 => {
+                // The one definition the `dequantize` and `qmatmul` ops use too.
+                let format = match t.kind {
+                    GgmlType::Q8_0 => QuantFormat::Q8_0,
+                    _ => QuantFormat::Q4_1,
+                };
+                let mut vals = [0.0f32; quant::BLOCK];
+                for b in data.chunks_exact(format.block_bytes() as usize) {
+                    quant::dequantize_block(format, b, &mut vals);
+                    for v in vals {
+                        out.extend_from_slice(&v.to_le_bytes());
                     }
                 }
             }

@@ -15,7 +15,7 @@
 
 use std::fmt::Write;
 
-use tenet_ir::{BinaryOp, Distribution, NormOp, PoolKind, ReduceOp, UnaryOp};
+use tenet_ir::{BinaryOp, Distribution, NormOp, PoolKind, QuantFormat, ReduceOp, UnaryOp};
 
 use crate::source::{self, Quirks};
 
@@ -211,7 +211,8 @@ pub(crate) fn fused_source(quirks: &Quirks, kernels: &str) -> String {
     s
 }
 
-/// `#define U_NEG 0` and so on for every op enum, from the enums' tags.
+/// `#define U_NEG 0` and so on for every op enum (and `Q_Q4_0` for the quantisation formats),
+/// from the enums' tags.
 fn op_codes() -> String {
     let mut s = String::new();
     let mut put = |prefix: &str, name: &str, tag: u8| {
@@ -234,6 +235,9 @@ fn op_codes() -> String {
     }
     for op in Distribution::ALL {
         put("D", op.name(), op.tag());
+    }
+    for f in QuantFormat::ALL {
+        put("Q", f.name(), f.tag());
     }
     s
 }

@@ -517,7 +517,9 @@ fn work(nodes: &[Node], node: &Node) -> u64 {
     let out = numel(&node.ty);
     let ty_of = |x: &NodeId| &nodes[x.index()].ty;
     match &node.op {
-        Op::MatMul { a, .. } => out.saturating_mul(*ty_of(a).shape.last().unwrap_or(&1)),
+        Op::MatMul { a, .. } | Op::QMatMul { a, .. } => {
+            out.saturating_mul(*ty_of(a).shape.last().unwrap_or(&1))
+        }
         Op::Conv2d { w, .. } => out.saturating_mul(ty_of(w).shape[1..].iter().product()),
         Op::Pool2d { kernel, .. } => out.saturating_mul(kernel[0] as u64 * kernel[1] as u64),
         Op::Normalize { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => out.saturating_mul(3),
@@ -1114,6 +1116,37 @@ fn plan_node(
                     Arg::U32(count),
                     Arg::Meta,
                     Arg::U32(mo),
+                ],
+            ));
+        }
+        Op::Dequantize { x, format } => np.launches.push(launch(
+            ew,
+            "k_dequantize",
+            n,
+            vec![
+                Arg::Out,
+                Arg::Value(*x),
+                Arg::U64(n),
+                Arg::I32(format.tag() as i32),
+                Arg::U32(format.block_bytes() as u32),
+            ],
+        )),
+        Op::QMatMul { a, w, format } => {
+            // Every batch's rows in a row: `a` is contiguous and `w` has no batch.
+            let nn = ty_of(w).shape[0];
+            np.launches.push(launch(
+                Family::Linalg,
+                "k_qmatmul",
+                n,
+                vec![
+                    Arg::Out,
+                    Arg::Value(*a),
+                    Arg::Value(*w),
+                    Arg::U64(n),
+                    Arg::U64(nn),
+                    Arg::U64(ty_of(w).shape[1]),
+                    Arg::I32(format.tag() as i32),
+                    Arg::U32(format.block_bytes() as u32),
                 ],
             ));
         }

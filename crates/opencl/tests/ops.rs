@@ -567,3 +567,47 @@ fn pooling_every_kind() {
         }
     }
 }
+
+#[test]
+fn quantised_ops() {
+    use tenet_ir::QuantFormat;
+    if device().is_none() {
+        return;
+    }
+    let mut ran = 0;
+    for &format in QuantFormat::ALL {
+        let bb = format.block_bytes();
+        // Several blocks per row, rows of several batches, more outputs than a work group.
+        for (a, w) in [
+            (&[3u64, 128][..], [70u64, 4, bb]),
+            (&[2, 5, 64][..], [9, 2, bb]),
+            (&[1, 32][..], [1, 1, bb]),
+            (&[0, 32][..], [3, 1, bb]),
+            (&[2, 32][..], [0, 1, bb]),
+        ] {
+            let what = format!("qmatmul {} f32{a:?} u8{w:?}", format.name());
+            ran += check_op(
+                &what,
+                &[(DType::F32, a), (DType::U8, &w)],
+                |x| Op::QMatMul {
+                    a: x[0],
+                    w: x[1],
+                    format,
+                },
+                None,
+                7,
+            ) as u32;
+        }
+        for shape in [&[5u64, 3, bb][..], &[2, bb], &[0, 2, bb], &[4, 0, bb]] {
+            let what = format!("dequantize {} u8{shape:?}", format.name());
+            ran += check_op(
+                &what,
+                &[(DType::U8, shape)],
+                |x| Op::Dequantize { x: x[0], format },
+                None,
+                8,
+            ) as u32;
+        }
+    }
+    assert_eq!(ran, 3 * 9);
+}

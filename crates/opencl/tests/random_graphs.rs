@@ -77,6 +77,8 @@ fn seeded_graphs_cover_every_op() {
             "layer_norm",
             "rms_norm",
             "conv2d",
+            "dequantize",
+            "qmatmul",
         ],
     ]
     .concat();

@@ -4,12 +4,13 @@ use std::collections::HashMap;
 
 use half::{bf16, f16};
 use tenet_ir::{
-    BinaryOp, DType, Distribution, Graph, HostTensor, NodeId, NormOp, Op, PoolKind, ReduceOp,
-    TensorType, UnaryOp, WeightSource, Window2d,
+    BinaryOp, DType, Distribution, Graph, HostTensor, NodeId, NormOp, Op, PoolKind, QuantFormat,
+    ReduceOp, TensorType, UnaryOp, WeightSource, Window2d,
 };
 
 use crate::math::{self, NAN, canonical as canon};
 use crate::philox;
+use crate::quant;
 
 /// Why a graph could not be run on the given inputs and weights.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -437,6 +438,8 @@ fn eval(
         Op::Cast { x } => cast(arg(x), ty),
         Op::Reduce { op, x, axes, .. } => reduce(*op, arg(x), axes, ty),
         Op::MatMul { a, b } => matmul(arg(a), arg(b), ty, stopper),
+        Op::Dequantize { x, format } => dequantize(arg(x), *format, ty, stopper),
+        Op::QMatMul { a, w, format } => qmatmul(arg(a), arg(w), *format, ty, stopper),
         Op::Reshape { x } => tensor(ty, arg(x).bytes().to_vec()),
         Op::Permute { x, perm } => {
             let x = arg(x);
@@ -943,6 +946,65 @@ fn matmul(a: &HostTensor, b: &HostTensor, ty: &TensorType, stopper: &Stopper<'_>
         }
         _ => unreachable!("validated graphs have operands of one dtype"),
     }
+}
+
+/// `dequantize`: each block's 32 values by [`quant::dequantize_block`], blocks in order.
+fn dequantize(
+    x: &HostTensor,
+    format: QuantFormat,
+    ty: &TensorType,
+    stopper: &Stopper<'_>,
+) -> HostTensor {
+    let mut out = Vec::with_capacity(ty.numel().unwrap_or(0) as usize);
+    let mut vals = [0.0f32; quant::BLOCK];
+    for b in x.bytes().chunks_exact(format.block_bytes() as usize) {
+        if !stopper.skip(quant::BLOCK as u64) {
+            quant::dequantize_block(format, b, &mut vals);
+        }
+        out.extend_from_slice(&vals);
+    }
+    floats_to(ty, out)
+}
+
+/// `qmatmul`: `a[..., m, k]` times the transpose of the dequantised `w[n, k/32, bb]`, each
+/// output the matmul's chain `acc = +0; acc = fma(a[i, p], deq(w)[j, p], acc)`, p ascending.
+fn qmatmul(
+    a: &HostTensor,
+    w: &HostTensor,
+    format: QuantFormat,
+    ty: &TensorType,
+    stopper: &Stopper<'_>,
+) -> HostTensor {
+    let k = *a.shape().last().expect("rank >= 2") as usize;
+    let n = w.shape()[0] as usize;
+    let rows = a.numel().checked_div(k).unwrap_or(0);
+    let x = a.to_f32_vec();
+    // The dequantised weight, row j holding W[j, 0..k]; asking `stop` as it goes.
+    let mut wd = vec![0.0f32; n * k];
+    let mut vals = [0.0f32; quant::BLOCK];
+    let blocks = w.bytes().chunks_exact(format.block_bytes() as usize);
+    for (row, b) in wd.chunks_exact_mut(quant::BLOCK).zip(blocks) {
+        if stopper.skip(quant::BLOCK as u64) {
+            break;
+        }
+        quant::dequantize_block(format, b, &mut vals);
+        row.copy_from_slice(&vals);
+    }
+    let mut out = Vec::with_capacity(rows * n);
+    for i in 0..rows {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            if stopper.skip(k as u64) {
+                out.push(acc);
+                continue;
+            }
+            for p in 0..k {
+                acc = x[i * k + p].mul_add(wd[j * k + p], acc);
+            }
+            out.push(acc);
+        }
+    }
+    floats_to(ty, out)
 }
 
 fn gather(

@@ -8,6 +8,7 @@
 mod interp;
 pub mod math;
 pub mod philox;
+pub mod quant;
 
 pub use interp::{
     POLL_WORK, RunError, binary_f32, check_inputs, eval_op, eval_op_polled, fold_lanes,

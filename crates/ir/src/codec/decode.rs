@@ -13,7 +13,8 @@ use crate::graph::{Graph, Limits, Node, Output};
 use crate::id::WeightsId;
 use crate::infer::MAX_NAME_LEN;
 use crate::op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, ReduceOp, SliceRange, UnaryOp, Window2d,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    UnaryOp, Window2d,
 };
 
 /// Why a byte string is not a valid encoded graph, and where.
@@ -460,6 +461,21 @@ fn read_node(r: &mut Reader<'_>, i: usize, limits: &Limits) -> R<Node> {
             dist: r.tagged("distribution", Distribution::from_tag)?,
             key: r.u64("random key")?,
         },
+        tag::DEQUANTIZE => {
+            let format = r.tagged("quantisation format", QuantFormat::from_tag)?;
+            Op::Dequantize {
+                format,
+                x: r.node(i)?,
+            }
+        }
+        tag::QMATMUL => {
+            let format = r.tagged("quantisation format", QuantFormat::from_tag)?;
+            Op::QMatMul {
+                format,
+                a: r.node(i)?,
+                w: r.node(i)?,
+            }
+        }
         other => {
             return r.err(
                 op_at,

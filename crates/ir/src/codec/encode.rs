@@ -24,8 +24,11 @@
 //! | conv2d | x, w, option bias, window, groups u32 |
 //! | pools | kind u8, x, kernel u32 × 2, window |
 //! | random | distribution u8, key u64 |
+//! | dequantize | format u8, x |
+//! | qmatmul | format u8, a, w |
 //!
-//! Operands are node indices (u32); a window is stride u32 × 2, padding u32 × 4, dilation u32 × 2.
+//! Operands are node indices (u32); a format is a `QuantFormat` tag (q4_0 0, q4_1 1, q8_0 2);
+//! a window is stride u32 × 2, padding u32 × 4, dilation u32 × 2.
 
 use super::{MAGIC, VERSION, tag};
 use crate::graph::Graph;
@@ -118,6 +121,8 @@ fn op_tag(op: &Op) -> u8 {
         Op::Conv2d { .. } => tag::CONV2D,
         Op::Pool2d { .. } => tag::POOL2D,
         Op::Random { .. } => tag::RANDOM,
+        Op::Dequantize { .. } => tag::DEQUANTIZE,
+        Op::QMatMul { .. } => tag::QMATMUL,
     }
 }
 
@@ -250,6 +255,19 @@ fn payload(w: &mut Writer, op: &Op) {
         Op::Random { dist, key } => {
             w.u8(dist.tag());
             w.u64(*key);
+        }
+        Op::Dequantize { x, format } => {
+            w.u8(format.tag());
+            w.node(*x);
+        }
+        Op::QMatMul {
+            a,
+            w: weight,
+            format,
+        } => {
+            w.u8(format.tag());
+            w.node(*a);
+            w.node(*weight);
         }
     }
 }

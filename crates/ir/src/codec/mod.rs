@@ -53,4 +53,22 @@ pub(crate) mod tag {
     pub const CONV2D: u8 = 21;
     pub const POOL2D: u8 = 22;
     pub const RANDOM: u8 = 23;
+    pub const DEQUANTIZE: u8 = 24;
+    pub const QMATMUL: u8 = 25;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tag::*;
+
+    /// The op tags, in the order they were added: new ops append, none is ever renumbered.
+    #[test]
+    fn op_tags_are_append_only() {
+        let tags = [
+            INPUT, WEIGHT, CONSTANT, UNARY, BINARY, WHERE, CAST, REDUCE, MATMUL, RESHAPE, PERMUTE,
+            EXPAND, SLICE, PAD, CONCAT, GATHER, IOTA, TRI_MASK, NORMALIZE, LAYER_NORM, RMS_NORM,
+            CONV2D, POOL2D, RANDOM, DEQUANTIZE, QMATMUL,
+        ];
+        assert_eq!(tags.to_vec(), (0..26).collect::<Vec<u8>>());
+    }
 }

@@ -10,7 +10,8 @@ use crate::error::ValidationError;
 use crate::graph::{Graph, Limits, Node, Output, check_node};
 use crate::id::WeightsId;
 use crate::op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, ReduceOp, SliceRange, UnaryOp, Window2d,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    UnaryOp, Window2d,
 };
 
 /// Largest text accepted, before anything else is looked at.
@@ -506,6 +507,20 @@ impl Call<'_, '_> {
             .map_err(|e| (col, e))
     }
 
+    fn kw_format(&mut self) -> PResult<QuantFormat> {
+        let (col, s) = self.kw_scalar("format")?;
+        QuantFormat::from_name(&s).ok_or_else(|| {
+            let known: Vec<&str> = QuantFormat::ALL.iter().map(|f| f.name()).collect();
+            (
+                col,
+                format!(
+                    "unknown quantisation format `{s}` (one of {})",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+
     fn window(&mut self) -> PResult<Window2d> {
         Ok(Window2d {
             stride: self.kw_array("stride")?,
@@ -648,6 +663,15 @@ impl Call<'_, '_> {
                 x: self.operand()?,
                 gamma: self.kw_node("gamma")?,
                 eps_bits: self.kw_f32_bits("eps")?,
+            },
+            "dequantize" => Op::Dequantize {
+                x: self.operand()?,
+                format: self.kw_format()?,
+            },
+            "qmatmul" => Op::QMatMul {
+                a: self.operand()?,
+                w: self.operand()?,
+                format: self.kw_format()?,
             },
             "conv2d" => Op::Conv2d {
                 x: self.operand()?,

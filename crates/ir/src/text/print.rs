@@ -163,5 +163,14 @@ fn push_args(a: &mut Args, op: &Op, ty: &TensorType) {
             a.window(window);
         }
         Op::Random { key, .. } => a.kw("key", key),
+        Op::Dequantize { x, format } => {
+            a.pos(x);
+            a.kw("format", format.name());
+        }
+        Op::QMatMul { a: l, w, format } => {
+            a.pos(l);
+            a.pos(w);
+            a.kw("format", format.name());
+        }
     }
 }

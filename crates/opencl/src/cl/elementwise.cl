@@ -222,3 +222,11 @@ kernel void k_random(global uchar* out, ulong n, int dist, int dt, ulong seed, u
         st_f(out, dt, i, v);
     }
 }
+
+// dequantize: element o of the result is element o % 32 of block o / 32 (`bb` bytes each).
+kernel void k_dequantize(global uchar* out, global const uchar* x, ulong n, int fmt, uint bb) {
+    FOR_EACH(o, n) {
+        global const uchar* b = x + (o / 32) * bb;
+        st_f(out, DT_F32, o, q_value(b, fmt, q_half(b), q_min(b, fmt), (uint)(o % 32)));
+    }
+}

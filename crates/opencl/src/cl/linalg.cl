@@ -32,6 +32,27 @@ kernel void k_matmul(global uchar* out, global const uchar* a, global const ucha
     }
 }
 
+// qmatmul: out[r, j] = fma chain over p of a[r, p] * deq(w)[j, p] (a f32 [R, K], rows of every
+// batch in a row; w [N, K/32 blocks of bb bytes]), p ascending, each block's scale decoded once
+// and its 32 elements dequantised on the fly with the reference's formula (`q_value`): the
+// reference's chain, so the bits of `matmul(a, transpose(dequantize(w)))`.
+kernel void k_qmatmul(global uchar* out, global const uchar* a, global const uchar* w,
+                       ulong total, ulong N, ulong NB, int fmt, uint bb) {
+    FOR_EACH(o, total) {
+        const ulong j = o % N, r = o / N;
+        const ulong ar = r * NB * 32;
+        global const uchar* wr = w + j * NB * bb;
+        float acc = 0.0f;
+        for (ulong blk = 0; blk < NB; ++blk) {
+            global const uchar* b = wr + blk * bb;
+            const float d = q_half(b), m = q_min(b, fmt);
+            for (uint e = 0; e < 32; ++e)
+                acc = fma(ld_f(a, DT_F32, ar + blk * 32 + e), q_value(b, fmt, d, m, e), acc);
+        }
+        st_f(out, DT_F32, o, acc);
+    }
+}
+
 // Geometry in meta + mo: N, C, H, W, O, C/groups, KH, KW, OH, OW, stride h/w, padding
 // top/left, dilation h/w, O/groups.
 kernel void k_conv2d(global uchar* out, global const uchar* x, global const uchar* w,
