@@ -157,6 +157,15 @@ fn profile(graph: &Graph, backend: &str, total_ms: f64, stats: &tenet_exec::RunS
 
 pub fn run(o: &RunArgs) -> Result<()> {
     let graph = crate::load_graph(&o.graph)?;
+    // A wrong `--device` is said before any file is read; the device compiles the graph
+    // before inputs are read, so a graph over its memory is refused first too.
+    let program = if o.reference {
+        None
+    } else {
+        let device = o.device.open()?;
+        let program = device.compile(&graph)?;
+        Some((device, program))
+    };
     let weights = WeightSet(
         o.weights
             .iter()
@@ -180,13 +189,9 @@ pub fn run(o: &RunArgs) -> Result<()> {
     }
     let inputs = read_inputs(&graph, &o.inputs)?;
     let context = || format!("running graph {}", graph.id().short());
-    let outputs = if o.reference {
-        tenet_reference::run(&graph, &inputs, &weights, o.seed).with_context(context)?
-    } else {
-        let device = o.device.open()?;
+    let outputs = if let Some((device, program)) = &program {
         let started = std::time::Instant::now();
-        let (outputs, stats) = device
-            .compile(&graph)?
+        let (outputs, stats) = program
             .run_with_stats(&inputs, &weights, o.seed)
             .with_context(context)?;
         if o.profile {
@@ -194,6 +199,8 @@ pub fn run(o: &RunArgs) -> Result<()> {
             eprint!("{}", profile(&graph, &device.name(), ms, &stats));
         }
         outputs
+    } else {
+        tenet_reference::run(&graph, &inputs, &weights, o.seed).with_context(context)?
     };
     write_requested(&outputs, &o.outputs)?;
     if o.json {

@@ -402,11 +402,15 @@ fn run_is_byte_identical_across_threads_and_the_reference() {
     );
     let (ia, ib) = (format!("a={}", a.display()), format!("b={}", b.display()));
     let mut files = Vec::new();
-    for (name, extra) in [
+    let mut runs = vec![
         ("t1", vec!["--threads", "1"]),
         ("t2", vec!["--threads", "2"]),
         ("ref", vec!["--reference"]),
-    ] {
+    ];
+    if opencl_listed() {
+        runs.push(("opencl", vec!["--device", "opencl"]));
+    }
+    for (name, extra) in runs {
         let out = tmp(&format!("{name}.safetensors"));
         let mut args = vec![
             "run",
@@ -423,6 +427,9 @@ fn run_is_byte_identical_across_threads_and_the_reference() {
         files.push(std::fs::read(&out).unwrap());
     }
     assert_eq!(files[0], files[1], "--threads 1 and 2 differ");
+    for other in &files[3..] {
+        assert_eq!(&files[0], other, "--device opencl differs from the CPU");
+    }
     assert_eq!(
         files[0], files[2],
         "the executor differs from the reference"
@@ -808,4 +815,42 @@ fn run_profile_says_where_the_time_went() {
     assert_eq!(steps("rows"), "1");
     let e = stderr_of_failure(&[&args[..], &["--reference"]].concat());
     assert!(e.contains("cannot be used with"), "{e}");
+}
+
+/// Whether `tenet devices --json` lists an OpenCL device that passed its determinism check
+/// (required when `TENET_REQUIRE_OPENCL=1`, as `.ci/run` sets).
+fn opencl_listed() -> bool {
+    let out = stdout(&tenet(&["devices", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let found = v.as_array().unwrap().iter().any(|d| {
+        d["spec"].as_str().is_some_and(|s| s.starts_with("opencl")) && d["exact_check"] == "passed"
+    });
+    let required = std::env::var("TENET_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+    assert!(found || !required, "TENET_REQUIRE_OPENCL=1 but: {out}");
+    found
+}
+
+#[test]
+fn devices_lists_the_cpu_with_its_check_and_bad_specs_are_clear() {
+    let out = stdout(&tenet(&["devices", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cpu = &v.as_array().unwrap()[0];
+    assert_eq!(cpu["spec"], "cpu");
+    assert_eq!(cpu["class"], "cpu");
+    assert_eq!(cpu["exact_check"], "passed");
+    assert_eq!(cpu["tiers"], serde_json::json!(["exact", "tolerant"]));
+    assert!(cpu["memory_bytes"].as_u64().unwrap() > 0);
+    let table = stdout(&tenet(&["devices"]));
+    assert!(table.contains("determinism check"), "{table}");
+    for (spec, says) in [
+        ("gpu", "expected cpu, opencl or opencl:N"),
+        ("opencl:99", "no OpenCL device 99"),
+    ] {
+        let err = stderr_of_failure(&["run", "examples/matmul.tg", "--device", spec]);
+        if spec == "opencl:99" && !opencl_listed() {
+            continue;
+        }
+        assert!(err.contains(says), "--device {spec}: {err}");
+        assert!(err.contains("--device"), "the error names the flag: {err}");
+    }
 }
