@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use tenet_devices::{Options, SimdLevel, Spec};
 use tenet_exec::{Device, ExecError};
-use tenet_ir::testing::{RandomWeights as Weights, op_names, random_graph, random_io};
+use tenet_ir::testing::{
+    RandomWeights as Weights, every_op_name, op_names, random_graph, random_io,
+};
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, TensorType};
 
 /// A device under test and how many random graphs it gets (PoCL is slow; it checks bits).
@@ -167,42 +169,6 @@ fn random_graphs_over_the_op_set_match_the_reference_on_every_device() {
 
 /// Ops the random graphs may miss at this case count; a directed test runs them.
 const RARE: [&str; 2] = ["or", "avg_pool2d_include_pad"];
-
-/// The name of every op of the op set.
-fn every_op_name() -> BTreeSet<&'static str> {
-    use tenet_ir::{BinaryOp, Distribution, NormOp, PoolKind, ReduceOp, UnaryOp};
-    let mut names: BTreeSet<&'static str> = [
-        "input",
-        "weight",
-        "const",
-        "where",
-        "cast",
-        "matmul",
-        "reshape",
-        "permute",
-        "expand",
-        "slice",
-        "pad",
-        "concat",
-        "gather",
-        "iota",
-        "tri_mask",
-        "layer_norm",
-        "rms_norm",
-        "conv2d",
-        "dequantize",
-        "qmatmul",
-    ]
-    .into_iter()
-    .collect();
-    names.extend(UnaryOp::ALL.iter().map(|o| o.name()));
-    names.extend(BinaryOp::ALL.iter().map(|o| o.name()));
-    names.extend(ReduceOp::ALL.iter().map(|o| o.name()));
-    names.extend(NormOp::ALL.iter().map(|o| o.name()));
-    names.extend(PoolKind::ALL.iter().map(|o| o.name()));
-    names.extend(Distribution::ALL.iter().map(|o| o.name()));
-    names
-}
 
 #[test]
 fn the_rarest_ops_run_too() {

@@ -449,6 +449,41 @@ pub fn random_graph(seed: u64, steps: usize) -> Graph {
     Graph::new(nodes, outputs).expect("the generator builds valid graphs")
 }
 
+/// The name of every op of the op set (what a generator or a suite covering it must reach).
+pub fn every_op_name() -> std::collections::BTreeSet<&'static str> {
+    let mut names: std::collections::BTreeSet<&'static str> = [
+        "input",
+        "weight",
+        "const",
+        "where",
+        "cast",
+        "matmul",
+        "reshape",
+        "permute",
+        "expand",
+        "slice",
+        "pad",
+        "concat",
+        "gather",
+        "iota",
+        "tri_mask",
+        "layer_norm",
+        "rms_norm",
+        "conv2d",
+        "dequantize",
+        "qmatmul",
+    ]
+    .into_iter()
+    .collect();
+    names.extend(UnaryOp::ALL.iter().map(|o| o.name()));
+    names.extend(BinaryOp::ALL.iter().map(|o| o.name()));
+    names.extend(ReduceOp::ALL.iter().map(|o| o.name()));
+    names.extend(NormOp::ALL.iter().map(|o| o.name()));
+    names.extend(PoolKind::ALL.iter().map(|o| o.name()));
+    names.extend(Distribution::ALL.iter().map(|o| o.name()));
+    names
+}
+
 /// Which op names occur in a graph.
 pub fn op_names(g: &Graph) -> std::collections::BTreeSet<&'static str> {
     g.nodes().iter().map(|n| n.op.name()).collect()

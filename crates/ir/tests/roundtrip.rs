@@ -38,34 +38,7 @@ fn the_generator_covers_every_op() {
     for seed in 0..3000 {
         seen.extend(op_names(&random_graph(seed, 30)));
     }
-    let mut all: Vec<&str> = vec![
-        "input",
-        "weight",
-        "const",
-        "where",
-        "cast",
-        "matmul",
-        "reshape",
-        "permute",
-        "expand",
-        "slice",
-        "pad",
-        "concat",
-        "gather",
-        "iota",
-        "tri_mask",
-        "layer_norm",
-        "rms_norm",
-        "conv2d",
-        "dequantize",
-        "qmatmul",
-    ];
-    all.extend(UnaryOp::ALL.iter().map(|o| o.name()));
-    all.extend(BinaryOp::ALL.iter().map(|o| o.name()));
-    all.extend(ReduceOp::ALL.iter().map(|o| o.name()));
-    all.extend(NormOp::ALL.iter().map(|o| o.name()));
-    all.extend(PoolKind::ALL.iter().map(|o| o.name()));
-    all.extend(Distribution::ALL.iter().map(|o| o.name()));
+    let all = tenet_ir::testing::every_op_name();
     let missing: Vec<_> = all.iter().filter(|n| !seen.contains(*n)).collect();
     assert!(missing.is_empty(), "never generated: {missing:?}");
 }

@@ -45,43 +45,7 @@ fn seeded_graphs_cover_every_op() {
             &format!("seed {seed}"),
         );
     }
-    let all = [
-        tenet_ir::UnaryOp::ALL
-            .iter()
-            .map(|o| o.name())
-            .collect::<Vec<_>>(),
-        tenet_ir::BinaryOp::ALL.iter().map(|o| o.name()).collect(),
-        tenet_ir::ReduceOp::ALL.iter().map(|o| o.name()).collect(),
-        tenet_ir::NormOp::ALL.iter().map(|o| o.name()).collect(),
-        tenet_ir::PoolKind::ALL.iter().map(|o| o.name()).collect(),
-        tenet_ir::Distribution::ALL
-            .iter()
-            .map(|o| o.name())
-            .collect(),
-        vec![
-            "input",
-            "weight",
-            "const",
-            "where",
-            "cast",
-            "matmul",
-            "reshape",
-            "permute",
-            "expand",
-            "slice",
-            "pad",
-            "concat",
-            "gather",
-            "iota",
-            "tri_mask",
-            "layer_norm",
-            "rms_norm",
-            "conv2d",
-            "dequantize",
-            "qmatmul",
-        ],
-    ]
-    .concat();
+    let all = tenet_ir::testing::every_op_name();
     let missing: Vec<&str> = all.into_iter().filter(|n| !seen.contains(n)).collect();
     assert!(missing.is_empty(), "never generated: {missing:?}");
 }
