@@ -65,23 +65,11 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
     let mut nodes = Vec::new();
     for (i, cheat) in [None, Some("flip"), None].into_iter().enumerate() {
         let data = d(&format!("node{i}"));
-        let mut args = vec![
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--data-dir",
-            &data,
-            "--trust",
-            &ckey,
-        ];
-        if let Some(c) = cheat {
-            args.extend(["--cheat", c]);
-        }
-        let (p, line) = spawn(&args);
-        let url = line.split_whitespace().last().unwrap().to_string();
+        let extra: &[&str] = match cheat {
+            Some(c) => &["--cheat", c],
+            None => &[],
+        };
+        let (p, url) = common::spawn_node(&data, &ckey, extra);
         if i == 0 {
             // A caller's key cannot claim stake: only the admin bonds it.
             let claimed = tenet()

@@ -119,21 +119,7 @@ impl Net {
             .to_str()
             .unwrap()
             .to_string();
-        let mut args = vec![
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--data-dir",
-            &data,
-            "--trust",
-            &self.key,
-        ];
-        args.extend(extra);
-        let (p, line) = spawn(&args);
-        let url = line.split_whitespace().last().unwrap().to_string();
+        let (p, url) = common::spawn_node(&data, &self.key, extra);
         self.nodes.push((p, url.clone()));
         url
     }

@@ -131,12 +131,7 @@ impl Device for CpuDevice {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             spec: "cpu".into(),
-            name: format!(
-                "cpu {} × {} thread{}",
-                self.level.name(),
-                self.threads,
-                if self.threads == 1 { "" } else { "s" }
-            ),
+            name: self.name(),
             class: DeviceClass::Cpu,
             compute_units: self.threads,
             memory: self
@@ -149,13 +144,23 @@ impl Device for CpuDevice {
         }
     }
 
+    // Without reading the memory figure (`/proc/meminfo`) that `info` reports.
+    fn name(&self) -> String {
+        format!(
+            "cpu {} × {} thread{}",
+            self.level.name(),
+            self.threads,
+            if self.threads == 1 { "" } else { "s" }
+        )
+    }
+
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Program>, ExecError> {
         Ok(Box::new(self.compile_cpu(graph)?))
     }
 
     fn upload(&self, tensor: &HostTensor) -> Result<Buffer, ExecError> {
-        // A shared tensor's clone is a handle; an owned one is copied once, into a shared
-        // buffer, so that every later use of the buffer is a handle.
+        // A shared tensor's clone is a handle; an owned one is copied once. Runs on the
+        // buffer borrow it; `upload_owned` moves a tensor in without the copy.
         self.upload_owned(tensor.clone())
     }
 

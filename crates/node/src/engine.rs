@@ -86,8 +86,9 @@ impl Engine {
         // A CPU device works at most as fast as its threads; any other device is given
         // thousands of cores' worth, so the time check never refuses what a GPU could do (the
         // job's own deadline still stops it).
-        let speed_cores = match device.info().class {
-            tenet_exec::DeviceClass::Cpu => device.info().compute_units.max(1) as u64,
+        let info = device.info();
+        let speed_cores = match info.class {
+            tenet_exec::DeviceClass::Cpu => info.compute_units.max(1) as u64,
             _ => 4096,
         };
         Engine {

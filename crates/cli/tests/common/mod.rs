@@ -71,6 +71,23 @@ pub fn spawn_service(mut command: Command) -> (Proc, String) {
 }
 
 /// The URL at the end of a `listening on http://…` line.
+/// Start a test node — loopback, an OS-chosen port, one thread, no fsync — keeping its data
+/// in `data_dir` and trusting the key `trust` (hex), with `extra` flags; it and its URL.
+pub fn spawn_node(data_dir: &str, trust: &str, extra: &[&str]) -> (Proc, String) {
+    let mut args = vec![
+        "node",
+        "--listen",
+        "127.0.0.1:0",
+        "--threads",
+        "1",
+        "--no-fsync",
+    ];
+    args.extend(["--data-dir", data_dir, "--trust", trust]);
+    args.extend(extra);
+    let (p, line) = spawn_tenet(&args);
+    (p, url_of(&line))
+}
+
 pub fn url_of(line: &str) -> String {
     line.rsplit(' ').next().unwrap_or_default().to_string()
 }
