@@ -23,15 +23,27 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The most a node's `/v1/info` answer may be (it is a few hundred bytes).
 const PROBE_ANSWER_BYTES: u64 = 64 << 10;
 
+/// The most of a node's device description the ledger keeps.
+const DEVICE_TEXT_BYTES: usize = 96;
+
 /// What a node's `/v1/info` says it can run: its limits, its device, and whether that device
 /// may serve the exact tier (it passed its determinism check; a node that lists no devices is
 /// from before devices and serves what its tiers say).
 fn advertised(info: &NodeInfo) -> NodeLimits {
-    let device = info
+    // What the node says is kept in the ledger and shown by the API: at most
+    // DEVICE_TEXT_BYTES of it (the whole answer may be 64 KiB).
+    let mut device = info
         .devices
         .first()
         .map(|d| format!("{} {}", d.class, d.spec))
         .unwrap_or_default();
+    if device.len() > DEVICE_TEXT_BYTES {
+        let mut end = DEVICE_TEXT_BYTES;
+        while !device.is_char_boundary(end) {
+            end -= 1;
+        }
+        device.truncate(end);
+    }
     NodeLimits {
         memory_limit: clamp_i64(info.memory_limit_bytes),
         max_flops: clamp_i64(info.max_job_flops),
@@ -230,4 +242,38 @@ impl<L: Ledger + 'static> Coordinator<L> {
 /// A limit as the ledger stores it.
 fn clamp_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenet_proto::wire::DeviceAd;
+
+    /// A node naming its device with kilobytes of text gets DEVICE_TEXT_BYTES of it kept.
+    #[test]
+    fn a_long_device_claim_is_cut_to_a_bound() {
+        let info = NodeInfo {
+            node_id: tenet_proto::auth::KeyPair::from_seed([1; 32]).public(),
+            version: String::new(),
+            backend: String::new(),
+            cores: 1,
+            memory_limit_bytes: 1,
+            max_job_flops: 1,
+            tiers: vec![Tier::Exact],
+            price_per_gflop: 0.0,
+            open: false,
+            devices: vec![DeviceAd {
+                spec: "é".repeat(20_000),
+                name: String::new(),
+                class: "gpu".into(),
+                memory_bytes: 1,
+                tiers: vec![Tier::Exact],
+                exact_refused: None,
+            }],
+        };
+        let facts = advertised(&info);
+        assert!(facts.device.len() <= DEVICE_TEXT_BYTES);
+        assert!(facts.device.starts_with("gpu é"));
+        assert!(facts.exact);
+    }
 }
