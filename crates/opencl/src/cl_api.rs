@@ -10,8 +10,12 @@
 //! `cl/*.cl` index only within the extents the planner passes them, and the planner derives
 //! those extents from the very types the buffers were allocated for (`plan.rs`).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use opencl3::command_queue::{self as cq, CommandQueue};
 use opencl3::context::Context;
@@ -22,34 +26,126 @@ use opencl3::memory::{Buffer as ClBuffer, CL_MEM_READ_WRITE, ClMem};
 use opencl3::types::{CL_BLOCKING, cl_mem};
 use tenet_exec::ExecError;
 
+/// A new buffer of `bytes` (> 0), contents undefined.
+fn create(context: &Context, bytes: u64) -> Result<ClBuffer<u8>, ExecError> {
+    if bytes == 0 {
+        return Err(ExecError::Device("cannot allocate an empty buffer".into()));
+    }
+    let size = usize::try_from(bytes)
+        .map_err(|_| ExecError::Device(format!("{bytes} bytes do not fit an address")))?;
+    // SAFETY: no host pointer is passed (null with no USE/COPY_HOST_PTR flag), so the driver
+    // only allocates; the returned handle is owned by `ClBuffer`, released on drop.
+    unsafe {
+        ClBuffer::<u8>::create(context, CL_MEM_READ_WRITE, size, ptr::null_mut())
+            .map_err(|e| cl_err(&format!("allocating {bytes} bytes"), e))
+    }
+}
+
 /// A driver error as the crate's error, saying what was being done.
 pub(crate) fn cl_err(what: &str, e: impl std::fmt::Display) -> ExecError {
     ExecError::Device(format!("OpenCL {what}: {e}"))
 }
 
 /// One device allocation of at least one byte (OpenCL has no empty buffers: empty tensors
-/// carry no `Mem` at all).
+/// carry no `Mem` at all). One taken from a [`MemPool`] goes back to it when dropped.
 #[derive(Debug)]
 pub(crate) struct Mem {
-    buf: ClBuffer<u8>,
+    buf: ManuallyDrop<ClBuffer<u8>>,
     bytes: u64,
+    pool: Option<Arc<MemPool>>,
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // SAFETY: `buf` is taken once, here, and `self` is not used afterwards.
+        let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
+        match &self.pool {
+            Some(pool) => pool.put(self.bytes, buf),
+            None => drop(buf),
+        }
+    }
+}
+
+/// Device buffers of finished runs kept for the next runs of the same shapes: creating and
+/// releasing a buffer costs tens of microseconds in some drivers (NVIDIA's), and a model's
+/// run allocates one per computed tensor. Buffers are matched by exact size; the pool holds
+/// at most `limit` bytes, and is emptied before an allocation the driver refuses is retried.
+///
+/// Reuse is safe on the device's one in-order queue: a buffer returned while a queued
+/// command still uses it is handed out only to commands enqueued after that one.
+#[derive(Debug)]
+pub(crate) struct MemPool {
+    free: Mutex<HashMap<u64, Vec<ClBuffer<u8>>>>,
+    held: AtomicU64,
+    limit: u64,
+}
+
+impl MemPool {
+    pub(crate) fn new(limit: u64) -> Arc<MemPool> {
+        Arc::new(MemPool {
+            free: Mutex::default(),
+            held: AtomicU64::new(0),
+            limit,
+        })
+    }
+
+    fn put(&self, bytes: u64, buf: ClBuffer<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if self.held.load(Ordering::Relaxed) + bytes <= self.limit {
+            self.held.fetch_add(bytes, Ordering::Relaxed);
+            free.entry(bytes).or_default().push(buf);
+        }
+    }
+
+    fn take(&self, bytes: u64) -> Option<ClBuffer<u8>> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let buf = free.get_mut(&bytes)?.pop()?;
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
+        Some(buf)
+    }
+
+    /// Release every pooled buffer to the driver.
+    pub(crate) fn drain(&self) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.clear();
+        self.held.store(0, Ordering::Relaxed);
+    }
+
+    /// Bytes held for reuse.
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
 }
 
 impl Mem {
     /// Allocate `bytes` (> 0) of device memory, contents undefined.
     pub(crate) fn alloc(context: &Context, bytes: u64) -> Result<Mem, ExecError> {
-        if bytes == 0 {
-            return Err(ExecError::Device("cannot allocate an empty buffer".into()));
-        }
-        let size = usize::try_from(bytes)
-            .map_err(|_| ExecError::Device(format!("{bytes} bytes do not fit an address")))?;
-        // SAFETY: no host pointer is passed (null with no USE/COPY_HOST_PTR flag), so the
-        // driver only allocates; the returned handle is owned by `ClBuffer`, released on drop.
-        let buf = unsafe {
-            ClBuffer::<u8>::create(context, CL_MEM_READ_WRITE, size, ptr::null_mut())
-                .map_err(|e| cl_err(&format!("allocating {bytes} bytes"), e))?
+        Ok(Mem {
+            buf: ManuallyDrop::new(create(context, bytes)?),
+            bytes,
+            pool: None,
+        })
+    }
+
+    /// As [`Mem::alloc`], reusing a buffer of `pool` when it holds one of this size, and
+    /// returning the buffer to `pool` when dropped.
+    pub(crate) fn alloc_pooled(
+        context: &Context,
+        pool: &Arc<MemPool>,
+        bytes: u64,
+    ) -> Result<Mem, ExecError> {
+        let buf = match pool.take(bytes) {
+            Some(buf) => buf,
+            None => create(context, bytes).or_else(|_| {
+                pool.drain();
+                create(context, bytes)
+            })?,
         };
-        Ok(Mem { buf, bytes })
+        Ok(Mem {
+            buf: ManuallyDrop::new(buf),
+            bytes,
+            pool: Some(pool.clone()),
+        })
     }
 
     pub(crate) fn bytes(&self) -> u64 {
@@ -241,7 +337,7 @@ pub(crate) fn launch(
     args: &[KernelArg<'_>],
     global: usize,
 ) -> Result<(), ExecError> {
-    launch_range(queue, kernel, args, Range::Linear(global))
+    launch_range(queue, kernel, args, Range::Linear(global)).map(drop)
 }
 
 /// Launch `kernel` over `range` with `args`, in queue order.
@@ -253,7 +349,7 @@ pub(crate) fn launch_range(
     kernel: &Kernel,
     args: &[KernelArg<'_>],
     range: Range,
-) -> Result<(), ExecError> {
+) -> Result<Event, ExecError> {
     for (i, a) in args.iter().enumerate() {
         let i = i as u32;
         // SAFETY: each value is passed with its own size, and clSetKernelArg checks it against
@@ -300,6 +396,17 @@ pub(crate) fn launch_range(
         )
     }
     .map_err(|e| cl_err("launching a kernel", e))?;
-    drop(ev);
-    Ok(())
+    Ok(ev)
+}
+
+/// Nanoseconds the command of `event` ran on the device (its queue records profiling
+/// information), once it has completed.
+pub(crate) fn device_nanos(event: &Event) -> Result<u64, ExecError> {
+    let start = event
+        .profiling_command_start()
+        .map_err(|e| cl_err("reading a kernel's start time", e))?;
+    let end = event
+        .profiling_command_end()
+        .map_err(|e| cl_err("reading a kernel's end time", e))?;
+    Ok(end.saturating_sub(start))
 }

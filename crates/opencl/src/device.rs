@@ -22,7 +22,7 @@ use tenet_exec::{
 };
 use tenet_ir::{Graph, HostTensor, TensorType};
 
-use crate::cl_api::{Mem, cl_err};
+use crate::cl_api::{Mem, MemPool, cl_err};
 use crate::kernels::{Family, GEMV_T, GemmTile, Tuning};
 use crate::plan::{Caps, Gemv};
 use crate::source::{self, Quirks};
@@ -36,6 +36,12 @@ pub(crate) struct Handle(pub(crate) Option<Arc<Mem>>);
 /// The most programs of fused elementwise chains a device builds (one per distinct set of a
 /// graph's chains); graphs with new chains past it run unfused.
 const MAX_FUSED_PROGRAMS: u64 = 64;
+
+/// Set to `1`, runs print how long each kernel took on the device (see [`Inner::profile`]).
+pub const PROFILE_ENV: &str = "TENET_OPENCL_PROFILE";
+
+/// The share of device memory that buffers kept for reuse may hold.
+const POOL_SHARE_DIVISOR: u64 = 8;
 
 /// The share of device memory the weight cache may hold.
 const WEIGHT_SHARE_DIVISOR: u64 = 2;
@@ -53,6 +59,11 @@ pub(crate) struct Inner {
     pub(crate) context: Context,
     /// One in-order queue: commands of every run and transfer execute in the order enqueued.
     pub(crate) queue: CommandQueue,
+    /// `TENET_OPENCL_PROFILE=1`: the queue records each command's device time and every run
+    /// prints its kernels' totals to stderr.
+    pub(crate) profile: bool,
+    /// Buffers of finished runs, for the next (see [`MemPool`]).
+    pub(crate) pool: Arc<MemPool>,
     pub(crate) device: ClDevice,
     /// The largest single allocation the driver allows.
     pub(crate) max_alloc: u64,
@@ -187,9 +198,15 @@ impl OpenClDevice {
         let name = describe(&platform, &device);
         drop(held);
         let context = Context::from_device(&device).map_err(|e| cl_err("creating a context", e))?;
+        let profile = std::env::var_os(PROFILE_ENV).is_some_and(|v| v == "1");
+        let properties = if profile {
+            opencl3::command_queue::CL_QUEUE_PROFILING_ENABLE
+        } else {
+            0
+        };
         #[allow(deprecated)] // clCreateCommandQueue: the one call every OpenCL version has
-        let queue =
-            CommandQueue::create_default(&context, 0).map_err(|e| cl_err("creating a queue", e))?;
+        let queue = CommandQueue::create_default(&context, properties)
+            .map_err(|e| cl_err("creating a queue", e))?;
         let exact = crate::check::self_test(&context, &queue, &quirks);
         let dummy = Mem::alloc(&context, 64)?;
         let info = DeviceInfo {
@@ -207,6 +224,8 @@ impl OpenClDevice {
                 quirks,
                 context,
                 queue,
+                profile,
+                pool: MemPool::new(memory / POOL_SHARE_DIVISOR),
                 device,
                 max_alloc,
                 tuning: Tuning::for_limits(max_group, local_mem),
@@ -445,8 +464,9 @@ impl OpenClDevice {
         if bytes == 0 {
             return Ok(Handle(None));
         }
-        Ok(Handle(Some(Arc::new(Mem::alloc(
+        Ok(Handle(Some(Arc::new(Mem::alloc_pooled(
             &self.inner.context,
+            &self.inner.pool,
             bytes,
         )?))))
     }

@@ -19,7 +19,7 @@
 //! inside the certificate's count while a run uses them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use opencl3::kernel::Kernel;
@@ -55,6 +55,10 @@ pub(crate) struct GraphProgram {
     /// For each step, the values (by node) that are dead after it, as the certificate counts.
     release: Vec<Vec<NodeId>>,
     memory_bound: u64,
+    /// The kernel objects of earlier runs with their work-group sizes, by name: creating
+    /// them costs a driver call each, and kernel arguments are set per launch, so a run
+    /// holds this lock throughout (runs share the device's one queue anyway).
+    kernels: Mutex<HashMap<String, (Kernel, usize)>>,
 }
 
 impl GraphProgram {
@@ -154,6 +158,7 @@ impl GraphProgram {
             constants,
             release,
             memory_bound,
+            kernels: Mutex::default(),
         })
     }
 
@@ -293,6 +298,11 @@ impl Program for GraphProgram {
         self.check_inputs(inputs)?;
         let dev = &self.device;
         let inner = &dev.inner;
+        // Buffers kept for reuse count against the device's memory too: a run that could
+        // need their room gets it back first.
+        if self.memory_bound.saturating_add(inner.pool.held()) > inner.info.memory {
+            inner.pool.drain();
+        }
         let queue = &inner.queue;
         let nodes = self.graph.nodes();
         let mut stats = RunStats::default();
@@ -308,7 +318,9 @@ impl Program for GraphProgram {
             (None, None)
         };
 
-        let mut kernels: HashMap<&str, (Kernel, usize)> = HashMap::new();
+        let mut kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        // With profiling on, each launch's kernel and event, for the report after the run.
+        let mut timed: Vec<(String, opencl3::event::Event)> = Vec::new();
         let mut values: Vec<Option<Handle>> = vec![None; nodes.len()];
         // Live tensor bytes as the certificate counts them: sources from the start.
         let mut live: u64 = nodes
@@ -402,7 +414,7 @@ impl Program for GraphProgram {
                             l.kernel
                         )));
                     }
-                    kernels.insert(name, (k, most.clamp(1, 64)));
+                    kernels.insert(name.to_string(), (k, most.clamp(1, 64)));
                 }
                 let (kernel, group) = &kernels[name];
                 fn mem<'a>(h: &'a Handle, dummy: &'a Mem) -> KernelArg<'a> {
@@ -445,7 +457,10 @@ impl Program for GraphProgram {
                         }
                     }
                 };
-                launch_range(queue, kernel, &args, range)?;
+                let event = launch_range(queue, kernel, &args, range)?;
+                if inner.profile {
+                    timed.push((l.kernel.to_string(), event));
+                }
             }
             values[i] = Some(value);
             for &r in &self.release[i] {
@@ -453,7 +468,12 @@ impl Program for GraphProgram {
                 live = live.saturating_sub(bytes(&nodes[r.index()].ty));
             }
         }
+        let enqueued = started.elapsed();
         queue.finish().map_err(|e| cl_err("running the graph", e))?;
+        if inner.profile {
+            let times = (enqueued, started.elapsed());
+            report_profile(&self.graph, &timed, times, inner.pool.held())?;
+        }
         if let Some(e) = self.gather_error(&flags, &flag_values, self.plan.gathers.len())? {
             return Err(e);
         }
@@ -473,4 +493,44 @@ impl Program for GraphProgram {
         stats.add_time("opencl", started.elapsed().as_nanos() as u64);
         Ok((outputs, stats))
     }
+}
+
+/// `TENET_OPENCL_PROFILE=1`: the device time of a run's kernels, summed by kernel and printed
+/// to stderr, longest first, beside the run's wall time (which adds launch and host costs) and
+/// the time its commands took to enqueue.
+fn report_profile(
+    graph: &Graph,
+    timed: &[(String, opencl3::event::Event)],
+    (enqueued, wall): (std::time::Duration, std::time::Duration),
+    pooled: u64,
+) -> Result<(), ExecError> {
+    let mut by_kernel: HashMap<&str, (u64, u64)> = HashMap::new();
+    let mut total = 0u64;
+    for (name, event) in timed {
+        let ns = crate::cl_api::device_nanos(event)?;
+        let e = by_kernel.entry(name).or_default();
+        e.0 += 1;
+        e.1 += ns;
+        total += ns;
+    }
+    let mut rows: Vec<_> = by_kernel.into_iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1.1));
+    let mut out = format!(
+        "opencl profile: {} nodes, {} launches, {:.3} ms on the device, {:.3} ms wall \
+         (all enqueued after {:.3} ms), {:.1} MB of buffers pooled\n",
+        graph.nodes().len(),
+        timed.len(),
+        total as f64 / 1e6,
+        wall.as_secs_f64() * 1e3,
+        enqueued.as_secs_f64() * 1e3,
+        pooled as f64 / 1e6
+    );
+    for (name, (count, ns)) in rows {
+        out.push_str(&format!(
+            "  {name:<28} {count:>6} launches {:>10.3} ms\n",
+            ns as f64 / 1e6
+        ));
+    }
+    eprint!("{out}");
+    Ok(())
 }

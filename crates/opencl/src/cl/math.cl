@@ -528,7 +528,9 @@ float tn_sign(float x) {
 float tn_unary(int op, float x) {
     switch (op) {
     case TN_UNARY_NEG:
-        return -x;
+        // The sign bit alone: NVIDIA's `-x` on a NaN gives its own canonical NaN (0x7fffffff),
+        // where the reference keeps the payload and flips the sign.
+        return as_float(as_uint(x) ^ 0x80000000u);
     case TN_UNARY_ABS:
         return tn_abs(x);
     case TN_UNARY_EXP:
