@@ -1,7 +1,9 @@
 //! GGUF v3 files (llama.cpp's format): metadata, tensor index, and dequantisation of F32, F16,
-//! Q8_0 and Q4_1 tensors to f32 with exactly gguf-py's arithmetic (Q8_0: `q·d`; Q4_1:
-//! `(d·q) + m`, low nibbles first), by `tenet_reference::quant`, the definition the
-//! `dequantize` and `qmatmul` ops share, NaN results made canonical.
+//! Q4_0, Q4_1 and Q8_0 tensors to f32 with exactly gguf-py's arithmetic (Q4_0: `(q − 8)·d`;
+//! Q4_1: `(d·q) + m`, low nibbles first; Q8_0: `q·d`), by `tenet_reference::quant`, the
+//! definition the `dequantize` and `qmatmul` ops share, NaN results made canonical. A quantised
+//! tensor can also be lent as it is, its blocks a `u8` view of the file
+//! ([`GgufFile::blocks`]), for graphs that compute on the blocks (`dequantize`, `qmatmul`).
 //!
 //! The file is untrusted: every count and length is checked against the bytes actually present
 //! and against limits before anything is allocated, tensor data must lie inside the file, and
@@ -10,8 +12,8 @@
 //!
 //! - **Tensors' data ranges are disjoint.** They may be listed in any order, but no byte of the
 //!   data section belongs to two tensors (empty tensors aside), so the dequantised size of a
-//!   file is at most 6.4× its bytes (Q4_1: 32 f32 from 20 bytes). Overlapping ranges are refused
-//!   with the two tensors' names.
+//!   file is at most about 7.1× its bytes (Q4_0: 32 f32 from 18 bytes). Overlapping ranges
+//!   are refused with the two tensors' names.
 //! - **The decoded header has a memory limit.** Metadata and the tensor index are charged, as
 //!   they are decoded and before each allocation, what they take in memory (a one-byte array
 //!   element becomes a 32-byte [`Value`]); the total may not pass
@@ -127,6 +129,7 @@ impl Value {
 pub enum GgmlType {
     F32,
     F16,
+    Q4_0,
     Q4_1,
     Q8_0,
     /// Any other ggml type: indexed, but not dequantised.
@@ -138,6 +141,7 @@ impl GgmlType {
         match v {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
             o => GgmlType::Other(o),
@@ -149,10 +153,22 @@ impl GgmlType {
         Some(match self {
             GgmlType::F32 => (1, 4),
             GgmlType::F16 => (1, 2),
-            GgmlType::Q4_1 => (32, 20),
-            GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                let f = self.format()?;
+                (QuantFormat::BLOCK, f.block_bytes())
+            }
             GgmlType::Other(_) => return None,
         })
+    }
+
+    /// The block format of a quantised type (Q4_0, Q4_1, Q8_0); `None` for the others.
+    pub fn format(self) -> Option<QuantFormat> {
+        match self {
+            GgmlType::Q4_0 => Some(QuantFormat::Q4_0),
+            GgmlType::Q4_1 => Some(QuantFormat::Q4_1),
+            GgmlType::Q8_0 => Some(QuantFormat::Q8_0),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Other(_) => None,
+        }
     }
 }
 
@@ -522,6 +538,58 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// A block-quantised tensor (Q4_0, Q4_1, Q8_0) as it is in the file, with its format: a
+    /// `u8` tensor `[..., rows, cols/32, block_bytes]` for the row-major shape `[..., rows,
+    /// cols]` — each row's blocks in a row, as the `dequantize` and `qmatmul` ops take them
+    /// (docs/OPS.md, "Quantised weights") — that is a view of the file's bytes, not a copy.
+    /// The innermost (GGUF's first) dimension must be a whole number of 32-element blocks, so
+    /// that no block straddles two rows; a tensor of another type is an error, as is one whose
+    /// bytes do not lie in the file or do not match its shape. Errors name the tensor.
+    pub fn blocks(&self, t: &GgufTensor) -> Result<(HostTensor, QuantFormat), GgufError> {
+        let tensor_err = |reason: String| GgufError::Tensor {
+            name: t.name.clone(),
+            reason,
+        };
+        let Some(format) = t.kind.format() else {
+            let kind = match t.kind {
+                GgmlType::Other(k) => format!("ggml type {k}"),
+                k => format!("{k:?}"),
+            };
+            return Err(tensor_err(format!(
+                "{kind} is not block-quantised (Q4_0, Q4_1 and Q8_0 are): it has no blocks to lend"
+            )));
+        };
+        let Some((&cols, outer)) = t.shape.split_last() else {
+            return Err(tensor_err("a tensor of no dimensions has no blocks".into()));
+        };
+        if cols % QuantFormat::BLOCK != 0 {
+            return Err(tensor_err(format!(
+                "its innermost dimension ({cols} of shape {:?}) is not a multiple of the {} \
+                 elements of a {} block, so its rows do not hold whole blocks",
+                t.shape,
+                QuantFormat::BLOCK,
+                format.name()
+            )));
+        }
+        let mut shape = outer.to_vec();
+        shape.extend([cols / QuantFormat::BLOCK, format.block_bytes()]);
+        let len = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        if len != Some(t.range.len() as u64) {
+            return Err(tensor_err(format!(
+                "shape {:?} in {} blocks takes {} bytes, but its data is bytes {}..{}",
+                t.shape,
+                format.name(),
+                len.map_or("too many".to_string(), |n| n.to_string()),
+                t.range.start,
+                t.range.end
+            )));
+        }
+        let ty = TensorType::new(DType::U8, shape);
+        HostTensor::shared(ty.clone(), self.bytes.clone(), t.range.clone())
+            .map(|v| (v, format))
+            .map_err(|e| tensor_err(format!("{e} ({ty})")))
+    }
+
     /// The tensor's values as f32, row-major.
     pub fn dequantize(&self, t: &GgufTensor) -> Result<HostTensor, GgufError> {
         let tensor_err = |reason: String| GgufError::Tensor {
@@ -545,7 +613,7 @@ impl GgufFile {
         }
         if let GgmlType::Other(k) = t.kind {
             return Err(tensor_err(format!(
-                "ggml type {k} cannot be dequantised (F32, F16, Q8_0, Q4_1 can)"
+                "ggml type {k} cannot be dequantised (F32, F16, Q4_0, Q4_1, Q8_0 can)"
             )));
         }
         // Exactly the result's bytes, reserved once: no growth, and a refusal rather than an
@@ -556,19 +624,15 @@ impl GgufFile {
             .ok()
             .and_then(|n| out.try_reserve_exact(n).ok())
             .ok_or_else(|| tensor_err(format!("cannot allocate {len} bytes to dequantise it")))?;
-        match t.kind {
-            GgmlType::F32 => out.extend_from_slice(data),
-            GgmlType::F16 => {
+        match (t.kind, t.kind.format()) {
+            (GgmlType::F32, _) => out.extend_from_slice(data),
+            (GgmlType::F16, _) => {
                 for c in data.chunks_exact(2) {
                     out.extend_from_slice(&f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes());
                 }
             }
-            GgmlType::Q8_0 | GgmlType::Q4_1 => {
+            (_, Some(format)) => {
                 // The one definition the `dequantize` and `qmatmul` ops use too.
-                let format = match t.kind {
-                    GgmlType::Q8_0 => QuantFormat::Q8_0,
-                    _ => QuantFormat::Q4_1,
-                };
                 let mut vals = [0.0f32; quant::BLOCK];
                 for b in data.chunks_exact(format.block_bytes() as usize) {
                     quant::dequantize_block(format, b, &mut vals);
@@ -577,7 +641,7 @@ impl GgufFile {
                     }
                 }
             }
-            GgmlType::Other(_) => {}
+            (_, None) => {}
         }
         let ty = TensorType::new(DType::F32, t.shape.clone());
         HostTensor::new(ty.clone(), out).map_err(|e| tensor_err(format!("{e} ({ty})")))

@@ -6,7 +6,7 @@
 //! index before any tensor is made and refused over the caller's limit
 //! ([`WeightsFile::from_bytes_within`]; the plain loaders use
 //! [`default_max_resident_bytes`]), and no two tensors may share bytes, so a file cannot make
-//! more memory than its size times the dequantisation factor (at most 6.4: Q4_1).
+//! more memory than its size times the dequantisation factor (at most about 7.1: Q4_0).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -312,8 +312,9 @@ fn check_disjoint<'a>(
 
 impl WeightsFile {
     /// A GGUF file's tensors, named as in the file, each dequantised once to f32 (F32, F16,
-    /// Q8_0 and Q4_1; tensors of other ggml types are listed but cannot be referenced). Graphs
-    /// declare them f32 with the row-major shape. The id is still the hash of the file's bytes.
+    /// Q4_0, Q4_1 and Q8_0; tensors of other ggml types are listed but cannot be referenced).
+    /// Graphs declare them f32 with the row-major shape. The id is still the hash of the file's
+    /// bytes.
     /// The header is decoded within `budget`, and the memory the whole load takes (header,
     /// index, dequantised tensors) is computed from the index and refused over `budget` before
     /// any tensor is dequantised.

@@ -1,6 +1,21 @@
-//! SmolLM2 (Llama architecture) from its GGUF file: weights dequantised once to f32, the
-//! tokenizer rebuilt from the GGUF's own vocabulary and merges (byte-level BPE, digits split
-//! individually, special tokens of type 3), as shared/models/reference/smollm2_numpy.py does.
+//! SmolLM2 (Llama architecture) from its GGUF file, the tokenizer rebuilt from the GGUF's own
+//! vocabulary and merges (byte-level BPE, digits split individually, special tokens of type 3),
+//! as shared/models/reference/smollm2_numpy.py does.
+//!
+//! **The weights are held in one of two modes, chosen at load ([`WeightsMode`]).** `f32`
+//! dequantises every tensor once to f32 (540 MB for SmolLM2's 100 MB file) and the graphs'
+//! linear layers are `matmul`s with the transposed weight. `quantized` keeps every 2-D tensor
+//! stored as Q4_0, Q4_1 or Q8_0 as the file's blocks, a `u8` view `[rows, cols/32,
+//! block_bytes]` of the mapped file ([`GgufFile::blocks`]): the graphs declare those weights
+//! `u8` of that shape and their linear layers are `qmatmul`s; the token embedding, which is
+//! also the output projection, is looked up by gathering the quantised rows of the tokens and
+//! `dequantize`-ing them. Other tensors (the norms' F32 and F16 vectors) are f32 in both modes.
+//! The two modes compute the same bits: `qmatmul` is defined as the `matmul` with the
+//! transpose of the dequantised weight, and dequantising at load and in the graph is one
+//! definition (`tenet_reference::quant`), so the logits, and so the tokens, are identical.
+//! Only the graphs differ (their weights' declared types, hence their ids), and the memory.
+//! Which tensors are quantised, and how, is part of the [`LlamaConfig`] the graph builders
+//! take ([`LlamaConfig::quantized`]), so a model's graphs always match its weights.
 //!
 //! **Decoding keeps the KV cache on the device and reuses compiled programs.** A
 //! [`DecodeSession`] holds, for every layer, a key and a value buffer on the device of a fixed
@@ -32,15 +47,85 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tenet_exec::{Buffer, Device, Program};
-use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor, WeightSource, WeightsId};
+use tenet_ir::{
+    DType, Graph, GraphBuilder, HostTensor, QuantFormat, Tensor, WeightSource, WeightsId,
+};
 use tenet_reference::math;
 
 use crate::gguf::{GgufError, GgufFile, Value};
 
-/// The GGUF file's tensors as f32, named as in the file; the file's blake3 hash is their id.
+/// The GGUF file's tensors, named as in the file; the file's blake3 hash is their id. Each is
+/// f32 (dequantised, or a view of an aligned F32 tensor) or, in [`WeightsMode::Quantized`], a
+/// block-quantised tensor's blocks as a `u8` view of the file.
 pub struct GgufWeights {
     pub id: WeightsId,
     pub tensors: BTreeMap<String, HostTensor>,
+}
+
+impl GgufWeights {
+    /// Bytes the tensors hold of their own (copied or dequantised at load), outside the file's
+    /// mapping.
+    pub fn owned_bytes(&self) -> u64 {
+        self.sum_bytes(false)
+    }
+
+    /// Bytes the tensors lend from the file's mapping (views: no copy).
+    pub fn viewed_bytes(&self) -> u64 {
+        self.sum_bytes(true)
+    }
+
+    fn sum_bytes(&self, shared: bool) -> u64 {
+        self.tensors
+            .values()
+            .filter(|t| t.is_shared() == shared)
+            .map(|t| t.bytes().len() as u64)
+            .sum()
+    }
+}
+
+/// How a [`SmolLm2`] holds its weights and computes its linear layers (see the module's
+/// header). Both give the same logits, bit for bit. The default is `Quantized`, the smaller
+/// and (with a device's own `qmatmul`) the faster; [`SmolLm2::load`] still loads `F32`, as it
+/// did before there was a choice, so that callers switch when they choose to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightsMode {
+    /// Every tensor dequantised to f32 at load; linear layers are `matmul`s.
+    F32,
+    /// Block-quantised 2-D tensors kept as the file's blocks (views of the mapping, about the
+    /// file's size in all); linear layers are `qmatmul`s.
+    #[default]
+    Quantized,
+}
+
+impl WeightsMode {
+    pub const ALL: [WeightsMode; 2] = [WeightsMode::F32, WeightsMode::Quantized];
+
+    /// `f32` or `quantized`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightsMode::F32 => "f32",
+            WeightsMode::Quantized => "quantized",
+        }
+    }
+}
+
+impl std::fmt::Display for WeightsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WeightsMode {
+    type Err = String;
+
+    /// `f32` or `quantized` (also `q`, `quant`), in any case.
+    fn from_str(s: &str) -> Result<WeightsMode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(WeightsMode::F32),
+            "quantized" | "quantised" | "quant" | "q" => Ok(WeightsMode::Quantized),
+            _ => Err(format!("unknown weights mode {s:?} (f32 or quantized)")),
+        }
+    }
 }
 
 impl WeightSource for GgufWeights {
@@ -51,7 +136,8 @@ impl WeightSource for GgufWeights {
     }
 }
 
-/// Llama hyper-parameters from the GGUF metadata.
+/// Llama hyper-parameters from the GGUF metadata, and the storage of the weights the graphs
+/// declare.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
     pub layers: u64,
@@ -65,6 +151,11 @@ pub struct LlamaConfig {
     /// Positions the model was trained for (`llama.context_length`): the most a decode
     /// session holds.
     pub context: u64,
+    /// The weights held as quantised blocks, by name, with their format (empty in
+    /// [`WeightsMode::F32`]). The graphs declare each of these `u8` `[rows, cols/32,
+    /// block_bytes]` and use it through `qmatmul` (or, for the token embedding, a gather of
+    /// rows and `dequantize`); every other weight is f32 of its row-major shape.
+    pub quantized: BTreeMap<String, QuantFormat>,
 }
 
 /// A loaded SmolLM2: configuration, weights, tokenizer, and the decode programs compiled so far.
@@ -72,6 +163,8 @@ pub struct SmolLm2 {
     pub config: LlamaConfig,
     pub weights: GgufWeights,
     pub tokenizer: tokenizers::Tokenizer,
+    /// How the weights are held (and so which graphs are built).
+    mode: WeightsMode,
     /// Decode graphs compiled, by (device id, capacity): built and planned once each.
     programs: Mutex<HashMap<(u64, u64), Arc<dyn Program>>>,
 }
@@ -87,15 +180,32 @@ fn meta_err(key: &str) -> GgufError {
 pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 impl SmolLm2 {
-    /// Load from the GGUF file at `path`.
+    /// Load from the GGUF file at `path`, every weight dequantised to f32
+    /// ([`WeightsMode::F32`], as before the weights could stay quantised): see
+    /// [`SmolLm2::load_with`] for the choice.
     pub fn load(path: &Path) -> Result<SmolLm2, GgufError> {
-        SmolLm2::load_counting(path, &AtomicU64::new(0))
+        SmolLm2::load_with(path, WeightsMode::F32)
     }
 
-    /// As [`SmolLm2::load`], adding to `progress` the bytes hashed (which maps the file in) and
-    /// then the bytes of the tensors dequantised (about twice the file's size in all), for a
-    /// progress bar.
+    /// Load from the GGUF file at `path`, holding the weights as `mode` says.
+    pub fn load_with(path: &Path, mode: WeightsMode) -> Result<SmolLm2, GgufError> {
+        SmolLm2::load_counting_with(path, mode, &AtomicU64::new(0))
+    }
+
+    /// As [`SmolLm2::load`] ([`WeightsMode::F32`]), counting progress as
+    /// [`SmolLm2::load_counting_with`] does.
     pub fn load_counting(path: &Path, progress: &AtomicU64) -> Result<SmolLm2, GgufError> {
+        SmolLm2::load_counting_with(path, WeightsMode::F32, progress)
+    }
+
+    /// As [`SmolLm2::load_with`], adding to `progress` the bytes hashed (which maps the file
+    /// in) and then the bytes of each tensor as it is dequantised or lent (about twice the
+    /// file's size in all), for a progress bar.
+    pub fn load_counting_with(
+        path: &Path,
+        mode: WeightsMode,
+        progress: &AtomicU64,
+    ) -> Result<SmolLm2, GgufError> {
         let io = |e: std::io::Error| GgufError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -104,7 +214,7 @@ impl SmolLm2 {
         let g = GgufFile::parse_shared(bytes)?;
         let u = |k: &str| g.get(k).and_then(Value::as_u64).ok_or_else(|| meta_err(k));
         let f = |k: &str| g.get(k).and_then(Value::as_f32).ok_or_else(|| meta_err(k));
-        let config = LlamaConfig {
+        let mut config = LlamaConfig {
             layers: u("llama.block_count")?,
             hidden: u("llama.embedding_length")?,
             ffn: u("llama.feed_forward_length")?,
@@ -114,23 +224,35 @@ impl SmolLm2 {
             rms_eps: f("llama.attention.layer_norm_rms_epsilon")?,
             rope_theta: f("llama.rope.freq_base")?,
             context: u("llama.context_length")?,
+            quantized: BTreeMap::new(),
         };
-        let tensors = g
-            .tensors
-            .iter()
-            .map(|t| {
-                let values = g.dequantize(t)?;
-                progress.fetch_add(t.range.len() as u64, Ordering::Relaxed);
-                Ok((t.name.clone(), values))
-            })
-            .collect::<Result<_, GgufError>>()?;
+        let mut tensors = BTreeMap::new();
+        for t in &g.tensors {
+            let values = match t.kind.format() {
+                // A matrix of quantised blocks stays as it is in the file.
+                Some(_) if mode == WeightsMode::Quantized && t.shape.len() == 2 => {
+                    let (blocks, format) = g.blocks(t)?;
+                    config.quantized.insert(t.name.clone(), format);
+                    blocks
+                }
+                _ => g.dequantize(t)?,
+            };
+            progress.fetch_add(t.range.len() as u64, Ordering::Relaxed);
+            tensors.insert(t.name.clone(), values);
+        }
         let tokenizer = build_tokenizer(&g)?;
         Ok(SmolLm2 {
             config,
             weights: GgufWeights { id, tensors },
             tokenizer,
+            mode,
             programs: Mutex::default(),
         })
+    }
+
+    /// How this model holds its weights.
+    pub fn mode(&self) -> WeightsMode {
+        self.mode
     }
 
     /// Token ids of `text` (special tokens such as `<|im_start|>` recognised).
@@ -608,8 +730,33 @@ impl Llama<'_> {
         x.rms_norm(Some(&self.w(name, &[self.cfg.hidden])), self.cfg.rms_eps)
     }
 
+    /// The quantised matrix `name` ([rows, cols] in `format`) as its blocks: u8 [rows,
+    /// cols/32, block_bytes].
+    fn blocks(&self, name: &str, rows: u64, cols: u64, format: QuantFormat) -> Tensor {
+        let shape = [rows, cols / QuantFormat::BLOCK, format.block_bytes()];
+        self.g.weight(self.weights, name, DType::U8, &shape)
+    }
+
+    /// `x` ([.., inp]) times the transpose of weight `name` ([out, inp]): a `matmul` with the
+    /// f32 weight, or a `qmatmul` with its blocks (the same bits).
     fn linear(&self, x: &Tensor, name: &str, out: u64, inp: u64) -> Tensor {
-        x.matmul(&self.w(name, &[out, inp]).transpose(0, 1))
+        match self.cfg.quantized.get(name) {
+            Some(&format) => x.qmatmul(&self.blocks(name, out, inp, format), format),
+            None => x.matmul(&self.w(name, &[out, inp]).transpose(0, 1)),
+        }
+    }
+
+    /// The token embeddings (f32 [n, hidden]) of `ids` (i64 [n]): rows of `token_embd.weight`,
+    /// or its quantised rows gathered and then dequantised (the same bits).
+    fn embed(&self, ids: &Tensor) -> Tensor {
+        let (name, vocab, d) = ("token_embd.weight", self.cfg.vocab, self.cfg.hidden);
+        match self.cfg.quantized.get(name) {
+            Some(&format) => self
+                .blocks(name, vocab, d, format)
+                .gather(ids, 0)
+                .dequantize(format),
+            None => self.w(name, &[vocab, d]).gather(ids, 0),
+        }
     }
 
     /// llama.cpp's "normal" RoPE on `x` ([n, heads, hd]): rotate adjacent pairs (x[2i],
@@ -726,7 +873,7 @@ pub fn llama_graph(
             )
         })
         .collect();
-    let x = m.w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
+    let x = m.embed(&ids);
     // Query i (position n_past + i) sees keys 0..=n_past + i.
     let future = g.tri_mask(&[n, total], true, n_past as i64 + 1);
     let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
@@ -814,7 +961,7 @@ pub fn llama_decode_graph(
             )
         })
         .collect();
-    let x = m.w("token_embd.weight", &[cfg.vocab, d]).gather(&ids, 0);
+    let x = m.embed(&ids);
     let row = g.iota(DType::I64, &[capacity], 0);
     let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
     // 1 at the new token's row, 0 elsewhere; 0 at positions the new token sees, -inf after.
@@ -861,20 +1008,21 @@ mod tests {
     use super::*;
     use tenet_cpu::CpuDevice;
 
-    /// A Llama of SmolLM2's shape but tiny, with deterministic pseudo-random weights.
-    fn tiny(context: u64) -> SmolLm2 {
+    /// A Llama of SmolLM2's shape but tiny (`ffn` wide), and its weights' names and shapes.
+    fn tiny_config(context: u64, ffn: u64) -> (LlamaConfig, Vec<(String, Vec<u64>)>) {
         let config = LlamaConfig {
             layers: 2,
             hidden: 32,
-            ffn: 48,
+            ffn,
             heads: 4,
             kv_heads: 2,
             vocab: 61,
             rms_eps: 1e-5,
             rope_theta: 10000.0,
             context,
+            quantized: BTreeMap::new(),
         };
-        let (d, kv, ffn) = (config.hidden, config.kv_heads * 8, config.ffn);
+        let (d, kv) = (config.hidden, config.kv_heads * 8);
         let mut shapes = vec![
             ("token_embd.weight".to_string(), vec![config.vocab, d]),
             ("output_norm.weight".to_string(), vec![d]),
@@ -895,31 +1043,123 @@ mod tests {
                 shapes.push((format!("{p}.{name}.weight"), shape));
             }
         }
+        (config, shapes)
+    }
+
+    /// xorshift64: the next of a deterministic stream.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// A value in [-0.5, 0.5).
+    fn uniform(state: &mut u64) -> f32 {
+        (next(state) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+
+    fn model(
+        config: LlamaConfig,
+        tensors: Vec<(String, HostTensor)>,
+        mode: WeightsMode,
+    ) -> SmolLm2 {
+        SmolLm2 {
+            config,
+            weights: GgufWeights {
+                id: WeightsId::of_bytes(b"tiny llama"),
+                tensors: tensors.into_iter().collect(),
+            },
+            tokenizer: tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
+            mode,
+            programs: Mutex::default(),
+        }
+    }
+
+    /// A tiny Llama with deterministic pseudo-random f32 weights.
+    fn tiny(context: u64) -> SmolLm2 {
+        let (config, shapes) = tiny_config(context, 48);
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let tensors = shapes
             .into_iter()
             .map(|(name, shape)| {
                 let n = shape.iter().product::<u64>() as usize;
-                let values: Vec<f32> = (0..n)
-                    .map(|_| {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                    })
-                    .collect();
+                let values: Vec<f32> = (0..n).map(|_| uniform(&mut state)).collect();
                 (name, HostTensor::from_f32(&shape, &values).unwrap())
             })
             .collect();
-        SmolLm2 {
-            config,
-            weights: GgufWeights {
-                id: WeightsId::of_bytes(b"tiny llama"),
-                tensors,
-            },
-            tokenizer: tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()),
-            programs: Mutex::default(),
+        model(config, tensors, WeightsMode::F32)
+    }
+
+    /// The format the tiny quantised Llama stores a matrix in: the embedding Q8_0, the
+    /// attention's square matrices Q4_0, one matrix f32 (a model may mix), the others Q4_1.
+    fn tiny_format(name: &str) -> Option<QuantFormat> {
+        match name {
+            "token_embd.weight" => Some(QuantFormat::Q8_0),
+            "blk.1.attn_v.weight" => None,
+            n if n.ends_with("attn_q.weight") || n.ends_with("attn_output.weight") => {
+                Some(QuantFormat::Q4_0)
+            }
+            _ => Some(QuantFormat::Q4_1),
         }
+    }
+
+    /// `blocks` deterministic pseudo-random blocks of `format`: small scales (and Q4_1
+    /// minimums about -8 scales, so values centre on zero), any quantities.
+    fn random_blocks(format: QuantFormat, blocks: u64, state: &mut u64) -> Vec<u8> {
+        let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+        let mut out = Vec::new();
+        for _ in 0..blocks {
+            let d = 0.02 + 0.04 * (uniform(state) + 0.5);
+            out.extend(f16(d));
+            let mut header = 2;
+            if format == QuantFormat::Q4_1 {
+                out.extend(f16(-8.0 * d + 0.1 * uniform(state)));
+                header = 4;
+            }
+            let quantities = format.block_bytes() as usize - header;
+            out.extend((0..quantities).map(|_| (next(state) >> 32) as u8));
+        }
+        out
+    }
+
+    /// The tiny Llama with its matrices stored quantised ([`tiny_format`]), loaded in
+    /// [`WeightsMode::Quantized`] (blocks as u8 tensors) and in [`WeightsMode::F32`] (the same
+    /// blocks dequantised by the reference's definition, as a GGUF file is at load).
+    fn tiny_quantized(context: u64) -> (SmolLm2, SmolLm2) {
+        let (mut config, shapes) = tiny_config(context, 64);
+        let f32_config = config.clone();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut quantized, mut dequantized) = (Vec::new(), Vec::new());
+        for (name, shape) in shapes {
+            match tiny_format(&name).filter(|_| shape.len() == 2) {
+                Some(format) => {
+                    let (rows, cols) = (shape[0], shape[1]);
+                    let bytes = random_blocks(format, rows * cols / 32, &mut state);
+                    let mut values = Vec::new();
+                    tenet_reference::quant::dequantize_into(format, &bytes, &mut values);
+                    let ty = tenet_ir::TensorType::new(
+                        DType::U8,
+                        vec![rows, cols / 32, format.block_bytes()],
+                    );
+                    quantized.push((name.clone(), HostTensor::new(ty, bytes).unwrap()));
+                    dequantized
+                        .push((name.clone(), HostTensor::from_f32(&shape, &values).unwrap()));
+                    config.quantized.insert(name, format);
+                }
+                None => {
+                    let n = shape.iter().product::<u64>() as usize;
+                    let values: Vec<f32> = (0..n).map(|_| uniform(&mut state)).collect();
+                    let t = HostTensor::from_f32(&shape, &values).unwrap();
+                    quantized.push((name.clone(), t.clone()));
+                    dequantized.push((name, t));
+                }
+            }
+        }
+        (
+            model(config, quantized, WeightsMode::Quantized),
+            model(f32_config, dequantized, WeightsMode::F32),
+        )
     }
 
     fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -930,7 +1170,16 @@ mod tests {
     /// gives the bits of recomputing the whole sequence; the context bounds the session.
     #[test]
     fn a_session_decodes_the_bits_of_recomputing_up_to_the_context() {
-        let m = tiny(100);
+        decodes_the_bits_of_recomputing_up_to_the_context(&tiny(100));
+    }
+
+    /// The same with quantised weights.
+    #[test]
+    fn a_quantized_session_decodes_the_bits_of_recomputing_up_to_the_context() {
+        decodes_the_bits_of_recomputing_up_to_the_context(&tiny_quantized(100).0);
+    }
+
+    fn decodes_the_bits_of_recomputing_up_to_the_context(m: &SmolLm2) {
         let device = CpuDevice::new(2, tenet_cpu::SimdLevel::detect());
         let mut seq = vec![3u32, 14, 15, 9, 26];
         let mut session = m.session(&device);
@@ -957,6 +1206,75 @@ mod tests {
         assert_eq!(m.capacity_for(1), Some(64));
         assert_eq!(m.capacity_for(65), Some(100));
         assert_eq!(m.capacity_for(101), None);
+    }
+
+    /// Quantised weights (u8 blocks through `qmatmul`, the embedding's rows gathered as blocks
+    /// and dequantised) give the bits of the same weights dequantised to f32 at load, after the
+    /// prompt and after every decode step; only the graphs differ.
+    #[test]
+    fn quantized_weights_give_the_bits_of_f32_weights() {
+        let (q, f) = tiny_quantized(512);
+        assert_eq!(
+            (q.mode(), f.mode()),
+            (WeightsMode::Quantized, WeightsMode::F32)
+        );
+        let device = CpuDevice::new(2, tenet_cpu::SimdLevel::detect());
+        let prompt = [3u32, 14, 15, 9, 26];
+        let (mut sq, mut sf) = (q.session(&device), f.session(&device));
+        let (mut lq, mut lf) = (sq.prefill(&prompt).unwrap(), sf.prefill(&prompt).unwrap());
+        for step in 0..6 {
+            assert!(same_bits(&lq, &lf), "logits differ after {step} steps");
+            assert!(lq.iter().all(|x| x.is_finite()));
+            let next = argmax(&lq);
+            lq = sq.step(next).unwrap();
+            lf = sf.step(next).unwrap();
+        }
+        assert!(same_bits(&lq, &lf));
+        assert_eq!(
+            q.greedy(&prompt, 3, &device).unwrap(),
+            f.greedy(&prompt, 3, &device).unwrap()
+        );
+        // The quantised graphs declare the blocks as u8 and multiply with `qmatmul`: every
+        // linear layer but the one f32 matrix, and the output projection; the embedding is
+        // dequantised once.
+        use tenet_ir::Op;
+        // (qmatmul nodes, dequantize nodes).
+        let count = |g: &Graph| {
+            let ops = g.nodes().iter().map(|n| &n.op);
+            let qmatmuls = ops.clone().filter(|op| matches!(op, Op::QMatMul { .. }));
+            let dequantizes = ops.filter(|op| matches!(op, Op::Dequantize { .. }));
+            (qmatmuls.count(), dequantizes.count())
+        };
+        let layers = q.config.layers as usize;
+        for g in [
+            q.graph(5).unwrap(),
+            llama_decode_graph(&q.config, q.weights.id, 64).unwrap(),
+        ] {
+            assert_eq!(count(&g), (7 * layers - 1 + 1, 1));
+            let u8_weights = g.weights().filter(|(_, _, t)| t.dtype == DType::U8).count();
+            assert_eq!(u8_weights, q.config.quantized.len());
+        }
+        let fg = f.graph(5).unwrap();
+        assert_eq!(count(&fg), (0, 0));
+        assert!(fg.weights().all(|(_, _, t)| t.dtype == DType::F32));
+        assert_ne!(q.graph(5).unwrap().id(), fg.id());
+        // The quantised model holds its blocks: 20 bytes a Q4_1 block, not 128.
+        assert!(q.weights.owned_bytes() * 3 < f.weights.owned_bytes());
+    }
+
+    #[test]
+    fn weights_modes_read_and_print_by_name() {
+        for mode in WeightsMode::ALL {
+            assert_eq!(mode.to_string().parse::<WeightsMode>(), Ok(mode));
+        }
+        assert_eq!("Q".parse(), Ok(WeightsMode::Quantized));
+        assert!(
+            "f16"
+                .parse::<WeightsMode>()
+                .unwrap_err()
+                .contains("f32 or quantized")
+        );
+        assert_eq!(WeightsMode::default(), WeightsMode::Quantized);
     }
 
     /// A session fed more tokens after its prefill steps through them; `generate` stops at the

@@ -3,9 +3,13 @@
 
 use std::path::Path;
 
+use tenet_ir::{DType, QuantFormat};
 use tenet_models::fetch::{SMOLLM2, find_file};
-use tenet_models::gguf::{GgmlType, GgufFile, Value};
+use tenet_models::gguf::{GgmlType, GgufError, GgufFile, GgufTensor, Value};
+use tenet_reference::quant;
 
+#[path = "common/weights_build.rs"]
+mod build;
 mod common;
 
 /// A small valid GGUF: two metadata entries, one F32 tensor [2, 3] and one Q8_0 tensor [32].
@@ -115,6 +119,7 @@ fn hostile_bytes_are_errors_not_panics() {
         if let Ok(g) = GgufFile::parse(b) {
             for t in &g.tensors {
                 let _ = g.dequantize(t);
+                let _ = g.blocks(t);
             }
         }
     }
@@ -123,6 +128,144 @@ fn hostile_bytes_are_errors_not_panics() {
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     let e = GgufFile::parse(huge).err().unwrap().to_string();
     assert!(e.contains("byte 8") && e.contains("cannot fit"), "{e}");
+}
+
+/// The values of `blocks` of `format`, by the definition the `dequantize` op uses.
+fn values_of(format: QuantFormat, blocks: &[u8]) -> Vec<u32> {
+    let mut v = Vec::new();
+    quant::dequantize_into(format, blocks, &mut v);
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn q4_0_dequantises_with_gguf_py_arithmetic() {
+    let g = GgufFile::parse(build::quantized_gguf()).unwrap();
+    let t = g.tensor("q4_0").unwrap();
+    assert_eq!((t.kind, t.shape.clone()), (GgmlType::Q4_0, vec![2, 64]));
+    assert_eq!(t.range.len(), 4 * 18);
+    assert_eq!(t.kind.format(), Some(QuantFormat::Q4_0));
+    let v = g.dequantize(t).unwrap();
+    assert_eq!((v.dtype(), v.shape()), (DType::F32, &[2u64, 64][..]));
+    let v = v.to_f32_vec();
+    // Block i, element e < 16: ((i + e) % 16 - 8) / 4; element e + 16: (15 - e - 8) / 4.
+    for i in 0..4 {
+        for e in 0..16 {
+            let lo = ((i + e) % 16) as f32 - 8.0;
+            let hi = (15 - e) as f32 - 8.0;
+            assert_eq!(v[i * 32 + e], lo * 0.25, "block {i} element {e}");
+            assert_eq!(
+                v[i * 32 + e + 16],
+                hi * 0.25,
+                "block {i} element {}",
+                e + 16
+            );
+        }
+    }
+    // As weights: listed as Q4_0, dequantised to f32.
+    let file = tenet_models::WeightsFile::from_bytes(build::quantized_gguf(), "q.gguf").unwrap();
+    assert_eq!(file.tensors["q4_0"].safetensors_dtype, "Q4_0");
+    assert_eq!(file.tensor("q4_0").unwrap().to_f32_vec(), v);
+}
+
+/// Quantised tensors lent as they are: u8 [..., rows, cols/32, block_bytes] views of the file
+/// whose values, by the `dequantize` op's definition, are the tensor's dequantised values.
+#[test]
+fn quantized_tensors_are_lent_as_views_of_their_blocks() {
+    let bytes = build::quantized_gguf();
+    let g = GgufFile::parse(bytes.clone()).unwrap();
+    for (name, format, shape) in [
+        ("q4_0", QuantFormat::Q4_0, vec![2, 2, 18]),
+        ("q4_1", QuantFormat::Q4_1, vec![3, 1, 20]),
+        ("q8_0", QuantFormat::Q8_0, vec![2, 1, 34]),
+        ("q8_0_3d", QuantFormat::Q8_0, vec![2, 1, 1, 34]),
+        ("empty", QuantFormat::Q4_0, vec![0, 1, 18]),
+    ] {
+        let t = g.tensor(name).unwrap();
+        let (view, f) = g.blocks(t).unwrap();
+        assert_eq!(f, format, "{name}");
+        assert_eq!(
+            (view.dtype(), view.shape()),
+            (DType::U8, &shape[..]),
+            "{name}"
+        );
+        assert!(view.is_shared(), "{name} is a view of the file, not a copy");
+        assert_eq!(view.bytes(), &bytes[t.range.clone()], "{name}");
+        let want: Vec<u32> = g
+            .dequantize(t)
+            .unwrap()
+            .to_f32_vec()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(values_of(format, view.bytes()), want, "{name}");
+    }
+    let refused = |name: &str| g.blocks(g.tensor(name).unwrap()).unwrap_err().to_string();
+    let e = refused("norm");
+    assert!(
+        e.contains("\"norm\"") && e.contains("not block-quantised"),
+        "{e}"
+    );
+    let e = refused("straddling");
+    assert!(
+        e.contains("\"straddling\"") && e.contains("not a multiple of the 32"),
+        "{e}"
+    );
+    // Its blocks still dequantise as a whole.
+    assert_eq!(
+        g.dequantize(g.tensor("straddling").unwrap())
+            .unwrap()
+            .shape(),
+        &[2, 48]
+    );
+}
+
+/// An index entry made up by the caller (the fields are public) is checked against the file
+/// and its shape, never trusted.
+#[test]
+fn blocks_of_a_made_up_tensor_are_refused_with_its_name() {
+    let g = GgufFile::parse(build::quantized_gguf()).unwrap();
+    let real = g.tensor("q4_1").unwrap().clone();
+    let len = g.tensor("straddling").unwrap().range.end;
+    let cases = [
+        // Past the end of the file.
+        GgufTensor {
+            range: len..len + 60,
+            ..real.clone()
+        },
+        // Fewer bytes than the shape takes.
+        GgufTensor {
+            range: real.range.start..real.range.end - 1,
+            ..real.clone()
+        },
+        // A shape whose size overflows.
+        GgufTensor {
+            shape: vec![u64::MAX, 32],
+            ..real.clone()
+        },
+        // No dimensions.
+        GgufTensor {
+            shape: vec![],
+            ..real.clone()
+        },
+        // Of a type the reader cannot read.
+        GgufTensor {
+            kind: GgmlType::Other(12),
+            ..real.clone()
+        },
+    ];
+    for (i, t) in cases.iter().enumerate() {
+        let GgufTensor { name, .. } = t;
+        match g.blocks(t) {
+            Err(GgufError::Tensor { name: n, reason }) => {
+                assert_eq!(&n, name, "case {i}");
+                assert!(!reason.is_empty());
+            }
+            other => panic!(
+                "case {i}: {:?}",
+                other.map(|(v, f)| (v.shape().to_vec(), f))
+            ),
+        }
+    }
 }
 
 #[test]
@@ -136,12 +279,25 @@ fn smollm2_file_matches_gguf_py() {
     let count = |k: GgmlType| g.tensors.iter().filter(|t| t.kind == k).count();
     assert_eq!(
         (
+            count(GgmlType::Q4_0),
             count(GgmlType::Q4_1),
             count(GgmlType::Q8_0),
             count(GgmlType::F32)
         ),
-        (210, 1, 61)
+        (0, 210, 1, 61)
     );
+    // Every quantised tensor is a matrix of whole-block rows, lent as it is.
+    for t in g.tensors.iter().filter(|t| t.kind.format().is_some()) {
+        let (view, format) = g.blocks(t).unwrap();
+        assert_eq!(Some(format), t.kind.format());
+        assert_eq!(
+            view.shape(),
+            &[t.shape[0], t.shape[1] / 32, format.block_bytes()],
+            "{}",
+            t.name
+        );
+        assert!(view.is_shared());
+    }
     for (key, want) in [
         ("llama.block_count", 30),
         ("llama.embedding_length", 576),
@@ -157,6 +313,11 @@ fn smollm2_file_matches_gguf_py() {
         serde_json::from_str(&std::fs::read_to_string(fixture_path).unwrap()).unwrap();
     for (name, want) in fixture.as_object().unwrap() {
         let t = g.dequantize(g.tensor(name).unwrap()).unwrap();
+        // The blocks, dequantised by the `dequantize` op's definition, are the same values.
+        if let Ok((blocks, format)) = g.blocks(g.tensor(name).unwrap()) {
+            let bits: Vec<u32> = t.to_f32_vec().iter().map(|x| x.to_bits()).collect();
+            assert!(values_of(format, blocks.bytes()) == bits, "{name}");
+        }
         let shape: Vec<u64> = want["shape"]
             .as_array()
             .unwrap()

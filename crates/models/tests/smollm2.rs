@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tenet_cpu::CpuDevice;
 use tenet_models::fetch::{SMOLLM2, find_file};
-use tenet_models::smollm2::{GGUF_FILE, SmolLm2};
+use tenet_models::smollm2::{GGUF_FILE, SmolLm2, WeightsMode, argmax};
 
 mod common;
 
@@ -177,4 +177,87 @@ fn greedy_tokens_and_logits_are_bit_identical_on_every_device() {
         others > 0 || !required,
         "TENET_REQUIRE_OPENCL=1 but no OpenCL device"
     );
+}
+
+/// The fixture's prompt, ids and greedy tokens, or `None` (the test skipped) without the model
+/// or the fixture.
+fn fixture() -> Option<(std::path::PathBuf, String, Vec<u32>, Vec<u32>)> {
+    let dir = common::cached_or_skip(&SMOLLM2)?;
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2_greedy.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: fixture {} not found",
+            path.display()
+        );
+        return None;
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (prompt, want) = v.as_object().unwrap().iter().next().unwrap();
+    let u32s = |k: &str| -> Vec<u32> {
+        want[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    Some((
+        find_file(&dir, GGUF_FILE).unwrap(),
+        prompt.clone(),
+        u32s("ids"),
+        u32s("greedy12"),
+    ))
+}
+
+/// With its weights kept quantised (the GGUF's blocks lent from the mapped file, linear layers
+/// as `qmatmul`), SmolLM2 holds about the file's size instead of 540 MB, gives the f32 mode's
+/// logits bit for bit after the prompt and after each decode step, and so the reference's
+/// greedy tokens. (Few steps: until the CPU has a fast `qmatmul`, it runs the reference's.)
+#[test]
+fn quantized_weights_give_the_f32_logits_and_the_reference_tokens() {
+    let Some((gguf, prompt, ids, greedy)) = fixture() else {
+        return;
+    };
+    let q = SmolLm2::load_with(&gguf, WeightsMode::Quantized).unwrap();
+    let f = SmolLm2::load_with(&gguf, WeightsMode::F32).unwrap();
+    assert_eq!(
+        (q.mode(), f.mode()),
+        (WeightsMode::Quantized, WeightsMode::F32)
+    );
+    // 210 Q4_1 matrices and the Q8_0 embedding stay quantised; nothing is copied.
+    assert_eq!(q.config.quantized.len(), 211);
+    let file = std::fs::metadata(&gguf).unwrap().len();
+    assert_eq!(q.weights.owned_bytes(), 0);
+    assert!(q.weights.viewed_bytes() < file);
+    assert!(f.weights.owned_bytes() > 5 * file);
+    assert_eq!(q.encode(&prompt).unwrap(), ids);
+    let device = CpuDevice::auto();
+    let (mut sq, mut sf) = (q.session(&device), f.session(&device));
+    let (mut lq, mut lf) = (sq.prefill(&ids).unwrap(), sf.prefill(&ids).unwrap());
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    // The graph without a cache gives the prefill's bits too.
+    assert!(same(&lq, &q.next_logits(&ids, &device).unwrap()));
+    let mut tokens = Vec::new();
+    for step in 0..=4 {
+        assert_eq!(lq.len(), lf.len());
+        assert!(
+            same(&lq, &lf),
+            "quantised and f32 logits differ after {step} decode steps"
+        );
+        tokens.push(argmax(&lq));
+        if step < 4 {
+            lq = sq.step(tokens[step]).unwrap();
+            lf = sf.step(tokens[step]).unwrap();
+        }
+    }
+    assert_eq!(
+        tokens,
+        greedy[..tokens.len()],
+        "greedy tokens of {prompt:?}"
+    );
+    assert_eq!(sq.len(), (ids.len() + 4) as u64);
+    assert_eq!(sq.capacity(), 64);
 }

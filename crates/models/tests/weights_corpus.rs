@@ -65,6 +65,47 @@ fn fuzz_one(data: &[u8]) -> bool {
     }
 }
 
+/// Every quantised tensor of a file that parses is lent as its blocks, or refused: a view of
+/// exactly its own bytes, `[..., cols/32, block_bytes]` for its shape `[..., cols]`, whose
+/// values (by the `dequantize` op's definition) are the tensor's dequantised ones. The views
+/// cost no memory, so this holds at any size; values are compared while the file's
+/// dequantised size is within the fuzz limit.
+fn blocks_one(data: &[u8]) {
+    let Ok(g) = GgufFile::parse_shared_within(Arc::new(data.to_vec()), BUDGET) else {
+        return;
+    };
+    let total = g
+        .tensors
+        .iter()
+        .map(|t| g.dequantized_bytes(t))
+        .fold(0u64, u64::saturating_add);
+    for t in &g.tensors {
+        let Ok((view, format)) = g.blocks(t) else {
+            continue;
+        };
+        assert_eq!(Some(format), t.kind.format());
+        assert!(view.is_shared());
+        assert_eq!(view.bytes(), &data[t.range.clone()]);
+        let (cols, outer) = t.shape.split_last().unwrap();
+        let mut shape = outer.to_vec();
+        shape.extend([cols / 32, format.block_bytes()]);
+        assert_eq!(view.shape(), &shape[..]);
+        if total <= BUDGET {
+            let mut values = Vec::new();
+            tenet_reference::quant::dequantize_into(format, view.bytes(), &mut values);
+            let want = g.dequantize(t).unwrap().to_f32_vec();
+            assert!(
+                values
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .eq(want.iter().map(|x| x.to_bits())),
+                "{}",
+                t.name
+            );
+        }
+    }
+}
+
 fn corpus(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fuzz/corpus")
@@ -150,7 +191,9 @@ fn every_seed_passes_the_fuzz_checks_and_loads_as_its_name_says() {
         assert!(seeds.len() >= 4, "{target}: {} seeds", seeds.len());
         for path in seeds {
             let name = path.file_name().unwrap().to_string_lossy().to_string();
-            let loaded = fuzz_one(&std::fs::read(&path).unwrap());
+            let bytes = std::fs::read(&path).unwrap();
+            let loaded = fuzz_one(&bytes);
+            blocks_one(&bytes);
             if name.starts_with("seed-valid-") {
                 assert!(loaded, "{target}/{name} should load");
             } else if name.starts_with("seed-hostile-") {
@@ -203,6 +246,7 @@ fn mutate_all(good: &[u8], n: usize, seed: u64) -> usize {
             }
         }
         loaded += fuzz_one(&b) as usize;
+        blocks_one(&b);
     }
     loaded
 }
@@ -213,6 +257,9 @@ fn mutated_files_never_panic_or_pass_the_limit() {
     let st = mutate_all(&build::valid_safetensors(), 3000, 0x2545_f491_4f6c_dd1d);
     // Some mutations (of values, not structure) still load, so the checks above ran on them.
     assert!(gguf > 0 && st > 0, "gguf {gguf}, safetensors {st} loaded");
+    // Quantised matrices of every format, lent as blocks.
+    let quantized = mutate_all(&build::quantized_gguf(), 3000, 0x5851_f42d_4c95_7f2d);
+    assert!(quantized > 0, "quantized {quantized} loaded");
     // The hostile seeds, mutated, too.
     mutate_all(&build::q4_1_bomb(100, 50), 1000, 7);
     mutate_all(&build::metadata_bomb(5000), 500, 11);

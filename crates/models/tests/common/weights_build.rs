@@ -6,6 +6,7 @@
 /// ggml type numbers.
 pub const F32: u32 = 0;
 pub const F16: u32 = 1;
+pub const Q4_0: u32 = 2;
 pub const Q4_1: u32 = 3;
 pub const Q8_0: u32 = 8;
 
@@ -99,6 +100,54 @@ pub fn q4_1_blocks(n: usize) -> Vec<u8> {
         b.extend((0..16).map(|j| (i * 31 + j * 7) as u8));
     }
     b
+}
+
+/// `n` deterministic Q4_0 blocks (scale 1/4; element `e < 16` of block `i` has the quantity
+/// `(i + e) % 16`, element `e + 16` the quantity `15 - e`).
+pub fn q4_0_blocks(n: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(n * 18);
+    for i in 0..n {
+        b.extend(half::f16::from_f32(0.25).to_le_bytes());
+        b.extend((0..16).map(|e| ((i + e) % 16) as u8 | ((15 - e as u8) << 4)));
+    }
+    b
+}
+
+/// `n` deterministic Q8_0 blocks (scale 1/2, quantities `i - 16 + e`, wrapping).
+pub fn q8_0_blocks(n: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(n * 34);
+    for i in 0..n {
+        b.extend(half::f16::from_f32(0.5).to_le_bytes());
+        b.extend((0..32).map(|e| (i as i8).wrapping_add(e as i8 - 16) as u8));
+    }
+    b
+}
+
+/// A small valid GGUF of quantised matrices, lent as blocks: Q4_0 [2, 64], Q4_1 [3, 32],
+/// Q8_0 [2, 32] and [2, 1, 32], an empty Q4_0 [0, 32]; and two that have no blocks to lend, an
+/// F32 vector and a Q4_1 [2, 48] whose rows hold a block and a half (whole blocks in all, so
+/// it still dequantises).
+pub fn quantized_gguf() -> Vec<u8> {
+    let mut g = Gguf::new();
+    let at = g.data(&q4_0_blocks(4));
+    g.tensor("q4_0", &[2, 64], Q4_0, at);
+    let at = g.data(&q4_1_blocks(3));
+    g.tensor("q4_1", &[3, 32], Q4_1, at);
+    let at = g.data(&q8_0_blocks(2));
+    g.tensor("q8_0", &[2, 32], Q8_0, at);
+    let at = g.data(&q8_0_blocks(2));
+    g.tensor("q8_0_3d", &[2, 1, 32], Q8_0, at);
+    let at = g.data(&[]);
+    g.tensor("empty", &[0, 32], Q4_0, at);
+    let at = g.data(
+        &(0..4)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
+    g.tensor("norm", &[4], F32, at);
+    let at = g.data(&q4_1_blocks(3));
+    g.tensor("straddling", &[2, 48], Q4_1, at);
+    g.finish()
 }
 
 /// The amplifying file of issue 29: `tensors` Q4_1 tensors that all point at the same
