@@ -731,7 +731,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let sampling = match (seed, temperature) {
                 (Some(seed), Some(temperature)) if temperature > 0.0 => {
-                    Some(tenet_models::smollm2::Sampling { seed, temperature })
+                    Some(tenet_models::smollm2::Sampling::temperature(seed, temperature))
                 }
                 (Some(_), Some(_)) => anyhow::bail!("--temperature must be above 0"),
                 _ => None,

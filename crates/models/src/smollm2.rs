@@ -17,6 +17,11 @@
 //! Which tensors are quantised, and how, is part of the [`LlamaConfig`] the graph builders
 //! take ([`LlamaConfig::quantized`]), so a model's graphs always match its weights.
 //!
+//! **Sequences decode together** ([`SmolLm2::step_batch`], `batch.rs`): one run of a batched
+//! decode graph advances several sessions by a token each, every member's bits those of
+//! decoding it alone; a [`Batcher`] (`serve.rs`) runs continuous batching over it, requests
+//! joining and leaving between steps.
+//!
 //! **Decoding keeps the KV cache on the device and reuses compiled programs.** A
 //! [`DecodeSession`] holds, for every layer, a key and a value buffer on the device of a fixed
 //! capacity (f32 `[capacity, kv_heads, head_dim]`, the position axis outermost, so one token's
@@ -53,6 +58,11 @@ use tenet_ir::{
 use tenet_reference::math;
 
 use crate::gguf::{GgufError, GgufFile, Value};
+
+mod batch;
+mod serve;
+pub use batch::llama_decode_batch_graph;
+pub use serve::{Batcher, BatcherStats, FinishReason, GenerationEvent, GenerationRequest};
 
 /// The GGUF file's tensors, named as in the file; the file's blake3 hash is their id. Each is
 /// f32 (dequantised, or a view of an aligned F32 tensor) or, in [`WeightsMode::Quantized`], a
@@ -158,6 +168,9 @@ pub struct LlamaConfig {
     pub quantized: BTreeMap<String, QuantFormat>,
 }
 
+/// (device id, batch size, capacity) of a compiled decode program.
+type ProgramKey = (u64, u64, u64);
+
 /// A loaded SmolLM2: configuration, weights, tokenizer, and the decode programs compiled so far.
 pub struct SmolLm2 {
     pub config: LlamaConfig,
@@ -165,8 +178,8 @@ pub struct SmolLm2 {
     pub tokenizer: tokenizers::Tokenizer,
     /// How the weights are held (and so which graphs are built).
     mode: WeightsMode,
-    /// Decode graphs compiled, by (device id, capacity): built and planned once each.
-    programs: Mutex<HashMap<(u64, u64), Arc<dyn Program>>>,
+    /// Decode graphs compiled, by (device id, batch, capacity): built and planned once each.
+    programs: Mutex<HashMap<ProgramKey, Arc<dyn Program>>>,
 }
 
 fn meta_err(key: &str) -> GgufError {
@@ -354,18 +367,25 @@ impl SmolLm2 {
         })
     }
 
-    /// The decode program of `capacity` on `device`: compiled the first time, then kept.
+    /// The decode program of `batch` sequences (1: [`llama_decode_graph`], more:
+    /// [`llama_decode_batch_graph`]) at `capacity` on `device`: compiled the first time, then
+    /// kept.
     fn decode_program(
         &self,
         device: &dyn Device,
+        batch: u64,
         capacity: u64,
     ) -> Result<Arc<dyn Program>, String> {
-        let key = (device.id(), capacity);
+        let key = (device.id(), batch, capacity);
         let programs = || self.programs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = programs().get(&key) {
             return Ok(p.clone());
         }
-        let graph = llama_decode_graph(&self.config, self.weights.id, capacity)?;
+        let graph = if batch == 1 {
+            llama_decode_graph(&self.config, self.weights.id, capacity)?
+        } else {
+            llama_decode_batch_graph(&self.config, self.weights.id, batch, capacity)?
+        };
         let program: Arc<dyn Program> =
             Arc::from(device.compile(&graph).map_err(|e| e.to_string())?);
         let mut programs = programs();
@@ -477,8 +497,9 @@ fn build_tokenizer(g: &GgufFile) -> Result<tokenizers::Tokenizer, GgufError> {
 /// The smallest decode capacity, in positions; larger ones are its powers of two.
 pub const MIN_CAPACITY: u64 = 64;
 
-/// Decode programs a model keeps (over every device and capacity) before starting afresh.
-const MAX_PROGRAMS: usize = 64;
+/// Decode programs a model keeps (over every device, batch size and capacity) before
+/// starting afresh.
+const MAX_PROGRAMS: usize = 128;
 
 /// A sequence being decoded on one device: the KV cache of every layer in device buffers of
 /// one capacity, the tokens held so far, and the model whose compiled decode programs it runs
@@ -558,7 +579,7 @@ impl DecodeSession<'_> {
         }
         let pos = self.len;
         self.reserve(pos + 1)?;
-        let program = self.model.decode_program(self.device, self.capacity)?;
+        let program = self.model.decode_program(self.device, 1, self.capacity)?;
         let pos_input = HostTensor::from_i64(&[1], &[pos as i64]).map_err(|e| e.to_string())?;
         let mut inputs = HashMap::with_capacity(2 + 2 * self.layers.len());
         inputs.insert("ids".to_string(), self.upload_ids(&[token])?);
@@ -597,9 +618,21 @@ impl DecodeSession<'_> {
     ) -> Result<Vec<f32>, String> {
         let mut outputs = outputs.into_iter().map(|(_, b)| b);
         let logits = outputs.next().ok_or("the graph gave no logits")?;
+        self.write_rows(&mut outputs, at)?;
+        let logits = self.device.download(&logits).map_err(|e| e.to_string())?;
+        Ok(logits.to_f32_vec())
+    }
+
+    /// Write the next key and value rows of every layer from `rows` (`k{l}`, `v{l}` per
+    /// layer) into the caches at row `at`.
+    fn write_rows(
+        &mut self,
+        rows: &mut impl Iterator<Item = Buffer>,
+        at: u64,
+    ) -> Result<(), String> {
         let offset = at * self.row_bytes;
         for (k, v) in &mut self.layers {
-            let (Some(nk), Some(nv)) = (outputs.next(), outputs.next()) else {
+            let (Some(nk), Some(nv)) = (rows.next(), rows.next()) else {
                 return Err("the graph gave too few caches".into());
             };
             self.device
@@ -607,8 +640,7 @@ impl DecodeSession<'_> {
                 .and_then(|()| self.device.write(v, offset, &nv))
                 .map_err(|e| e.to_string())?;
         }
-        let logits = self.device.download(&logits).map_err(|e| e.to_string())?;
-        Ok(logits.to_f32_vec())
+        Ok(())
     }
 
     /// Make room for `positions` tokens: caches of the capacity bucket that holds them, the
@@ -617,13 +649,22 @@ impl DecodeSession<'_> {
         if positions <= self.capacity {
             return Ok(());
         }
-        let c = &self.model.config;
         let capacity = self.model.capacity_for(positions).ok_or_else(|| {
             format!(
                 "the context of {} tokens is full: no room for token {positions}",
-                c.context
+                self.model.config.context
             )
         })?;
+        self.grow_to(capacity)
+    }
+
+    /// Caches of `capacity` positions (a bucket at least the current one), the rows held so
+    /// far copied over on the device.
+    fn grow_to(&mut self, capacity: u64) -> Result<(), String> {
+        if capacity == self.capacity {
+            return Ok(());
+        }
+        let c = &self.model.config;
         let ty =
             tenet_ir::TensorType::new(DType::F32, vec![capacity, c.kv_heads, c.hidden / c.heads]);
         let grow = |old: Option<&Buffer>| -> Result<Buffer, String> {
@@ -650,29 +691,72 @@ impl DecodeSession<'_> {
 /// `<|im_end|>`, SmolLM2's end-of-sequence token (`tokenizer.ggml.eos_token_id`).
 pub const EOS: u32 = 2;
 
-/// Temperature sampling with a seed.
+/// Temperature and nucleus (top-p) sampling with a seed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
     pub seed: u64,
     pub temperature: f32,
+    /// Draw only from the most likely tokens whose probabilities reach this share of the
+    /// total (OpenAI's `top_p`); 1 keeps every token.
+    pub top_p: f32,
+}
+
+impl Sampling {
+    /// Temperature sampling over every token.
+    pub fn temperature(seed: u64, temperature: f32) -> Sampling {
+        Sampling {
+            seed,
+            temperature,
+            top_p: 1.0,
+        }
+    }
 }
 
 /// Draw from softmax(logits / T): probabilities with the project's own exp, summed in id order,
 /// and a uniform number from Philox(seed, step), so the draw is identical on every machine.
-fn sample(logits: &[f32], s: Sampling, step: u64) -> u32 {
+/// With `top_p < 1`, tokens are taken in order of probability (highest first, lower id first
+/// on ties) until their sum, added in that order, reaches `top_p` of the total, and the draw
+/// walks only those, in that order.
+pub(crate) fn sample(logits: &[f32], s: Sampling, step: u64) -> u32 {
     let t = s.temperature.max(1e-6);
     let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let p: Vec<f32> = logits.iter().map(|&l| math::exp((l - m) / t)).collect();
     let total: f32 = p.iter().sum();
     let w = tenet_reference::philox::words(s.seed, 0x5a4d_504c, step);
-    let mut u = (w[0] >> 8) as f32 / 16_777_216.0 * total;
-    for (i, &pi) in p.iter().enumerate() {
+    let unit = (w[0] >> 8) as f32 / 16_777_216.0;
+    // A NaN top_p keeps every token, as 1 does.
+    let nucleus = s.top_p < 1.0;
+    if !nucleus {
+        let mut u = unit * total;
+        for (i, &pi) in p.iter().enumerate() {
+            if u < pi {
+                return i as u32;
+            }
+            u -= pi;
+        }
+        return argmax(logits);
+    }
+    let mut order: Vec<u32> = (0..p.len() as u32).collect();
+    order.sort_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]).then(a.cmp(&b)));
+    let want = s.top_p.max(0.0) * total;
+    let mut kept = 0.0f32;
+    let mut n = 0;
+    for &i in &order {
+        kept += p[i as usize];
+        n += 1;
+        if kept >= want {
+            break;
+        }
+    }
+    let mut u = unit * kept;
+    for &i in &order[..n] {
+        let pi = p[i as usize];
         if u < pi {
-            return i as u32;
+            return i;
         }
         u -= pi;
     }
-    argmax(logits)
+    order[0]
 }
 
 /// Index of the largest value (first on ties).
@@ -1077,7 +1161,7 @@ mod tests {
     }
 
     /// A tiny Llama with deterministic pseudo-random f32 weights.
-    fn tiny(context: u64) -> SmolLm2 {
+    pub(super) fn tiny(context: u64) -> SmolLm2 {
         let (config, shapes) = tiny_config(context, 48);
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let tensors = shapes
@@ -1126,7 +1210,7 @@ mod tests {
     /// The tiny Llama with its matrices stored quantised ([`tiny_format`]), loaded in
     /// [`WeightsMode::Quantized`] (blocks as u8 tensors) and in [`WeightsMode::F32`] (the same
     /// blocks dequantised by the reference's definition, as a GGUF file is at load).
-    fn tiny_quantized(context: u64) -> (SmolLm2, SmolLm2) {
+    pub(super) fn tiny_quantized(context: u64) -> (SmolLm2, SmolLm2) {
         let (mut config, shapes) = tiny_config(context, 64);
         let f32_config = config.clone();
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -1160,6 +1244,36 @@ mod tests {
             model(config, quantized, WeightsMode::Quantized),
             model(f32_config, dequantized, WeightsMode::F32),
         )
+    }
+
+    #[test]
+    fn nucleus_sampling_draws_only_from_the_likeliest_tokens() {
+        // Probabilities ~ [0.024, 0.474, 0.064, 0.429, 0.009].
+        let logits = [0.0f32, 3.0, 1.0, 2.9, -1.0];
+        let with = |top_p: f32, step: u64| {
+            let s = Sampling {
+                seed: 7,
+                temperature: 1.0,
+                top_p,
+            };
+            sample(&logits, s, step)
+        };
+        let seen = |top_p: f32| {
+            let mut seen: Vec<u32> = (0..400).map(|step| with(top_p, step)).collect();
+            seen.sort();
+            seen.dedup();
+            seen
+        };
+        assert_eq!(seen(0.01), vec![1]);
+        assert_eq!(seen(0.6), vec![1, 3]);
+        assert_eq!(seen(1.0), vec![0, 1, 2, 3, 4]);
+        // top_p 1 (or NaN) is plain temperature sampling; the same seed and step, the same draw.
+        for step in 0..50 {
+            let plain = sample(&logits, Sampling::temperature(7, 1.0), step);
+            assert_eq!(with(1.0, step), plain);
+            assert_eq!(with(f32::NAN, step), plain);
+            assert_eq!(with(0.6, step), with(0.6, step));
+        }
     }
 
     fn same_bits(a: &[f32], b: &[f32]) -> bool {

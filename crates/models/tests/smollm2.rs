@@ -261,3 +261,61 @@ fn quantized_weights_give_the_f32_logits_and_the_reference_tokens() {
     assert_eq!(sq.len(), (ids.len() + 4) as u64);
     assert_eq!(sq.capacity(), 64);
 }
+
+/// Eight concurrent greedy requests through one continuous batch (prompts of different
+/// lengths, some joining while others decode) get exactly the tokens each gets alone.
+#[test]
+fn eight_concurrent_requests_get_the_tokens_of_eight_sequential_ones() {
+    use std::sync::Arc;
+    use tenet_exec::Device;
+    use tenet_models::smollm2::{Batcher, GenerationEvent, GenerationRequest};
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let model = Arc::new(SmolLm2::load(&find_file(&dir, GGUF_FILE).unwrap()).unwrap());
+    let device: Arc<dyn Device> = Arc::new(CpuDevice::auto());
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "1, 2, 3, 4,",
+        "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n",
+        "def add(a, b):",
+        "The quick brown fox",
+        "Water boils at",
+        "My favourite food is",
+    ];
+    let requests: Vec<GenerationRequest> = prompts
+        .iter()
+        .map(|p| GenerationRequest {
+            prompt: model.encode(p).unwrap(),
+            max_tokens: 6,
+            sampling: None,
+            stop: vec![],
+        })
+        .collect();
+    let tokens = |rx: std::sync::mpsc::Receiver<GenerationEvent>| -> Vec<u32> {
+        let mut out = Vec::new();
+        for e in rx {
+            match e {
+                GenerationEvent::Token(t) => out.push(t),
+                GenerationEvent::Done(_) => return out,
+                GenerationEvent::Failed(e) => panic!("{e}"),
+            }
+        }
+        panic!("no end")
+    };
+    let sequential: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(&r.prompt, r.max_tokens, None, &*device, |_| {})
+                .unwrap()
+        })
+        .collect();
+    let batcher = Batcher::start(model.clone(), device.clone(), 8);
+    let receivers: Vec<_> = requests.iter().map(|r| batcher.submit(r.clone())).collect();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        assert_eq!(tokens(rx), sequential[i], "request {i}: {:?}", prompts[i]);
+    }
+    assert!(batcher.stats().peak_batch > 1, "{:?}", batcher.stats());
+}
