@@ -529,13 +529,16 @@ fn smollm2_rows(
     progress: &mut impl FnMut(&str),
 ) -> Result<(Vec<Row>, Result<String, String>), String> {
     use tenet_models::fetch::{SMOLLM2, cached};
-    use tenet_models::smollm2::{GGUF_FILE, SmolLm2, argmax, llama_graph};
+    use tenet_models::smollm2::{GGUF_FILE, SmolLm2, WeightsMode, argmax, llama_graph};
     let skipped = |e: String| format!("SmolLM2 rows skipped: {e}");
     let dir = cached(&SMOLLM2).map_err(|e| skipped(e.to_string()))?;
     progress("loading SmolLM2");
     let gguf = tenet_models::fetch::find_file(&dir, GGUF_FILE)
         .ok_or_else(|| skipped(format!("no {GGUF_FILE} under {}", dir.display())))?;
-    let model = SmolLm2::load(&gguf).map_err(|e| skipped(e.to_string()))?;
+    // The GGUF's blocks as they are: products read them directly, as llama.cpp's do.
+    let mode = WeightsMode::Quantized;
+    let model =
+        std::sync::Arc::new(SmolLm2::load_with(&gguf, mode).map_err(|e| skipped(e.to_string()))?);
     let weight_bytes: f64 = model
         .weights
         .tensors
@@ -640,6 +643,21 @@ fn smollm2_rows(
         }
         measured.push((label, t, median(times), bandwidth, median(prefill_times)));
     }
+    progress(&format!(
+        "running {BATCH_REQUESTS} smollm2 requests one after another, then batched"
+    ));
+    // A device of the run's kind that the batcher's thread can own.
+    let shared = tenet_devices::open(
+        &device.info().spec,
+        &tenet_devices::Options {
+            threads: Some(backend.threads()),
+            simd: Some(backend.level()),
+            memory_limit: None,
+        },
+    )
+    .map_err(|e| skipped(e.to_string()))?;
+    let tokens = if quick { 8 } else { 32 };
+    let batching = batching_rows(&model, shared, &prompt, tokens, peak).map_err(skipped)?;
     progress("running smollm2 on llama.cpp");
     let peer = llamacpp::measure(
         python,
@@ -683,7 +701,7 @@ fn smollm2_rows(
             bytes: Some((weight_bytes, bandwidth)),
             llamacpp: Some(peer_ms(t, |m| m.decode_ms)),
             llamacpp_bytes: Some(quantized_bytes),
-            ..row(format!("smollm2 decode, f32 weights{label}"), decode_ms)
+            ..row(format!("smollm2 decode, {mode} weights{label}"), decode_ms)
         });
         rows.push(Row {
             items: Some(PREFILL_TOKENS as u64),
@@ -691,10 +709,116 @@ fn smollm2_rows(
             peak_share: on_cpu.then(|| t as f64 / backend.threads() as f64),
             llamacpp: Some(peer_ms(t, |m| m.prefill_ms)),
             ..row(
-                format!("smollm2 prefill {PREFILL_TOKENS} tokens, f32 weights{label}"),
+                format!("smollm2 prefill {PREFILL_TOKENS} tokens, {mode} weights{label}"),
                 prefill_ms,
             )
         });
     }
+    rows.extend(batching);
     Ok((rows, peer.map(|m| m.version)))
+}
+
+/// Concurrent requests in the batching rows.
+const BATCH_REQUESTS: usize = 8;
+
+/// [`BATCH_REQUESTS`] greedy generations of `tokens` tokens each after prompts of different
+/// lengths: first one after another (each alone, as a node without batching serves them),
+/// then submitted together to one continuous batch; the second row's note gives its aggregate
+/// tokens/s against the first's, and every request's tokens must be the same both times.
+fn batching_rows(
+    model: &std::sync::Arc<tenet_models::smollm2::SmolLm2>,
+    device: std::sync::Arc<dyn Device>,
+    prompt: &[u32],
+    tokens: usize,
+    peak: f64,
+) -> Result<Vec<Row>, String> {
+    use tenet_models::smollm2::{Batcher, GenerationEvent, GenerationRequest};
+    let requests: Vec<GenerationRequest> = (0..BATCH_REQUESTS)
+        .map(|i| GenerationRequest {
+            // Different prompts: the prompt with 0..8 extra tokens of itself.
+            prompt: prompt
+                .iter()
+                .chain(&prompt[..i % prompt.len()])
+                .copied()
+                .collect(),
+            max_tokens: tokens,
+            sampling: None,
+            first_step: 0,
+            // Never stop early, so both runs generate the same number of tokens.
+            stop: vec![],
+        })
+        .collect();
+    let start = Instant::now();
+    let mut alone = Vec::new();
+    for r in &requests {
+        let mut session = model.session(&*device);
+        let mut logits = session.prefill(&r.prompt)?;
+        let mut out = Vec::new();
+        for i in 0..r.max_tokens {
+            out.push(tenet_models::smollm2::argmax(&logits));
+            if i + 1 < r.max_tokens {
+                logits = session.step(*out.last().expect("pushed"))?;
+            }
+        }
+        alone.push(out);
+    }
+    let sequential_ms = start.elapsed().as_secs_f64() * 1e3;
+    let batcher = Batcher::start(model.clone(), device, BATCH_REQUESTS);
+    // One untimed request first, as the sequential run had its programs compiled by then.
+    let warm = batcher.submit(GenerationRequest {
+        max_tokens: 2,
+        ..requests[0].clone()
+    });
+    for _ in warm {}
+    let start = Instant::now();
+    let receivers: Vec<_> = requests.iter().map(|r| batcher.submit(r.clone())).collect();
+    let mut batched = Vec::new();
+    for rx in receivers {
+        let mut out = Vec::new();
+        for e in rx {
+            match e {
+                GenerationEvent::Token(t) => out.push(t),
+                GenerationEvent::Done(_) => break,
+                GenerationEvent::Failed(e) => return Err(e),
+            }
+        }
+        batched.push(out);
+    }
+    let batched_ms = start.elapsed().as_secs_f64() * 1e3;
+    if batched != alone {
+        return Err("batched requests gave other tokens than the same requests alone".into());
+    }
+    let total: usize = alone.iter().map(Vec::len).sum();
+    let row = |name: String, ms: f64, note: String| Row {
+        name,
+        tenet_ms: ms,
+        numpy_ms: None,
+        numpy_avx512_ms: None,
+        flops: None,
+        peak_gflops: peak,
+        items: Some(total as u64),
+        unit: "tokens",
+        bytes: None,
+        note: Some(note),
+        peak_share: None,
+        llamacpp: None,
+        llamacpp_bytes: None,
+    };
+    let n = BATCH_REQUESTS;
+    Ok(vec![
+        row(
+            format!("smollm2 {n} requests × {tokens} tokens, one after another"),
+            sequential_ms,
+            "each request alone, prefill included".into(),
+        ),
+        row(
+            format!("smollm2 {n} requests × {tokens} tokens, batched"),
+            batched_ms,
+            format!(
+                "{:.2}× the tokens/s of one after another; same tokens (peak batch {})",
+                sequential_ms / batched_ms,
+                batcher.stats().peak_batch
+            ),
+        ),
+    ])
 }

@@ -255,6 +255,15 @@ enum Command {
         /// Sampling temperature, with --seed.
         #[arg(long, requires = "seed")]
         temperature: Option<f32>,
+        /// With --temperature: sample only from the likeliest tokens whose probabilities reach
+        /// this share (nucleus sampling; 1 keeps every token).
+        #[arg(long, requires = "temperature", default_value_t = 1.0)]
+        top_p: f32,
+        /// How to hold the weights: `quantized` (the GGUF's blocks, products read them
+        /// directly; ~100 MB) or `f32` (dequantised at load; ~540 MB). Both give the same
+        /// tokens, bit for bit.
+        #[arg(long, default_value = "quantized")]
+        weights: tenet_models::smollm2::WeightsMode,
         /// Wrap the prompt in the model's chat template.
         #[arg(long)]
         chat: bool,
@@ -725,18 +734,27 @@ fn run(cli: Cli) -> Result<()> {
             greedy: _,
             seed,
             temperature,
+            top_p,
+            weights,
             chat,
             json,
             device,
         } => {
+            if !(top_p > 0.0 && top_p <= 1.0) {
+                anyhow::bail!("--top-p must be in (0, 1], not {top_p}");
+            }
             let sampling = match (seed, temperature) {
                 (Some(seed), Some(temperature)) if temperature > 0.0 => {
-                    Some(tenet_models::smollm2::Sampling::temperature(seed, temperature))
+                    Some(tenet_models::smollm2::Sampling {
+                        seed,
+                        temperature,
+                        top_p,
+                    })
                 }
                 (Some(_), Some(_)) => anyhow::bail!("--temperature must be above 0"),
                 _ => None,
             };
-            models_cmd::generate(&prompt, max_tokens, sampling, chat, json, &device)
+            models_cmd::generate(&prompt, max_tokens, sampling, weights, chat, json, &device)
         }
         Command::Export {
             model,

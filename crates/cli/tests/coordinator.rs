@@ -710,3 +710,90 @@ async fn an_exact_job_over_an_opencl_node_and_two_cpu_nodes_agrees_bit_for_bit()
         assert_eq!(out.outputs[0].1.bytes(), local(&graph, &inputs(i)).bytes());
     }
 }
+
+/// SmolLM2's GGUF file and the greedy tokens the model gives locally after `prompt`, or
+/// `None` (skipped) without the model in the cache.
+fn smollm2_and_tokens(prompt: &str, max_tokens: usize) -> Option<(Vec<u8>, Vec<u32>, Vec<u32>)> {
+    use tenet_models::fetch::{SMOLLM2, cached, find_file};
+    use tenet_models::smollm2::{GGUF_FILE, SmolLm2, WeightsMode};
+    let Ok(dir) = cached(&SMOLLM2) else {
+        eprintln!("SKIPPED: smollm2 is not in the model cache; run `tenet models fetch smollm2`");
+        return None;
+    };
+    let gguf = find_file(&dir, GGUF_FILE)?;
+    let model = SmolLm2::load_with(&gguf, WeightsMode::Quantized).unwrap();
+    let ids = model.encode(prompt).unwrap();
+    let device = CpuDevice::new(1, SimdLevel::detect());
+    let tokens = model
+        .generate(&ids, max_tokens, None, &device, |_| {})
+        .unwrap();
+    Some((std::fs::read(&gguf).unwrap(), ids, tokens))
+}
+
+fn generation_request(weights: Hash, ids: &[u32], max_tokens: u64) -> JobRequest {
+    use tenet_models::generation::{self, GenerationParams};
+    let params = GenerationParams {
+        max_tokens,
+        first_step: 0,
+        sampling: None,
+        stop: vec![],
+    };
+    JobRequest {
+        task: Hash(generation::task_id()),
+        weights: Some(weights),
+        inputs: generation::inputs(ids, &params).into_iter().collect(),
+        tier: Tier::Exact,
+        seed: 0,
+    }
+}
+
+/// An LLM generation is a job like any other: three nodes generate the tokens with
+/// commit-reveal, the liar among them (its first token changed) is slashed, and the
+/// receipt verifies; with no majority and no more nodes, the coordinator referees by
+/// generating the tokens itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_is_verified_across_nodes_and_a_lying_node_is_slashed() {
+    let Some((gguf, ids, want)) = smollm2_and_tokens("The capital of France is", 4) else {
+        return;
+    };
+    let c = cluster(&[None, Some("flip"), None], CoordinatorConfig::default()).await;
+    let weights = c.coordinator.store().put_bytes(&gguf).unwrap();
+    let out = c
+        .coordinator
+        .run(generation_request(weights, &ids, 4))
+        .await
+        .unwrap();
+    let (tokens, _) = tenet_models::generation::parse_outputs(&out.outputs).unwrap();
+    assert_eq!(tokens, want);
+    assert_eq!(out.slashed.len(), 1);
+    assert_eq!(out.slashed[0].0, c.ids[1], "the liar is the one slashed");
+    assert!(!out.refereed);
+    out.receipt.verify().unwrap();
+    assert_eq!(out.receipt.nodes.len(), 2);
+
+    // Two replicas that disagree, and nobody else to ask: the coordinator decides.
+    let config = CoordinatorConfig {
+        replicas: 2,
+        ..CoordinatorConfig::default()
+    };
+    let c = cluster(&[None, Some("flip")], config).await;
+    let weights = c.coordinator.store().put_bytes(&gguf).unwrap();
+    let out = c
+        .coordinator
+        .run(generation_request(weights, &ids, 4))
+        .await
+        .unwrap();
+    assert!(out.refereed, "one against one: the referee decides");
+    let (tokens, _) = tenet_models::generation::parse_outputs(&out.outputs).unwrap();
+    assert_eq!(tokens, want);
+    assert_eq!(out.slashed.len(), 1);
+    assert_eq!(out.slashed[0].0, c.ids[1]);
+    // The receipt says so: one node of two signed the result, which the referee chose.
+    assert!(matches!(
+        out.receipt.verify(),
+        Err(tenet_proto::receipt::ReceiptError::NoMajority {
+            agreeing: 1,
+            replicas: 2
+        })
+    ));
+}

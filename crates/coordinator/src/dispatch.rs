@@ -271,6 +271,30 @@ impl<L: Ledger + 'static> Coordinator<L> {
         if let Some(f) = lock(&self.facts).get(task) {
             return Ok(f.clone());
         }
+        if task.0 == tenet_models::generation::task_id() {
+            // A generation: what it needs depends on its request, which each node checks
+            // against its own limits; its answer is at most the token limit's tokens.
+            let vector = |n: u64| {
+                let ty = tenet_ir::TensorType::new(tenet_ir::DType::I64, vec![n]);
+                8 * n + tensor::header(&ty).len() as u64
+            };
+            let facts = Arc::new(TaskFacts {
+                need: Need {
+                    peak_bytes: 0,
+                    flops: 0,
+                    exact: false,
+                },
+                outputs: vec![
+                    (
+                        "tokens".into(),
+                        vector(tenet_models::generation::MAX_NEW_TOKENS),
+                    ),
+                    ("finish".into(), vector(1)),
+                ],
+            });
+            lock(&self.facts).insert(*task, facts.clone());
+            return Ok(facts);
+        }
         let graph = tenet_ir::codec::decode(&self.store.get(task)?).map_err(|e| {
             DispatchError::Internal(format!("the stored task {task} does not decode: {e}"))
         })?;
@@ -388,6 +412,13 @@ impl<L: Ledger + 'static> Coordinator<L> {
     /// Accept a job: store its inputs and record it, with its first replicas, in the ledger.
     /// Once this returns, the job survives a crash of the coordinator; it has not started.
     pub async fn admit(&self, req: JobRequest) -> Result<String, DispatchError> {
+        if req.task.0 == tenet_models::generation::task_id() {
+            // The generation task is one fixed document, deployed wherever it is first used
+            // (its model is the job's weights, which must be here).
+            self.store
+                .put_bytes(tenet_models::generation::TASK_BYTES)
+                .map_err(|e| DispatchError::Internal(e.to_string()))?;
+        }
         if self.store.contains(&req.task).is_none() {
             return Err(DispatchError::BadRequest(format!(
                 "task {} is not deployed on this coordinator",

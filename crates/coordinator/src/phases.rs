@@ -30,6 +30,7 @@ use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash, output_re
 use tenet_proto::receipt::{Attestation, Receipt};
 use tenet_proto::wire::{JobState as NodeJobState, RunJob};
 use tenet_proto::{ErrorCode, Hash, tensor};
+use tenet_store::Store;
 
 use crate::compare::{self, Decision, Replica};
 use crate::dispatch::{Coordinator, DispatchError, JobOutcome, now};
@@ -628,6 +629,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let spec = spec.clone();
         let memory = self.task_memory();
         tokio::task::spawn_blocking(move || -> Result<Hash, String> {
+            if spec.task.0 == tenet_models::generation::task_id() {
+                return referee_generation(&store, &spec, memory);
+            }
             let graph = tenet_ir::codec::decode(&store.get(&spec.task).map_err(|e| e.to_string())?)
                 .map_err(|e| e.to_string())?;
             let weights = match spec.weights {
@@ -668,6 +672,47 @@ impl<L: Ledger + 'static> Coordinator<L> {
         .map_err(|e| DispatchError::Referee(e.to_string()))?
         .map_err(DispatchError::Referee)
     }
+}
+
+/// Referee a generation job: the model loaded from the store with its weights quantised, as
+/// nodes load it, the request decoded on this machine's CPU; the output hash of its tokens.
+fn referee_generation(store: &Store, spec: &JobSpec, memory: u64) -> Result<Hash, String> {
+    use tenet_models::generation;
+    use tenet_models::smollm2::{SmolLm2, WeightsMode};
+    let weights = spec
+        .weights
+        .ok_or("a generation job names its model's GGUF file as its weights")?;
+    if store.contains(&weights).is_none() {
+        return Err(format!("the model {weights} is not in the coordinator's store"));
+    }
+    let model = SmolLm2::load_with(&store.path(&weights), WeightsMode::Quantized)
+        .map_err(|e| e.to_string())?;
+    let mut inputs = HashMap::new();
+    for (name, h) in &spec.inputs {
+        let t = tensor::decode(&store.get(h).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        inputs.insert(name.clone(), t);
+    }
+    let (ids, params) =
+        generation::parse_inputs(&inputs, model.config.vocab, model.config.context)?;
+    let device = tenet_devices::open(
+        "cpu",
+        &tenet_devices::Options {
+            memory_limit: Some(memory),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let (tokens, finish) = model.generate_from(
+        &ids,
+        params.max_tokens as usize,
+        params.sampler(spec.seed),
+        params.first_step,
+        &params.stop,
+        &*device,
+    )?;
+    let outputs = generation::outputs(&tokens, finish);
+    Ok(output_hash(&output_refs(&outputs)))
 }
 
 /// How long the last replicas of an exact job get to reveal once a majority has, at least.

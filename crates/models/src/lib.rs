@@ -8,6 +8,7 @@
 pub mod bert;
 pub mod examples;
 pub mod fetch;
+pub mod generation;
 pub mod gguf;
 pub mod minilm;
 mod safetensors_io;

@@ -171,6 +171,49 @@ pub struct LlamaConfig {
 /// (device id, batch size, capacity) of a compiled decode program.
 type ProgramKey = (u64, u64, u64);
 
+impl LlamaConfig {
+    /// Refuse hyper-parameters no real model has and graphs could not be built from (a
+    /// GGUF file is untrusted: a node loads whatever a job names): every size at least one and
+    /// within generous bounds, heads dividing the width and KV heads dividing heads, an even
+    /// head dimension (RoPE rotates pairs), finite positive epsilon and base.
+    pub fn check(&self) -> Result<(), String> {
+        let within = |name: &str, v: u64, most: u64| {
+            if (1..=most).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{name} is {v}; it must be 1..={most}"))
+            }
+        };
+        within("block_count", self.layers, 1 << 10)?;
+        within("embedding_length", self.hidden, 1 << 16)?;
+        within("feed_forward_length", self.ffn, 1 << 18)?;
+        within("head_count", self.heads, 1 << 10)?;
+        within("head_count_kv", self.kv_heads, 1 << 10)?;
+        within("vocab_size", self.vocab, 1 << 22)?;
+        within("context_length", self.context, 1 << 20)?;
+        if !self.hidden.is_multiple_of(self.heads) || !(self.hidden / self.heads).is_multiple_of(2)
+        {
+            return Err(format!(
+                "{} heads do not split a width of {} into even head dimensions",
+                self.heads, self.hidden
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(format!(
+                "{} KV heads do not divide {} heads",
+                self.kv_heads, self.heads
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err(format!("layer_norm_rms_epsilon is {}", self.rms_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!("rope.freq_base is {}", self.rope_theta));
+        }
+        Ok(())
+    }
+}
+
 /// A loaded SmolLM2: configuration, weights, tokenizer, and the decode programs compiled so far.
 pub struct SmolLm2 {
     pub config: LlamaConfig,
@@ -239,6 +282,10 @@ impl SmolLm2 {
             context: u("llama.context_length")?,
             quantized: BTreeMap::new(),
         };
+        config.check().map_err(|reason| GgufError::Malformed {
+            offset: 0,
+            reason: format!("llama metadata: {reason}"),
+        })?;
         let mut tensors = BTreeMap::new();
         for t in &g.tensors {
             let values = match t.kind.format() {
@@ -313,28 +360,61 @@ impl SmolLm2 {
         max_tokens: usize,
         sampling: Option<Sampling>,
         device: &dyn Device,
-        mut on_token: impl FnMut(u32),
+        on_token: impl FnMut(u32),
     ) -> Result<Vec<u32>, String> {
+        self.generate_with(ids, max_tokens, sampling, 0, &[], device, on_token)
+            .map(|(tokens, _)| tokens)
+    }
+
+    /// [`SmolLm2::generate`] as a generation job defines it (`crate::generation`), and as a
+    /// [`Batcher`] decodes it: the sampler's steps counted from `first_step`, ended by the
+    /// end-of-sequence token or one of `stop` (included), by `max_tokens`, or by a full
+    /// context; the tokens and why they ended.
+    pub fn generate_from(
+        &self,
+        ids: &[u32],
+        max_tokens: usize,
+        sampling: Option<Sampling>,
+        first_step: u64,
+        stop: &[u32],
+        device: &dyn Device,
+    ) -> Result<(Vec<u32>, FinishReason), String> {
+        self.generate_with(ids, max_tokens, sampling, first_step, stop, device, |_| {})
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn generate_with(
+        &self,
+        ids: &[u32],
+        max_tokens: usize,
+        sampling: Option<Sampling>,
+        first_step: u64,
+        stop: &[u32],
+        device: &dyn Device,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<(Vec<u32>, FinishReason), String> {
         let mut out = Vec::new();
         if max_tokens == 0 {
-            return Ok(out);
+            return Ok((out, FinishReason::Length));
         }
         // One prefill over the prompt, then one run of a compiled decode program per token.
         let mut session = self.session(device);
         let mut logits = session.prefill(ids)?;
-        for step in 0..max_tokens {
+        loop {
             let next = match sampling {
                 None => argmax(&logits),
-                Some(s) => sample(&logits, s, step as u64),
+                Some(s) => sample(&logits, s, first_step + out.len() as u64),
             };
             out.push(next);
             on_token(next);
-            if next == EOS || step + 1 == max_tokens {
-                break;
+            if next == EOS || stop.contains(&next) {
+                return Ok((out, FinishReason::Stop));
+            }
+            if out.len() >= max_tokens || session.len() >= self.config.context {
+                return Ok((out, FinishReason::Length));
             }
             logits = session.step(next)?;
         }
-        Ok(out)
     }
 
     /// A decode session on `device`: empty caches, filled by [`DecodeSession::prefill`].
@@ -1244,6 +1324,26 @@ mod tests {
             model(config, quantized, WeightsMode::Quantized),
             model(f32_config, dequantized, WeightsMode::F32),
         )
+    }
+
+    #[test]
+    fn hyper_parameters_no_model_has_are_refused() {
+        let (ok, _) = tiny_config(64, 48);
+        ok.check().unwrap();
+        let bad = |f: &dyn Fn(&mut LlamaConfig), want: &str| {
+            let mut c = ok.clone();
+            f(&mut c);
+            let err = c.check().unwrap_err();
+            assert!(err.contains(want), "{err:?} should name {want:?}");
+        };
+        bad(&|c| c.layers = 0, "block_count");
+        bad(&|c| c.layers = 1 << 40, "block_count");
+        bad(&|c| c.context = u64::MAX, "context_length");
+        bad(&|c| c.heads = 5, "heads do not split");
+        bad(&|c| c.hidden = 36, "even head dimensions");
+        bad(&|c| c.kv_heads = 3, "KV heads");
+        bad(&|c| c.rms_eps = f32::NAN, "epsilon");
+        bad(&|c| c.rope_theta = 0.0, "freq_base");
     }
 
     #[test]

@@ -290,6 +290,7 @@ fn eight_concurrent_requests_get_the_tokens_of_eight_sequential_ones() {
             prompt: model.encode(p).unwrap(),
             max_tokens: 6,
             sampling: None,
+            first_step: 0,
             stop: vec![],
         })
         .collect();

@@ -32,10 +32,26 @@ impl Cheat {
         }
     }
 
-    /// Corrupt `t` (f32 tensors only; others are left alone; a withholding node's results are
-    /// honest).
+    /// Corrupt `t` (f32 tensors, and i64 ones such as a generation's tokens: the first token
+    /// changes, or every one for `noise`; others are left alone; a withholding node's results
+    /// are honest).
     pub fn apply(self, t: HostTensor) -> HostTensor {
-        if t.dtype() != DType::F32 || t.numel() == 0 || self == Cheat::Withhold {
+        if t.numel() == 0 || self == Cheat::Withhold {
+            return t;
+        }
+        if t.dtype() == DType::I64 {
+            let ty = t.ty().clone();
+            let mut v = t.to_i64_vec();
+            match self {
+                Cheat::Flip => v[0] ^= 1,
+                Cheat::Collude => v[0] += 1,
+                _ => v.iter_mut().for_each(|x| *x ^= 1),
+            }
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            return HostTensor::new(ty, bytes)
+                .unwrap_or_else(|e| panic!("same type, same size: {e}"));
+        }
+        if t.dtype() != DType::F32 {
             return t;
         }
         let ty = t.ty().clone();
@@ -77,6 +93,10 @@ mod tests {
             let lied = c.apply(t.clone());
             assert_ne!(lied.bytes(), t.bytes(), "{c:?}");
             assert_eq!(lied.ty(), t.ty());
+        }
+        let tokens = HostTensor::from_i64(&[2], &[7, 9]).unwrap();
+        for c in [Cheat::Flip, Cheat::Collude, Cheat::Noise(0.1)] {
+            assert_ne!(c.apply(tokens.clone()).bytes(), tokens.bytes(), "{c:?}");
         }
         let n = Cheat::Noise(0.1).apply(t.clone()).to_f32_vec();
         assert!(

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use tenet_exec::{Buffer, Device, Program, RunStats};
 use tenet_ir::{Graph, HostTensor, Limits, WeightSource, WeightsId};
+use tenet_models::smollm2::{Batcher, SmolLm2, WeightsMode};
 use tenet_models::{WeightsError, WeightsFile, check_bindings};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
@@ -39,7 +40,23 @@ pub struct Engine {
     weights: Mutex<Lru<WeightsFile>>,
     /// Decoded input tensors by blob address, weighed in bytes.
     tensors: Mutex<Lru<HostTensor>>,
+    /// LLMs loaded for generation jobs, by their GGUF file's address, each with the batcher
+    /// that decodes its requests together.
+    llms: Mutex<Lru<Llm>>,
 }
+
+/// A model loaded for generation jobs: its weights quantised as in its file, and the
+/// continuous batch every generation job on it joins.
+pub struct Llm {
+    pub model: Arc<SmolLm2>,
+    pub batcher: Batcher,
+}
+
+/// LLMs kept loaded at once (each holds its file mapped and a worker thread).
+const LLMS_KEPT: u64 = 2;
+
+/// Requests one LLM decodes together at most.
+pub const MAX_BATCH: usize = 8;
 
 /// Bytes of decoded input tensors kept for reuse.
 const TENSOR_CACHE_BYTES: u64 = 512 << 20;
@@ -101,7 +118,95 @@ impl Engine {
                 limits.memory_bytes.saturating_mul(WEIGHTS_CACHE_JOBS),
             )),
             tensors: Mutex::new(Lru::new(TENSOR_CACHE_BYTES)),
+            llms: Mutex::new(Lru::new(LLMS_KEPT)),
         }
+    }
+
+    /// The LLM whose GGUF file is the blob `hash`, loaded with its weights quantised (the
+    /// file's blocks, mapped) and its batcher started; kept for the next job.
+    pub fn llm(&self, hash: &Hash) -> Result<Arc<Llm>, ApiError> {
+        if let Some(l) = self.llms.lock().ok().and_then(|mut c| c.get(hash)) {
+            return Ok(l);
+        }
+        if self.store.contains(hash).is_none() {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "weights {hash} are not on this node: upload the model's GGUF file with PUT /v1/blobs/{hash} first"
+                ),
+            ));
+        }
+        let path = self.store.path(hash);
+        let model = SmolLm2::load_with(&path, WeightsMode::Quantized).map_err(|e| {
+            ApiError::new(
+                ErrorCode::BadInputs,
+                format!("weights {hash} are not a Llama GGUF model this node can run: {e}"),
+            )
+        })?;
+        if model.weights.id.0 != hash.0 {
+            return Err(ApiError::new(
+                ErrorCode::Internal,
+                format!("the stored blob {hash} no longer hashes to its address"),
+            ));
+        }
+        let model = Arc::new(model);
+        let llm = Arc::new(Llm {
+            batcher: Batcher::start(model.clone(), self.device.clone(), MAX_BATCH),
+            model,
+        });
+        if let Ok(mut c) = self.llms.lock() {
+            c.insert(*hash, llm.clone(), 1);
+        }
+        Ok(llm)
+    }
+
+    /// Refuse a generation of `max_tokens` after `prompt` tokens that would not fit this
+    /// node's limits: its KV cache (at the capacity bucket holding every position) over the
+    /// job memory limit, or its work (two operations per weight per position) over the job
+    /// operation limit.
+    pub fn check_generation(
+        &self,
+        model: &SmolLm2,
+        prompt: u64,
+        max_tokens: u64,
+    ) -> Result<(), ApiError> {
+        let c = &model.config;
+        let positions = (prompt + max_tokens).min(c.context);
+        let capacity = model.capacity_for(positions).unwrap_or(c.context);
+        let head_dim = c.hidden / c.heads;
+        let cache = 2 * c.layers * capacity * c.kv_heads * head_dim * 4;
+        if cache > self.limits.memory_bytes {
+            return Err(ApiError::new(
+                ErrorCode::ExceedsLimits,
+                format!(
+                    "a generation of {positions} positions keeps {cache} bytes of keys and values; this node runs jobs of up to {} bytes",
+                    self.limits.memory_bytes
+                ),
+            ));
+        }
+        // Parameters: a quantised matrix [rows, blocks, block bytes] holds 32 a block.
+        let params: u64 = model
+            .weights
+            .tensors
+            .iter()
+            .map(
+                |(name, t)| match (c.quantized.contains_key(name), t.shape()) {
+                    (true, [rows, blocks, _]) => rows.saturating_mul(*blocks).saturating_mul(32),
+                    _ => t.ty().numel().unwrap_or(u64::MAX),
+                },
+            )
+            .fold(0u64, u64::saturating_add);
+        let flops = params.saturating_mul(2).saturating_mul(positions);
+        if flops > self.limits.flops {
+            return Err(ApiError::new(
+                ErrorCode::ExceedsLimits,
+                format!(
+                    "a generation of {positions} positions takes about {flops} operations; this node runs jobs of up to {}",
+                    self.limits.flops
+                ),
+            ));
+        }
+        Ok(())
     }
 
     pub fn backend_name(&self) -> String {

@@ -34,6 +34,30 @@ use crate::lru::Lru;
 use crate::observe::{EventLog, Metrics};
 use crate::pool::Pool;
 
+/// Generation jobs running at once (each waits on a thread of its own while its model's
+/// batcher decodes).
+const MAX_GENERATIONS: u64 = 64;
+
+/// A running generation's claim on one of [`MAX_GENERATIONS`], given back when dropped.
+struct GenerationSlot(Arc<AtomicU64>);
+
+impl GenerationSlot {
+    fn take(count: &Arc<AtomicU64>) -> Option<GenerationSlot> {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_GENERATIONS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| GenerationSlot(count.clone()))
+    }
+}
+
+impl Drop for GenerationSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Finished jobs remembered for status and reveal; older ones are forgotten first.
 const MAX_JOBS_KEPT: usize = 100_000;
 /// Sessions open at once.
@@ -201,6 +225,8 @@ pub struct Node {
     /// Large job outputs, for `GET /v1/blobs` without a trip to the disk.
     outputs: Arc<Mutex<Lru<HeldOutput>>>,
     pub(crate) gate: Gate,
+    /// Generation jobs running.
+    generations: Arc<AtomicU64>,
     /// Set only on a node told to lie (demos and tests).
     cheat: Option<crate::cheat::Cheat>,
     pub(crate) events: EventLog,
@@ -334,6 +360,7 @@ impl Node {
             inbound_bytes: AtomicU64::new(0),
             pull_peers: config.pull_peer_addrs()?,
             outputs: Arc::new(Mutex::new(Lru::new(OUTPUT_CACHE_BYTES))),
+            generations: Arc::new(AtomicU64::new(0)),
             cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
             events,
             metrics: Metrics::default(),
@@ -417,6 +444,26 @@ impl Node {
                 .min(self.config.job_timeout_ms),
         );
         let job_id = spec.job_id.clone();
+        // A generation waits on its model's batcher, which does the work for every generation
+        // at once: it takes a blocking thread of its own rather than a worker, so that
+        // concurrent generations are decoded together (at most `MAX_GENERATIONS` at a time).
+        if spec.task.0 == tenet_models::generation::task_id() {
+            let Some(slot) = GenerationSlot::take(&self.generations) else {
+                let e = ApiError::new(
+                    ErrorCode::Busy,
+                    format!("{MAX_GENERATIONS} generations are running; try again shortly"),
+                );
+                return self.record(job_id, Err(e));
+            };
+            let node = self.clone();
+            return tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                let outcome = node.execute_generation(spec, &inline, &cancel, limit);
+                node.record(job_id, outcome)
+            })
+            .await
+            .unwrap_or_else(|e| Err(internal(format!("a generation's task failed: {e}"))));
+        }
         // A tiny job whose graph is already planned runs right here: handing it to a worker
         // thread and back would cost more than running it.
         let tiny = self.engine.cached_task(&spec.task).is_some_and(|t| {
@@ -535,6 +582,18 @@ impl Node {
             deadline,
         )?;
         let exec_us = started.elapsed().as_micros() as u64;
+        self.commit(spec, outputs, exec_us, stats.peak_bytes)
+    }
+
+    /// A finished job's outputs, hashed and committed to (a cheating node lies here first):
+    /// the commitment to answer now and the reveal to answer later.
+    fn commit(
+        &self,
+        spec: JobSpec,
+        outputs: Vec<(String, HostTensor)>,
+        exec_us: u64,
+        peak_bytes: u64,
+    ) -> Result<Executed, ApiError> {
         let outputs: Vec<(String, HostTensor)> = match self.cheat {
             Some(c) => outputs.into_iter().map(|(n, t)| (n, c.apply(t))).collect(),
             None => outputs,
@@ -572,7 +631,7 @@ impl Node {
             committed: Committed {
                 commitment,
                 exec_us,
-                peak_bytes: stats.peak_bytes,
+                peak_bytes,
             },
             revealed: Revealed {
                 reveal: Reveal {
@@ -585,6 +644,80 @@ impl Node {
             },
             large,
         })
+    }
+
+    /// The blocking part of a generation job (`tenet_models::generation`): the model loaded
+    /// (once) from the weights blob, the request checked against the node's limits, then
+    /// decoded in the model's continuous batch with whatever other generations are running,
+    /// until it ends, is cancelled or runs out of time; the new tokens are committed to like
+    /// any job's outputs.
+    fn execute_generation(
+        &self,
+        spec: JobSpec,
+        inline: &HashMap<Hash, Vec<u8>>,
+        cancel: &AtomicBool,
+        limit: Duration,
+    ) -> Result<Executed, ApiError> {
+        use tenet_models::generation;
+        use tenet_models::smollm2::{GenerationEvent, GenerationRequest};
+        let deadline = Instant::now() + limit;
+        let weights = spec.weights.ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::BadInputs,
+                "a generation job names its model's GGUF file as its weights",
+            )
+        })?;
+        let llm = self.engine.llm(&weights)?;
+        let mut inputs = HashMap::with_capacity(spec.inputs.len());
+        for (name, hash) in &spec.inputs {
+            let what = format!("input {name}");
+            let t = self
+                .engine
+                .tensor(hash, inline.get(hash).map(Vec::as_slice), &what)?;
+            inputs.insert(name.clone(), (*t).clone());
+        }
+        let config = &llm.model.config;
+        let (ids, params) = generation::parse_inputs(&inputs, config.vocab, config.context)
+            .map_err(|e| ApiError::new(ErrorCode::BadInputs, e))?;
+        self.engine
+            .check_generation(&llm.model, ids.len() as u64, params.max_tokens)?;
+        self.job_event(&spec.job_id, "started", serde_json::Value::Null);
+        let started = Instant::now();
+        let events = llm.batcher.submit(GenerationRequest {
+            prompt: ids,
+            max_tokens: params.max_tokens as usize,
+            sampling: params.sampler(spec.seed),
+            first_step: params.first_step,
+            stop: params.stop.clone(),
+        });
+        let mut tokens = Vec::new();
+        let finish = loop {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ApiError::new(ErrorCode::Cancelled, "the job was cancelled"));
+            }
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return Err(ApiError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "the generation ran past its time limit after {} tokens",
+                        tokens.len()
+                    ),
+                ));
+            }
+            // Dropping `events` on the way out cancels the request at the batch's next step.
+            match events.recv_timeout(wait.min(Duration::from_millis(50))) {
+                Ok(GenerationEvent::Token(t)) => tokens.push(t),
+                Ok(GenerationEvent::Done(reason)) => break reason,
+                Ok(GenerationEvent::Failed(e)) => return Err(internal(e)),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(internal("the model's batcher stopped"));
+                }
+            }
+        };
+        let exec_us = started.elapsed().as_micros() as u64;
+        self.commit(spec, generation::outputs(&tokens, finish), exec_us, 0)
     }
 
     fn run_task(

@@ -30,6 +30,9 @@ pub struct GenerationRequest {
     pub max_tokens: usize,
     /// `None`: greedy.
     pub sampling: Option<Sampling>,
+    /// The sampler's step index of the first new token (0 unless this continues tokens
+    /// generated before: see `tenet_models::generation`).
+    pub first_step: u64,
     /// Tokens that end the generation besides the model's end-of-sequence token (the
     /// token that ends it is its last).
     pub stop: Vec<u32>,
@@ -150,7 +153,7 @@ impl Active<'_> {
     fn choose(&mut self, logits: &[f32]) -> bool {
         let token = match self.request.sampling {
             None => argmax(logits),
-            Some(s) => sample(logits, s, self.generated as u64),
+            Some(s) => sample(logits, s, self.request.first_step + self.generated as u64),
         };
         self.generated += 1;
         self.next = token;
@@ -297,6 +300,7 @@ mod tests {
             prompt,
             max_tokens,
             sampling,
+            first_step: 0,
             stop: vec![],
         }
     }
@@ -341,17 +345,38 @@ mod tests {
             stats.peak_batch <= 4,
             "never more than the limit: {stats:?}"
         );
-        // Greedy alone is also what the model's own generation gives.
-        let direct = model
-            .generate(
-                &requests[0].prompt,
-                requests[0].max_tokens,
-                None,
-                &*device,
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(alone[0].0, direct);
+        // Alone is also what the model's own generation gives (what a referee runs).
+        for (r, (tokens, end)) in requests.iter().zip(&alone) {
+            let direct = model
+                .generate_from(&r.prompt, r.max_tokens, r.sampling, 0, &r.stop, &*device)
+                .unwrap();
+            assert_eq!(&direct.0, tokens);
+            assert_eq!(&GenerationEvent::Done(direct.1), end);
+        }
+    }
+
+    /// A sampled generation split into two requests — the second continuing from the first's
+    /// tokens at its step index — gives the tokens of one request.
+    #[test]
+    fn a_generation_continued_from_its_tokens_gives_the_same_tokens() {
+        let model = Arc::new(tiny(256));
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::new(1, tenet_cpu::SimdLevel::detect()));
+        let batcher = Batcher::start(model, device, 4);
+        let sampling = Some(Sampling {
+            seed: 11,
+            temperature: 1.3,
+            top_p: 0.95,
+        });
+        let whole = collect(batcher.submit(request(vec![3, 1, 4], 10, sampling))).0;
+        let first = collect(batcher.submit(request(vec![3, 1, 4], 4, sampling))).0;
+        let mut rest = request([vec![3, 1, 4], first.clone()].concat(), 6, sampling);
+        rest.first_step = 4;
+        let rest = collect(batcher.submit(rest)).0;
+        assert_eq!([first, rest].concat(), whole);
+        // Starting at another step draws other tokens (the test can tell).
+        let mut shifted = request(vec![3, 1, 4], 10, sampling);
+        shifted.first_step = 1;
+        assert_ne!(collect(batcher.submit(shifted)).0, whole);
     }
 
     #[test]
