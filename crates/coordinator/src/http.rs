@@ -95,8 +95,21 @@ const SAFETENSORS_SLACK_BYTES: u64 = 64 << 10;
 /// The service: the core plus access rules.
 pub struct Service<L: Ledger> {
     pub core: Arc<Coordinator<L>>,
+    /// The LLMs deployed here, served over the OpenAI-compatible routes.
+    pub llms: Arc<crate::openai::Llms>,
     pub access: Access,
 }
+
+/// The OpenAI-compatible routes, whose errors have OpenAI's shape.
+fn openai_path(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/models" | "/v1/chat/completions" | "/v1/completions"
+    )
+}
+
+/// The largest body of a completion request (a long chat fits many times over).
+const MAX_COMPLETION_BODY_BYTES: u64 = 1 << 20;
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, message)
@@ -214,6 +227,9 @@ impl<L: Ledger + 'static> Service<L> {
                 Ok((Caller::Admin, None))
             } else if self.access.api_keys.iter().any(|k| k == key) {
                 Ok((Caller::Client, None))
+            } else if self.access.open {
+                // Open mode takes anyone; clients that always send a key (OpenAI's) too.
+                Ok((Caller::Admin, None))
             } else {
                 Err(ApiError::new(ErrorCode::Unauthenticated, "unknown API key"))
             };
@@ -267,12 +283,19 @@ impl<L: Ledger + 'static> Service<L> {
             (req.method().as_str(), req.uri().path()),
             ("GET", "/v1/info") | ("GET", "/openapi.json")
         );
+        let openai = openai_path(req.uri().path());
         let result = if public {
             self.public(req.uri().path())
         } else {
             self.serve(req).await
         };
-        result.unwrap_or_else(|e| error_reply(&e))
+        result.unwrap_or_else(|e| {
+            if openai {
+                crate::openai::OpenAiError::from(e).reply()
+            } else {
+                error_reply(&e)
+            }
+        })
     }
 
     /// Authenticate, find out how large a body the route may take, read it (no more), check
@@ -323,6 +346,9 @@ impl<L: Ledger + 'static> Service<L> {
             }
             None => match (method.as_str(), parts.as_slice()) {
                 ("POST", ["v1", "tasks"]) => MAX_GRAPH_BODY_BYTES,
+                ("POST", ["v1", "chat", "completions"] | ["v1", "completions"]) => {
+                    MAX_COMPLETION_BODY_BYTES
+                }
                 _ => MAX_SMALL_BODY_BYTES,
             }
             .min(self.access.max_request_bytes),
@@ -520,6 +546,39 @@ impl<L: Ledger + 'static> Service<L> {
                     "receipt": out.receipt,
                     "slashed": out.slashed.iter().map(|(n, a)| json!({"node": n, "amount": a})).collect::<Vec<_>>(),
                     "refereed": out.refereed,
+                }))
+            }
+            ("GET", ["v1", "models"]) => Ok(crate::openai::models(&self.llms)),
+            ("POST", ["v1", "chat", "completions"]) => {
+                Ok(
+                    crate::openai::complete(self.core.clone(), &self.llms, &body, true)
+                        .await
+                        .unwrap_or_else(|e| e.reply()),
+                )
+            }
+            ("POST", ["v1", "completions"]) => {
+                Ok(
+                    crate::openai::complete(self.core.clone(), &self.llms, &body, false)
+                        .await
+                        .unwrap_or_else(|e| e.reply()),
+                )
+            }
+            ("POST", ["v1", "llms"]) => {
+                caller.require_admin("deploying an LLM")?;
+                #[derive(serde::Deserialize)]
+                struct Deploy {
+                    name: String,
+                    weights: Hash,
+                }
+                let d: Deploy = serde_json::from_slice(&body)
+                    .map_err(|e| bad(format!("expected {{\"name\", \"weights\"}}: {e}")))?;
+                let _turn = self.core.heavy_turn().await.map_err(dispatch_error)?;
+                let llm = self.llms.register(&d.name, d.weights, self.core.store())?;
+                json_reply(&json!({
+                    "name": llm.name, "weights": llm.weights,
+                    "context_length": llm.model.config.context,
+                    "endpoint": "/v1/chat/completions",
+                    "nodes_able": self.core.nodes_able(&tenet_ir::Cost::default()).await.map_err(dispatch_error)?,
                 }))
             }
             ("GET", ["v1", "jobs", id]) => {

@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod economics;
 pub mod http;
 pub mod local;
+pub mod openai;
 mod phases;
 pub mod registry;
 
@@ -125,8 +126,15 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             store,
             config.core.clone(),
         ));
+        let llms = openai::Llms::open(&config.data_dir, core.store()).map_err(|message| {
+            StartError::DataDir {
+                path: config.data_dir.display().to_string(),
+                message,
+            }
+        })?;
         let service = Arc::new(http::Service {
             core,
+            llms: Arc::new(llms),
             access: http::Access {
                 api_keys: config.api_keys.clone(),
                 admin_keys: config.admin_keys.clone(),

@@ -101,8 +101,10 @@ impl LocalNetwork {
             core.register_node(url, stake, None).await.map_err(err)?;
         }
         let api_key = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<16>());
+        let llms = crate::openai::Llms::open(dir, core.store()).map_err(err)?;
         let service = Arc::new(Service {
             core: core.clone(),
+            llms: Arc::new(llms),
             access: Access {
                 api_keys: vec![api_key.clone()],
                 admin_keys: Vec::new(),

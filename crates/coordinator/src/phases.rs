@@ -683,14 +683,16 @@ fn referee_generation(store: &Store, spec: &JobSpec, memory: u64) -> Result<Hash
         .weights
         .ok_or("a generation job names its model's GGUF file as its weights")?;
     if store.contains(&weights).is_none() {
-        return Err(format!("the model {weights} is not in the coordinator's store"));
+        return Err(format!(
+            "the model {weights} is not in the coordinator's store"
+        ));
     }
     let model = SmolLm2::load_with(&store.path(&weights), WeightsMode::Quantized)
         .map_err(|e| e.to_string())?;
     let mut inputs = HashMap::new();
     for (name, h) in &spec.inputs {
-        let t = tensor::decode(&store.get(h).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
+        let t =
+            tensor::decode(&store.get(h).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
         inputs.insert(name.clone(), t);
     }
     let (ids, params) =

@@ -32,7 +32,51 @@ use crate::service::Node;
 pub type Payload = bytes::buf::Chain<Bytes, Bytes>;
 
 /// What every handler answers.
-pub type Reply = Response<Full<Payload>>;
+pub type Reply = Response<ReplyBody>;
+
+/// A reply's body: whole, or streamed as its parts arrive from a channel (server-sent
+/// events); the stream ends when the sender is dropped.
+pub enum ReplyBody {
+    Whole(Full<Payload>),
+    Stream(tokio::sync::mpsc::Receiver<Bytes>),
+}
+
+impl From<Full<Payload>> for ReplyBody {
+    fn from(f: Full<Payload>) -> ReplyBody {
+        ReplyBody::Whole(f)
+    }
+}
+
+impl hyper::body::Body for ReplyBody {
+    type Data = Payload;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Payload>, Infallible>>> {
+        match self.get_mut() {
+            ReplyBody::Whole(f) => std::pin::Pin::new(f).poll_frame(cx),
+            ReplyBody::Stream(rx) => rx
+                .poll_recv(cx)
+                .map(|part| part.map(|b| Ok(hyper::body::Frame::data(payload(b))))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReplyBody::Whole(f) => f.is_end_stream(),
+            ReplyBody::Stream(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            ReplyBody::Whole(f) => f.size_hint(),
+            ReplyBody::Stream(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
 
 /// A payload of one buffer.
 pub fn payload(bytes: impl Into<Bytes>) -> Payload {
@@ -40,8 +84,8 @@ pub fn payload(bytes: impl Into<Bytes>) -> Payload {
 }
 
 /// A reply body of one buffer.
-pub fn body(bytes: impl Into<Bytes>) -> Full<Payload> {
-    Full::new(payload(bytes))
+pub fn body(bytes: impl Into<Bytes>) -> ReplyBody {
+    ReplyBody::Whole(Full::new(payload(bytes)))
 }
 
 /// The largest read buffer per connection: big bodies arrive in big reads (hyper's default of
@@ -354,7 +398,7 @@ impl Drop for InFlight {
 
 /// An answer's body, keeping its request in flight until hyper has taken all of it.
 struct Answer {
-    body: Full<Payload>,
+    body: ReplyBody,
     _in_flight: InFlight,
 }
 
@@ -591,7 +635,7 @@ fn bytes_reply(node: &Node, payload: Payload) -> Reply {
     node.metrics
         .bytes_out
         .fetch_add(payload.remaining() as u64, Ordering::Relaxed);
-    let mut r = Response::new(Full::new(payload));
+    let mut r = Response::new(ReplyBody::Whole(Full::new(payload)));
     r.headers_mut().insert(
         "content-type",
         hyper::header::HeaderValue::from_static("application/octet-stream"),
