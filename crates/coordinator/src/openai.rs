@@ -297,9 +297,9 @@ struct Request {
     logprobs: Option<Value>,
 }
 
-/// What a request asks for, checked.
-struct Asked {
-    llm: Arc<Llm>,
+/// What a request asks for, checked, of the model `M` (a deployed [`Llm`]).
+struct Asked<M = Arc<Llm>> {
+    llm: M,
     prompt: Vec<u32>,
     max_tokens: u64,
     sampling: Option<(f32, f32)>,
@@ -370,6 +370,23 @@ fn chat_text(messages: &[Message]) -> Result<String, OpenAiError> {
 }
 
 fn parse(body: &[u8], llms: &Llms, chat: bool) -> Result<Asked, OpenAiError> {
+    parse_with(
+        body,
+        chat,
+        |name| llms.get(name),
+        |llm, text| llm.model.encode(text),
+        |llm| llm.model.config.context,
+    )
+}
+
+/// [`parse`] with the model found by `lookup`, its tokenizer `encode` and its `context`.
+fn parse_with<M>(
+    body: &[u8],
+    chat: bool,
+    lookup: impl Fn(&str) -> Option<M>,
+    encode: impl Fn(&M, &str) -> Result<Vec<u32>, String>,
+    context: impl Fn(&M) -> u64,
+) -> Result<Asked<M>, OpenAiError> {
     let req: Request = serde_json::from_slice(body).map_err(|e| {
         OpenAiError::invalid(
             format!("the body is not a valid request: {e}"),
@@ -377,7 +394,7 @@ fn parse(body: &[u8], llms: &Llms, chat: bool) -> Result<Asked, OpenAiError> {
             "invalid_json",
         )
     })?;
-    let llm = llms.get(&req.model).ok_or_else(|| OpenAiError {
+    let llm = lookup(&req.model).ok_or_else(|| OpenAiError {
         status: 404,
         message: format!(
             "the model {:?} does not exist here; GET /v1/models lists the deployed ones",
@@ -428,8 +445,7 @@ fn parse(body: &[u8], llms: &Llms, chat: bool) -> Result<Asked, OpenAiError> {
             }
         }
     };
-    let model = &llm.model;
-    let prompt = model.encode(&text).map_err(|e| {
+    let prompt = encode(&llm, &text).map_err(|e| {
         OpenAiError::invalid(
             format!("cannot tokenize the prompt: {e}"),
             Some("messages"),
@@ -443,7 +459,7 @@ fn parse(body: &[u8], llms: &Llms, chat: bool) -> Result<Asked, OpenAiError> {
             "invalid_value",
         ));
     }
-    let context = model.config.context;
+    let context = context(&llm);
     let room = context.saturating_sub(prompt.len() as u64);
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
     if let Some(m) = max_tokens
@@ -755,6 +771,132 @@ pub fn models(llms: &Llms) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A model of 1000 positions whose tokens are the text's bytes.
+    fn fake(body: &[u8], chat: bool) -> Result<Asked<()>, OpenAiError> {
+        parse_with(
+            body,
+            chat,
+            |name| (name == "m").then_some(()),
+            |_, text| Ok(text.bytes().map(u32::from).collect()),
+            |_| 1000,
+        )
+    }
+
+    /// What an accepted request always satisfies.
+    fn sane(a: &Asked<()>) {
+        assert!(!a.prompt.is_empty());
+        assert!((1..=generation::MAX_NEW_TOKENS).contains(&a.max_tokens));
+        assert!(a.prompt.len() as u64 + a.max_tokens <= 1000);
+        if let Some((t, p)) = a.sampling {
+            assert!(t > 0.0 && t <= 2.0 && p > 0.0 && p <= 1.0);
+        }
+        assert!(a.stop.len() <= MAX_STOP_STRINGS && a.stop.iter().all(|s| !s.is_empty()));
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            "[a-z ]{0,12}".prop_map(Value::from),
+            Just(json!("m")),
+        ];
+        leaf.prop_recursive(3, 24, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        Just("model".to_string()),
+                        Just("messages".to_string()),
+                        Just("prompt".to_string()),
+                        Just("max_tokens".to_string()),
+                        Just("temperature".to_string()),
+                        Just("top_p".to_string()),
+                        Just("stop".to_string()),
+                        Just("seed".to_string()),
+                        Just("n".to_string()),
+                        Just("role".to_string()),
+                        Just("content".to_string()),
+                        Just("stream".to_string()),
+                    ],
+                    inner,
+                    0..6,
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        /// Hostile bytes and hostile JSON never panic the parser, and whatever it accepts is
+        /// within the limits.
+        #[test]
+        fn hostile_requests_are_refused_or_sane(bytes in prop::collection::vec(any::<u8>(), 0..256),
+                                                v in value(), chat in any::<bool>()) {
+            if let Ok(a) = fake(&bytes, chat) {
+                sane(&a);
+            }
+            if let Ok(a) = fake(v.to_string().as_bytes(), chat) {
+                sane(&a);
+            }
+        }
+    }
+
+    #[test]
+    fn requests_are_checked_field_by_field() {
+        let ok = fake(
+            br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}"#,
+            true,
+        );
+        let a = ok.ok().unwrap();
+        sane(&a);
+        assert_eq!(a.max_tokens, 3);
+        let refused = |body: &str, chat: bool, code: &str| {
+            let e = fake(body.as_bytes(), chat).err().unwrap();
+            assert_eq!(e.code, code, "{body}: {}", e.message);
+            assert!((400..500).contains(&e.status));
+        };
+        refused(r#"{"model": "x", "prompt": "a"}"#, false, "model_not_found");
+        refused(
+            r#"{"model": "m", "prompt": "a", "max_tokens": 0}"#,
+            false,
+            "invalid_value",
+        );
+        refused(
+            r#"{"model": "m", "prompt": "a", "max_tokens": 1000}"#,
+            false,
+            "context_length_exceeded",
+        );
+        refused(
+            r#"{"model": "m", "prompt": "a", "temperature": 3}"#,
+            false,
+            "invalid_value",
+        );
+        refused(
+            r#"{"model": "m", "prompt": "a", "top_p": 0}"#,
+            false,
+            "invalid_value",
+        );
+        refused(
+            r#"{"model": "m", "prompt": "a", "stop": ["", "b"]}"#,
+            false,
+            "invalid_value",
+        );
+        refused(
+            r#"{"model": "m", "prompt": "a", "n": 2}"#,
+            false,
+            "invalid_value",
+        );
+        refused(r#"{"model": "m", "prompt": ""}"#, false, "invalid_value");
+        refused(r#"{"model": "m"}"#, true, "missing");
+        refused(r#"{"model": "m", "messages": []}"#, true, "invalid_value");
+        refused(r#"{"model": "m""#, true, "invalid_json");
+    }
 
     fn messages(v: Value) -> Vec<Message> {
         serde_json::from_value(v).unwrap()
