@@ -17,7 +17,11 @@
 //! (B at most `(n + 47)·k` floats and 24 MiB, A a block of at most 96 rows by 1,024 steps;
 //! kept by the thread for the next product; products of at most 4 rows, or with k above
 //! 2¹⁷, pack nothing); attention, per thread, the scores and probabilities of one batch entry
-//! and the packing of its two products; an f32 sum over listed positions, 8 bytes each; a
+//! and the packing of its two products; a `qmatmul`, the quantised product's scratch
+//! (`tenet_kernels::qgemm::scratch_bytes`: a step-major copy of A's rows and a padded last tile
+//! of the weight, or for many rows a bounded chunk of dequantised weight rows) plus, for many
+//! rows, the f32 GEMM's packing per thread; `dequantize`, none; an f32 sum over listed
+//! positions, 8 bytes each; a
 //! gather, 16 bytes per index; an op with no fast path
 //! (computed by the reference's code), [`REFERENCE_BYTES_PER_ELEMENT`] per element of its
 //! operands and result. Every other step (movement, reductions on the kernels, normalisations
@@ -30,6 +34,8 @@
 //! taps of a product, convolution or pooling).
 
 use tenet_ir::{DType, Graph, NodeId, Op, ReduceOp};
+
+use tenet_kernels::qgemm;
 
 use crate::fused::CHUNK;
 use crate::plan::{Plan, Step};
@@ -116,7 +122,36 @@ pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
             };
             threads * (2 * m * n1 * 4 + packing(m, n1, k) + packing(m, n2, n1)) + prologue
         }
+        Step::QMatMul(id) => qmatmul(graph, *id, threads),
+        Step::Dequantize(_) => 0,
         Step::Generic(id) => generic(graph, *id),
+    }
+}
+
+/// A `qmatmul`'s scratch: the quantised product's own (`qgemm::scratch_bytes`), and where it
+/// runs many rows on the f32 GEMM, that GEMM's packing per thread for each call's rows.
+fn qmatmul(graph: &Graph, id: NodeId, threads: u64) -> u64 {
+    let Op::QMatMul { a, w, format } = graph.node(id).op else {
+        return 0;
+    };
+    let sa = &graph.node(a).ty.shape;
+    let k = sa.last().copied().unwrap_or(0);
+    let rows = graph
+        .node(a)
+        .ty
+        .numel()
+        .unwrap_or(u64::MAX)
+        .checked_div(k)
+        .unwrap_or(0);
+    let n = graph.node(w).ty.shape[0];
+    let (rows, n, k) = (rows as usize, n as usize, k as usize);
+    let format = crate::quant::format(format);
+    let own = qgemm::scratch_bytes(format, rows, n, k, threads as usize);
+    match qgemm::gemm_chunks(rows, n, k) {
+        Some((chunk, slab)) => {
+            own.saturating_add(threads * packing(slab as u64, chunk as u64, k as u64))
+        }
+        None => own,
     }
 }
 

@@ -36,7 +36,7 @@ impl std::hash::Hasher for NodeIdHash {
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
-use crate::{fused, movement, norms, reduce};
+use crate::{fused, movement, norms, quant, reduce};
 use tenet_exec::{
     Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, ExecError, Program, RunStats,
     next_device_id,
@@ -400,6 +400,8 @@ impl CpuProgram {
             Step::Fused(_) => "fused",
             Step::Rows { .. } => "rows",
             Step::Attention { .. } => "attention",
+            Step::QMatMul(_) => "qmatmul",
+            Step::Dequantize(_) => "dequantize",
             Step::Generic(id) => self.graph.node(*id).op.name(),
         }
     }
@@ -505,6 +507,22 @@ impl CpuProgram {
                     )?
                 };
                 (*id, Val::Owned(value))
+            }
+            Step::QMatMul(id) | Step::Dequantize(id) => {
+                let node = g.node(*id);
+                let level = self.device.level;
+                let t = match node.op {
+                    Op::QMatMul { a, w, format } => {
+                        let (a, w) = (val(a), val(w));
+                        quant::qmatmul(pool, level, threads, &node.ty, a, w, format, poll)
+                    }
+                    Op::Dequantize { x, format } => {
+                        quant::dequantize(pool, level, threads, &node.ty, val(x), format, poll)
+                    }
+                    _ => unreachable!("the planner marks only qmatmul and dequantize so"),
+                }
+                .map_err(|message| ExecError::Kernel { node: *id, message })?;
+                (*id, Val::Owned(t))
             }
             Step::Gemm {
                 node: id,

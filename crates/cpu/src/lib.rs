@@ -2,9 +2,10 @@
 //!
 //! [`CpuDevice`] compiles a graph into a plan in graph order (the order the cost certificate
 //! assumes), releases every buffer after its last use, runs f32 matrix products on the
-//! deterministic GEMM of `tenet-kernels`, fuses chains of elementwise ops into single passes
-//! over memory, parallelises rows of normalisations, and hands every other op to the reference
-//! interpreter's own code. Threads only ever split independent output elements, so the thread
+//! deterministic GEMM of `tenet-kernels` and products with block-quantised weights (`qmatmul`,
+//! and `dequantize`) on its quantised kernels, fuses chains of elementwise ops into single
+//! passes over memory, parallelises rows of normalisations, and hands every other op to the
+//! reference interpreter's own code. Threads only ever split independent output elements, so the thread
 //! count never changes a bit. Its buffers are host tensors, so uploads and downloads are
 //! handles, not copies.
 
@@ -14,6 +15,7 @@ mod fused;
 mod movement;
 mod norms;
 mod plan;
+mod quant;
 mod reduce;
 mod view;
 

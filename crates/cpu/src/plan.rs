@@ -40,6 +40,12 @@ pub(crate) enum Step {
         softmax: Box<Step>,
         out: Box<Step>,
     },
+    /// A `qmatmul` (block-quantised weight, f32 activations and result) on the kernels'
+    /// quantised product (`tenet_kernels::qgemm`): `a`'s batch axes flatten into rows, since
+    /// the weight has none.
+    QMatMul(NodeId),
+    /// A `dequantize` on the kernels' block decoding, split across threads.
+    Dequantize(NodeId),
     /// Anything else, on the reference interpreter's code.
     Generic(NodeId),
 }
@@ -66,7 +72,9 @@ impl Step {
                 f(*node);
                 epilogue.iter().copied().for_each(f);
             }
-            Step::Source(id) | Step::Generic(id) => f(*id),
+            Step::Source(id) | Step::QMatMul(id) | Step::Dequantize(id) | Step::Generic(id) => {
+                f(*id)
+            }
         }
     }
 }
@@ -157,6 +165,10 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
                 b_permuted: folded[b.index()].then_some(b),
                 epilogue: Vec::new(),
             });
+        } else if matches!(node.op, Op::QMatMul { .. }) {
+            steps.push(Step::QMatMul(id));
+        } else if matches!(node.op, Op::Dequantize { .. }) {
+            steps.push(Step::Dequantize(id));
         } else if rows_op(graph, id) {
             steps.push(Step::Rows {
                 node: id,

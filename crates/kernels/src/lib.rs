@@ -13,6 +13,7 @@ pub mod gemm;
 mod gemm_direct;
 pub mod norm;
 mod peak;
+pub mod qgemm;
 pub mod reduce;
 mod simd;
 pub mod softmax;

@@ -1,0 +1,85 @@
+//! Block-quantised weights on the kernels' code (`tenet_kernels::qgemm`): `qmatmul` as one
+//! quantised product whose rows are all of `a`'s rows (its batch axes flattened: the weight has
+//! none), and `dequantize` as runs of blocks split across threads. Both have the reference's
+//! bits at every SIMD level and thread count.
+
+use tenet_ir::{HostTensor, QuantFormat, TensorType};
+use tenet_kernels::SimdLevel;
+use tenet_kernels::qgemm::{self, QWeight};
+
+use crate::fused::{POLL_ELEMENTS, Poll};
+use crate::view::{Pool, f32s, make_f32, par_chunks};
+
+/// The kernels' name for a format.
+pub(crate) fn format(f: QuantFormat) -> qgemm::QuantFormat {
+    match f {
+        QuantFormat::Q4_0 => qgemm::QuantFormat::Q4_0,
+        QuantFormat::Q4_1 => qgemm::QuantFormat::Q4_1,
+        QuantFormat::Q8_0 => qgemm::QuantFormat::Q8_0,
+    }
+}
+
+/// `qmatmul(a, w)` of result type `ty`: `a` f32 `[..., m, k]`, `w` u8 `[n, k/32, bb]`. `poll`
+/// is asked about every 2¹⁸ multiply-adds; a stopped product is left partly written (the run
+/// gives up). An error is a kernel's complaint about extents, which a valid graph never
+/// causes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qmatmul(
+    pool: &Pool,
+    level: SimdLevel,
+    threads: usize,
+    ty: &TensorType,
+    a: &HostTensor,
+    w: &HostTensor,
+    f: QuantFormat,
+    poll: Poll<'_>,
+) -> Result<HostTensor, String> {
+    let k = *a.shape().last().unwrap_or(&0) as usize;
+    let n = *w.shape().first().unwrap_or(&0) as usize;
+    let rows = a.numel().checked_div(k).unwrap_or(0);
+    let av = f32s(a);
+    let qw = QWeight::new(format(f), n, k, w.bytes()).map_err(|e| e.to_string())?;
+    let mut result = Ok(());
+    let t = make_f32(pool, ty, |out| {
+        result = qgemm::qgemm_polled(level, threads, rows, &av, k, qw, out, n, poll)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+    });
+    result.map(|()| t)
+}
+
+/// `dequantize(x)` of result type `ty`: every block of `x`'s bytes, in order, 32 values each.
+/// `poll` is asked between runs of 2¹⁸ values.
+pub(crate) fn dequantize(
+    pool: &Pool,
+    level: SimdLevel,
+    threads: usize,
+    ty: &TensorType,
+    x: &HostTensor,
+    f: QuantFormat,
+    poll: Poll<'_>,
+) -> Result<HostTensor, String> {
+    let f = format(f);
+    let bb = f.block_bytes();
+    let bytes = x.bytes();
+    let failed = std::sync::Mutex::new(None);
+    let t = make_f32(pool, ty, |out| {
+        par_chunks(out, threads, qgemm::BLOCK, |range, chunk| {
+            for (i, piece) in chunk.chunks_mut(POLL_ELEMENTS).enumerate() {
+                if i > 0 && poll() {
+                    return;
+                }
+                let first = (range.start + i * POLL_ELEMENTS) / qgemm::BLOCK;
+                let blocks = &bytes[first * bb..(first + piece.len() / qgemm::BLOCK) * bb];
+                if let Err(e) = qgemm::dequantize(level, f, blocks, piece) {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    return;
+                }
+            }
+        })
+    });
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(message) => Err(message),
+        None => Ok(t),
+    }
+}

@@ -1,0 +1,375 @@
+//! The quantised product and dequantisation against the reference interpreter: bit for bit, at
+//! every SIMD level and thread count, over random shapes (n not a multiple of 16, empty
+//! products, k over several blocks, both the quantised path and the GEMM path) and random
+//! blocks with hostile scales (±inf, NaNs with payloads, denormals, ±0, ±max) beside ordinary
+//! ones, with NaNs, infinities and denormals in A.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use tenet_ir::testing::Rng;
+use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights, QuantFormat as IrFormat};
+use tenet_kernels::SimdLevel;
+use tenet_kernels::qgemm::{GEMM_MIN_ROWS, QWeight, QuantFormat, dequantize, qgemm, qgemm_polled};
+
+fn levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL
+        .into_iter()
+        .filter(|l| l.supported())
+        .collect()
+}
+
+fn ir(format: QuantFormat) -> IrFormat {
+    match format {
+        QuantFormat::Q4_0 => IrFormat::Q4_0,
+        QuantFormat::Q4_1 => IrFormat::Q4_1,
+        QuantFormat::Q8_0 => IrFormat::Q8_0,
+    }
+}
+
+/// An f16 scale: mostly ordinary (2⁻⁸ … 2), sometimes hostile when `hostile`.
+fn scale(rng: &mut Rng, hostile: bool) -> u16 {
+    const SPECIAL: [u16; 12] = [
+        0x7c00, 0xfc00, // ±inf
+        0x7e00, 0x7c01, 0xfe3f, 0x7fff, // NaNs, quiet and signalling, with payloads
+        0x0001, 0x83ff, 0x0200, // denormals
+        0x0000, 0x8000, // ±0
+        0x7bff, // max
+    ];
+    if hostile && rng.chance(15) {
+        return *rng.pick(&SPECIAL);
+    }
+    if hostile && rng.chance(5) {
+        return 0xfbff; // -max
+    }
+    // Exponent 7..=16 (2⁻⁸ … 2), random sign and mantissa.
+    let sign = (rng.next_u64() as u16 & 1) << 15;
+    let exp = 7 + rng.below(10) as u16;
+    sign | exp << 10 | (rng.next_u64() as u16 & 0x3ff)
+}
+
+/// `n` rows of `k / 32` random blocks.
+fn blocks(rng: &mut Rng, format: QuantFormat, count: usize, hostile: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(count * format.block_bytes());
+    for _ in 0..count {
+        let heads = if format == QuantFormat::Q4_1 { 2 } else { 1 };
+        for _ in 0..heads {
+            out.extend_from_slice(&scale(rng, hostile).to_le_bytes());
+        }
+        for _ in heads * 2..format.block_bytes() {
+            out.push(rng.next_u64() as u8);
+        }
+    }
+    out
+}
+
+/// A's values: full-mantissa finite values, and with `hostile` some NaNs (with payloads),
+/// infinities, signed zeros and denormals.
+fn activations(rng: &mut Rng, len: usize, hostile: bool) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            if hostile && rng.chance(3) {
+                f32::from_bits(*rng.pick(&[
+                    0x7fc0_0000,
+                    0xffc0_1234,
+                    0x7f80_0001,
+                    0x7f80_0000,
+                    0xff80_0000,
+                    0x0000_0001,
+                    0x807f_ffff,
+                    0x8000_0000,
+                    0x0000_0000,
+                ]))
+            } else {
+                ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            }
+        })
+        .collect()
+}
+
+/// The reference interpreter's `qmatmul` of `a` (`m × k`) and `w` (`[n, k/32, bb]`), as bits.
+fn reference(format: QuantFormat, m: usize, n: usize, k: usize, a: &[f32], w: &[u8]) -> Vec<u32> {
+    let g = GraphBuilder::new();
+    let bb = format.block_bytes() as u64;
+    let x = g.input("a", DType::F32, &[m as u64, k as u64]);
+    let q = g.input("w", DType::U8, &[n as u64, k as u64 / 32, bb]);
+    let graph = g.finish(&[("c", &x.qmatmul(&q, ir(format)))]).unwrap();
+    let inputs = HashMap::from([
+        (
+            "a".to_string(),
+            HostTensor::from_f32(&[m as u64, k as u64], a).unwrap(),
+        ),
+        (
+            "w".to_string(),
+            HostTensor::new(
+                tenet_ir::TensorType::new(DType::U8, [n as u64, k as u64 / 32, bb]),
+                w.to_vec(),
+            )
+            .unwrap(),
+        ),
+    ]);
+    let out = tenet_reference::run(&graph, &inputs, &NoWeights, 0).unwrap();
+    out[0].1.to_f32_vec().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Every level and thread count against the reference, with A's rows wider than k (a view) and
+/// C's rows wider than n, filled with a signalling NaN: every element must be written.
+fn check(format: QuantFormat, m: usize, n: usize, k: usize, seed: u64, hostile: bool) {
+    let mut rng = Rng(seed);
+    let w = blocks(&mut rng, format, n * k / 32, hostile);
+    let a = activations(&mut rng, m * k, hostile);
+    let want = reference(format, m, n, k, &a, &w);
+    let a_rs = k + 3;
+    let padded: Vec<f32> = (0..m * a_rs)
+        .map(|x| {
+            let (i, p) = (x / a_rs, x % a_rs);
+            if p < k { a[i * k + p] } else { f32::NAN }
+        })
+        .collect();
+    let qw = QWeight::new(format, n, k, &w).unwrap();
+    for level in levels() {
+        for threads in [1, 2, 3] {
+            let c_rs = n + 5;
+            let mut c = vec![f32::from_bits(0x7f80_0001); m * c_rs];
+            qgemm(level, threads, m, &padded, a_rs, qw, &mut c, c_rs).unwrap();
+            let got: Vec<u32> = (0..m)
+                .flat_map(|i| c[i * c_rs..i * c_rs + n].to_vec())
+                .map(|v| v.to_bits())
+                .collect();
+            if got != want {
+                let bad = got.iter().zip(&want).position(|(g, w)| g != w).unwrap();
+                panic!(
+                    "{format:?} {level:?} threads={threads} m={m} n={n} k={k} hostile={hostile}: \
+                     element {bad} (row {}, column {}) is {:#010x}, the reference {:#010x}",
+                    bad / n.max(1),
+                    bad % n.max(1),
+                    got[bad],
+                    want[bad]
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn random_products_match_the_reference(
+        format in prop::sample::select(QuantFormat::ALL.to_vec()),
+        m in 1usize..=20,
+        n in 1usize..=70,
+        blocks in 1usize..=10,
+        seed in any::<u64>(),
+        hostile in any::<bool>(),
+    ) {
+        check(format, m, n, blocks * 32, seed, hostile);
+    }
+}
+
+#[test]
+fn edges() {
+    for format in QuantFormat::ALL {
+        for (m, n, k) in [
+            (1, 1, 32),
+            (1, 16, 32),
+            (1, 64, 64),
+            (1, 65, 96),
+            (1, 129, 576),
+            (2, 33, 64),
+            (3, 17, 32),
+            (5, 70, 128),
+            (16, 48, 64),
+            (17, 31, 64),
+            // Big enough to be split across threads (by weight bytes, or by work), with a
+            // partial last tile.
+            (1, 700, 576),
+            (3, 1000, 320),
+            (20, 260, 1024),
+            // The GEMM path (several rows of A, a partial 48-column panel).
+            (GEMM_MIN_ROWS, 50, 64),
+            (GEMM_MIN_ROWS + 7, 97, 160),
+        ] {
+            for hostile in [false, true] {
+                check(format, m, n, k, (m * 1000 + n * 10 + k) as u64, hostile);
+            }
+        }
+    }
+}
+
+/// Hostile scales in every block: NaN, infinite and zero weights everywhere, and chains that
+/// meet inf − inf, must still give the reference's NaNs (canonical) and infinities.
+#[test]
+fn all_hostile_scales() {
+    for format in QuantFormat::ALL {
+        let (m, n, k) = (3, 40, 64);
+        for seed in 0..8u64 {
+            let mut rng = Rng(seed);
+            let mut w = blocks(&mut rng, format, n * k / 32, false);
+            let specials = [0x7c00u16, 0xfc00, 0x7e01, 0x0001, 0x8000, 0x7bff, 0xfbff];
+            for blk in w.chunks_mut(format.block_bytes()) {
+                let s = *rng.pick(&specials);
+                blk[..2].copy_from_slice(&s.to_le_bytes());
+                if format == QuantFormat::Q4_1 {
+                    let s = *rng.pick(&specials);
+                    blk[2..4].copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            let a = activations(&mut rng, m * k, seed % 2 == 0);
+            let want = reference(format, m, n, k, &a, &w);
+            let qw = QWeight::new(format, n, k, &w).unwrap();
+            for level in levels() {
+                for threads in [1, 2, 3] {
+                    let mut c = vec![0.0f32; m * n];
+                    qgemm(level, threads, m, &a, k, qw, &mut c, n).unwrap();
+                    let got: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(
+                        got, want,
+                        "{format:?} {level:?} threads={threads} seed={seed}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_products_write_nothing() {
+    for format in QuantFormat::ALL {
+        for level in levels() {
+            for threads in [1, 2, 3] {
+                // n = 0: no weight rows, nothing to write.
+                let w = QWeight::new(format, 0, 64, &[]).unwrap();
+                let a = vec![1.0f32; 3 * 64];
+                let mut c = vec![7.0f32; 4];
+                qgemm(level, threads, 3, &a, 64, w, &mut c, 0).unwrap();
+                assert_eq!(c, vec![7.0; 4]);
+                // m = 0: no rows of A.
+                let bytes = vec![0u8; 5 * 2 * format.block_bytes()];
+                let w = QWeight::new(format, 5, 64, &bytes).unwrap();
+                qgemm(level, threads, 0, &[], 64, w, &mut [], 5).unwrap();
+                // k = 0: every chain is empty, +0.
+                let w = QWeight::new(format, 5, 0, &[]).unwrap();
+                let mut c = vec![7.0f32; 10];
+                qgemm(level, threads, 2, &[], 0, w, &mut c, 5).unwrap();
+                assert!(c.iter().all(|v| v.to_bits() == 0));
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_extents_are_errors_not_panics() {
+    let format = QuantFormat::Q8_0;
+    let w = vec![0u8; 3 * 2 * 34];
+    assert!(QWeight::new(format, 4, 64, &w).is_err());
+    assert!(QWeight::new(format, 3, 48, &w).is_err());
+    let qw = QWeight::new(format, 3, 64, &w).unwrap();
+    let a = vec![0.0f32; 2 * 64];
+    let mut c = vec![0.0f32; 6];
+    for level in levels() {
+        assert!(qgemm(level, 1, 2, &a[..127], 64, qw, &mut c, 3).is_err());
+        assert!(qgemm(level, 1, 2, &a, 64, qw, &mut c[..5], 3).is_err());
+        assert!(qgemm(level, 1, 2, &a, 64, qw, &mut c, 2).is_err());
+        assert!(qgemm(level, 1, 2, &a, usize::MAX, qw, &mut c, 3).is_err());
+        assert!(qgemm(level, 1, 2, &a, 64, qw, &mut c, 3).is_ok());
+    }
+    for level in SimdLevel::ALL.into_iter().filter(|l| !l.supported()) {
+        assert!(qgemm(level, 1, 2, &a, 64, qw, &mut c, 3).is_err());
+        let mut out = vec![0.0f32; 32];
+        assert!(dequantize(level, format, &w[..34], &mut out).is_err());
+    }
+}
+
+/// A stop function that says yes ends the product early, on either path.
+#[test]
+fn stopping() {
+    let format = QuantFormat::Q4_1;
+    let (n, k) = (4096, 256);
+    let mut rng = Rng(3);
+    let w = blocks(&mut rng, format, n * k / 32, false);
+    let qw = QWeight::new(format, n, k, &w).unwrap();
+    for m in [1, GEMM_MIN_ROWS] {
+        let a = activations(&mut rng, m * k, false);
+        let mut c = vec![0.0f32; m * n];
+        for level in levels() {
+            for threads in [1, 2] {
+                let asked = std::sync::atomic::AtomicUsize::new(0);
+                let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 1;
+                let done = qgemm_polled(level, threads, m, &a, k, qw, &mut c, n, &stop).unwrap();
+                assert!(!done, "m={m} {level:?} threads={threads}");
+                let never = || false;
+                let done = qgemm_polled(level, threads, m, &a, k, qw, &mut c, n, &never).unwrap();
+                assert!(done);
+            }
+        }
+    }
+}
+
+fn check_dequantize(format: QuantFormat, count: usize, seed: u64, hostile: bool) {
+    let mut rng = Rng(seed);
+    let w = blocks(&mut rng, format, count, hostile);
+    let mut want = Vec::new();
+    tenet_reference::quant::dequantize_into(ir(format), &w, &mut want);
+    let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+    for level in levels() {
+        let mut out = vec![f32::from_bits(0x7f80_0001); count * 32];
+        dequantize(level, format, &w, &mut out).unwrap();
+        let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(
+            got, want,
+            "{format:?} {level:?} {count} blocks, seed {seed}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn dequantize_matches_the_reference(
+        format in prop::sample::select(QuantFormat::ALL.to_vec()),
+        count in 0usize..40,
+        seed in any::<u64>(),
+        hostile in any::<bool>(),
+    ) {
+        check_dequantize(format, count, seed, hostile);
+    }
+}
+
+/// Every scale bit pattern (all 65,536 f16 values as `d`, and as Q4_1's `m`) with every nibble
+/// and byte value: the whole input space of a block's arithmetic.
+#[test]
+fn dequantize_every_scale() {
+    for format in QuantFormat::ALL {
+        let bb = format.block_bytes();
+        let mut w = Vec::with_capacity(65536 * bb);
+        for s in 0..=u16::MAX {
+            let mut blk = vec![0u8; bb];
+            blk[..2].copy_from_slice(&s.to_le_bytes());
+            if format == QuantFormat::Q4_1 {
+                // m: a rotating partner value, sometimes the same special.
+                blk[2..4].copy_from_slice(&s.rotate_left(5).to_le_bytes());
+            }
+            let head = if format == QuantFormat::Q4_1 { 4 } else { 2 };
+            for (i, b) in blk[head..].iter_mut().enumerate() {
+                // Nibbles 0..15 low and 15..0 high; bytes covering -128..127 across blocks.
+                *b = if format == QuantFormat::Q8_0 {
+                    (i as u8).wrapping_mul(8).wrapping_add(s as u8)
+                } else {
+                    (i as u8) | (15 - i as u8) << 4
+                };
+            }
+            w.extend_from_slice(&blk);
+        }
+        let mut want = Vec::new();
+        tenet_reference::quant::dequantize_into(ir(format), &w, &mut want);
+        for level in levels() {
+            let mut out = vec![0.0f32; 65536 * 32];
+            dequantize(level, format, &w, &mut out).unwrap();
+            let same = out
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{format:?} {level:?}");
+        }
+    }
+}
