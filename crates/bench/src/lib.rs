@@ -657,7 +657,9 @@ fn smollm2_rows(
     )
     .map_err(|e| skipped(e.to_string()))?;
     let tokens = if quick { 8 } else { 32 };
-    let batching = batching_rows(&model, shared, &prompt, tokens, peak).map_err(skipped)?;
+    // Prompts of prose (the prefill text's first 16 to 23 tokens), which a model continues
+    // rather than ends.
+    let batching = batching_rows(&model, shared, &long, tokens, peak).map_err(skipped)?;
     progress("running smollm2 on llama.cpp");
     let peer = llamacpp::measure(
         python,
@@ -735,32 +737,20 @@ fn batching_rows(
     use tenet_models::smollm2::{Batcher, GenerationEvent, GenerationRequest};
     let requests: Vec<GenerationRequest> = (0..BATCH_REQUESTS)
         .map(|i| GenerationRequest {
-            // Different prompts: the prompt with 0..8 extra tokens of itself.
-            prompt: prompt
-                .iter()
-                .chain(&prompt[..i % prompt.len()])
-                .copied()
-                .collect(),
+            // Different prompts: the text's first 16 + i tokens.
+            prompt: prompt[..(16 + i).min(prompt.len())].to_vec(),
             max_tokens: tokens,
             sampling: None,
             first_step: 0,
-            // Never stop early, so both runs generate the same number of tokens.
             stop: vec![],
         })
         .collect();
     let start = Instant::now();
     let mut alone = Vec::new();
     for r in &requests {
-        let mut session = model.session(&*device);
-        let mut logits = session.prefill(&r.prompt)?;
-        let mut out = Vec::new();
-        for i in 0..r.max_tokens {
-            out.push(tenet_models::smollm2::argmax(&logits));
-            if i + 1 < r.max_tokens {
-                logits = session.step(*out.last().expect("pushed"))?;
-            }
-        }
-        alone.push(out);
+        // Each alone, as `tenet generate` runs it (ending at the end-of-sequence token, as
+        // the batch does).
+        alone.push(model.generate(&r.prompt, r.max_tokens, None, &*device, |_| {})?);
     }
     let sequential_ms = start.elapsed().as_secs_f64() * 1e3;
     let batcher = Batcher::start(model.clone(), device, BATCH_REQUESTS);

@@ -3,8 +3,9 @@
 //! timing the same work: a prefill of the same prompt's token ids, and decode steps that feed
 //! the same tokens tenet's greedy decoding produced, at each thread count.
 //!
-//! llama.cpp reads the Q4_1 weights as they are in the file; tenet dequantises them to f32 at
-//! load, so its steps read about six times the bytes (docs/PERFORMANCE.md, "SmolLM2 decoding").
+//! Both read the Q4_1 and Q8_0 weights as they are in the file (tenet's `qmatmul` decodes the
+//! blocks inside the product; llama.cpp also quantises the activations to 8 bits):
+//! docs/PERFORMANCE.md, "SmolLM2 decoding".
 
 use std::collections::BTreeMap;
 use std::path::Path;
