@@ -213,6 +213,46 @@ pub fn parse_outputs(outputs: &[(String, HostTensor)]) -> Result<(Vec<u32>, Fini
     Ok((tokens, finish))
 }
 
+/// What the `decode_generation` fuzz target checks of one input, shared with the corpus test:
+/// bytes 0–2 are the lengths of `ids`, `params` and `stop` (`stop` absent when its byte is
+/// 255), the rest their little-endian i64 values (zeros past the end). Nothing may panic;
+/// accepted inputs are within every limit and re-encode to the same parse. Whether they were
+/// accepted.
+#[doc(hidden)]
+pub fn fuzz_one(data: &[u8]) -> bool {
+    let (vocab, context) = (49_152, 8_192);
+    let len = |i: usize| data.get(i).copied().unwrap_or(0) as usize;
+    let mut words = data.get(3..).unwrap_or_default().chunks(8).map(|c| {
+        let mut b = [0u8; 8];
+        b[..c.len()].copy_from_slice(c);
+        i64::from_le_bytes(b)
+    });
+    let mut take = |n: usize| -> Vec<i64> { (0..n).map(|_| words.next().unwrap_or(0)).collect() };
+    let ids = take(len(0));
+    let params = take(len(1) % 8);
+    let mut inputs = HashMap::new();
+    let vector = |v: &[i64]| HostTensor::from_i64(&[v.len() as u64], v).expect("a vector");
+    inputs.insert("ids".to_string(), vector(&ids));
+    inputs.insert("params".to_string(), vector(&params));
+    if len(2) != 255 {
+        let stop = take(len(2) % 24);
+        inputs.insert("stop".to_string(), vector(&stop));
+    }
+    if let Ok((ids, p)) = parse_inputs(&inputs, vocab, context) {
+        assert!(!ids.is_empty() && (ids.len() as u64) < context);
+        assert!(ids.iter().chain(&p.stop).all(|&t| (t as u64) < vocab));
+        assert!((1..=MAX_NEW_TOKENS).contains(&p.max_tokens));
+        assert!(p.stop.len() as u64 <= MAX_STOP_TOKENS);
+        if let Some((t, top_p)) = p.sampling {
+            assert!(t.is_finite() && t > 0.0 && top_p > 0.0 && top_p <= 1.0);
+        }
+        let again: HashMap<String, HostTensor> = self::inputs(&ids, &p).into_iter().collect();
+        assert_eq!(parse_inputs(&again, vocab, context), Ok((ids, p)));
+        return true;
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
