@@ -216,6 +216,31 @@ impl Client {
         })
     }
 
+    /// Upload `bytes` as a blob, under a progress bar, unless the coordinator has it already
+    /// (content addressing); its address. `what` names it in messages.
+    pub(crate) async fn upload_unless_there(&self, what: &str, bytes: &[u8]) -> Result<Hash> {
+        let hash = Hash::of(bytes);
+        let path = format!("/v1/blobs/{hash}");
+        let known = self
+            .call(Method::HEAD, &path, Vec::new(), "application/octet-stream")
+            .await
+            .is_ok();
+        if known {
+            eprintln!("{what}: already on the coordinator ({hash})");
+        } else {
+            let bar = Transfer::new(format!("uploading {what}"), bytes.len() as u64);
+            bar.watch(self.call_counting(
+                Method::PUT,
+                &path,
+                bytes.to_vec(),
+                "application/octet-stream",
+                Some(bar.counter()),
+            ))
+            .await?;
+        }
+        Ok(hash)
+    }
+
     /// Upload the weights file (named for messages), then deploy the graph; the task as the
     /// coordinator describes it.
     pub(crate) async fn deploy(
@@ -224,26 +249,8 @@ impl Client {
         weights: Option<&(String, Vec<u8>)>,
     ) -> Result<Value> {
         if let Some((name, bytes)) = weights {
-            let hash = Hash::of(bytes);
-            let path = format!("/v1/blobs/{hash}");
-            // The coordinator may have these weights already (content addressing).
-            let known = self
-                .call(Method::HEAD, &path, Vec::new(), "application/octet-stream")
-                .await
-                .is_ok();
-            if known {
-                eprintln!("weights {name}: already on the coordinator ({hash})");
-            } else {
-                let bar = Transfer::new(format!("uploading weights {name}"), bytes.len() as u64);
-                bar.watch(self.call_counting(
-                    Method::PUT,
-                    &path,
-                    bytes.clone(),
-                    "application/octet-stream",
-                    Some(bar.counter()),
-                ))
+            self.upload_unless_there(&format!("weights {name}"), bytes)
                 .await?;
-            }
         }
         self.call(
             Method::POST,
@@ -429,27 +436,9 @@ pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
     let dir = cached(&SMOLLM2).context("deploying smollm2 needs it locally first")?;
     let gguf = find_file(&dir, GGUF_FILE).context("the SmolLM2 wheel holds no GGUF file")?;
     let bytes = std::fs::read(&gguf).with_context(|| format!("cannot read {}", gguf.display()))?;
-    let hash = Hash::of(&bytes);
     let client = Client::new(remote)?;
     runtime()?.block_on(async {
-        let path = format!("/v1/blobs/{hash}");
-        let known = client
-            .call(Method::HEAD, &path, Vec::new(), "application/octet-stream")
-            .await
-            .is_ok();
-        if known {
-            eprintln!("{GGUF_FILE}: already on the coordinator ({hash})");
-        } else {
-            let bar = Transfer::new(format!("uploading {GGUF_FILE}"), bytes.len() as u64);
-            bar.watch(client.call_counting(
-                Method::PUT,
-                &path,
-                bytes.clone(),
-                "application/octet-stream",
-                Some(bar.counter()),
-            ))
-            .await?;
-        }
+        let hash = client.upload_unless_there(GGUF_FILE, &bytes).await?;
         let body = serde_json::json!({"name": model, "weights": hash}).to_string();
         let llm = client
             .call(Method::POST, "/v1/llms", body.into_bytes(), "application/json")
