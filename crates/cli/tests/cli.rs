@@ -478,9 +478,33 @@ fn bench_json_has_the_documented_keys() {
         5 + minilm.clone().count() + smollm2.len(),
         "{names:?}"
     );
-    assert_eq!(smollm2.len(), 2 * decode.len(), "{names:?}");
-    // Each SmolLM2 row carries llama.cpp's figure, or says why it has none.
-    for r in &smollm2 {
+    // Decode and prefill rows per thread count, and the two batching rows.
+    let batching: Vec<_> = smollm2
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().contains(" requests × "))
+        .collect();
+    if !smollm2.is_empty() {
+        assert_eq!(batching.len(), 2, "{names:?}");
+        assert!(
+            batching[1]["name"]
+                .as_str()
+                .unwrap()
+                .contains(", batched (")
+        );
+    }
+    for r in &batching {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert_eq!(
+        smollm2.len(),
+        2 * decode.len() + batching.len(),
+        "{names:?}"
+    );
+    // Each SmolLM2 decode and prefill row carries llama.cpp's figure, or says why it has none.
+    for r in smollm2
+        .iter()
+        .filter(|r| !r["name"].as_str().unwrap().contains(" requests × "))
+    {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
         match r["llamacpp_tokens_per_s"].as_f64() {
             Some(v) => assert!(v > 0.0, "{r}"),
