@@ -87,6 +87,7 @@ fn a_node_generates_the_models_tokens_as_committed_jobs() {
     let want_sampled = local
         .generate(&ids[0], 3, Some(sampling), &cpu, |_| {})
         .unwrap();
+    let want5 = local.generate(&ids[0], 5, None, &cpu, |_| {}).unwrap();
 
     let data = tempfile::tempdir().unwrap();
     let config = NodeConfig {
@@ -143,6 +144,16 @@ fn a_node_generates_the_models_tokens_as_committed_jobs() {
         let prefix = [ids[0].clone(), vec![want[0][0]]].concat();
         let got = generate(&client, &job("gen-c", weights, &prefix, &rest, 0)).await;
         assert_eq!(got.0, want[0][1..]);
+
+        // Continuing the first generation's tokens (as a streamed completion's next chunk
+        // does) takes up its finished session and gives the same tokens as one generation.
+        let next = GenerationParams {
+            first_step: 3,
+            ..greedy(2)
+        };
+        let prefix = [ids[0].clone(), want5[..3].to_vec()].concat();
+        let got = generate(&client, &job("gen-r", weights, &prefix, &next, 0)).await;
+        assert_eq!(got.0, want5[3..]);
 
         // A stop token ends it, and is its last token.
         let stop = GenerationParams {

@@ -10,6 +10,11 @@
 //! batch never changes a member's bits (see `batch.rs`), every request gets exactly the tokens
 //! it would get alone, whoever else is decoding: tested below and in the model's tests.
 //!
+//! A finished request's session (its KV cache) is kept, within a byte budget, for a request
+//! whose prompt extends its tokens — the next chunk of a streamed completion — which then feeds
+//! only the new tokens instead of prefilling everything again; a cached decode gives the bits
+//! of recomputing, so the tokens do not change.
+//!
 //! Failures stay with their request: a prompt that cannot be prefilled (too long for the
 //! context, say) fails that request only; a failed batched step fails its members.
 
@@ -78,6 +83,9 @@ pub struct BatcherStats {
     pub tokens: u64,
     /// The most requests one step decoded.
     pub peak_batch: u64,
+    /// Requests that continued a finished request's session (its KV cache) instead of
+    /// prefilling their whole prompt.
+    pub reused: u64,
 }
 
 #[derive(Default)]
@@ -85,6 +93,7 @@ struct Counters {
     steps: AtomicU64,
     tokens: AtomicU64,
     peak_batch: AtomicU64,
+    reused: AtomicU64,
 }
 
 impl Batcher {
@@ -111,6 +120,7 @@ impl Batcher {
             steps: s.steps.load(Ordering::Relaxed),
             tokens: s.tokens.load(Ordering::Relaxed),
             peak_batch: s.peak_batch.load(Ordering::Relaxed),
+            reused: s.reused.load(Ordering::Relaxed),
         }
     }
 
@@ -142,6 +152,8 @@ impl Drop for Batcher {
 /// A request in the batch: its session, the token it feeds next, and its progress.
 struct Active<'a> {
     session: DecodeSession<'a>,
+    /// The tokens the session holds, in order.
+    fed: Vec<u32>,
     events: Sender<GenerationEvent>,
     request: GenerationRequest,
     next: u32,
@@ -187,6 +199,7 @@ fn run(
     counters: &Counters,
 ) {
     let mut active: Vec<Active<'_>> = Vec::new();
+    let mut finished = Finished::default();
     let mut open = true;
     loop {
         // Admit waiting requests; with nothing to decode, wait for one.
@@ -210,7 +223,7 @@ fn run(
                 }
             };
             counters.tokens.fetch_add(1, Ordering::Relaxed);
-            if let Some(a) = admit(model, device, job) {
+            if let Some(a) = admit(model, device, job, &mut finished, counters) {
                 active.push(a);
             }
         }
@@ -232,12 +245,16 @@ fn run(
         };
         match result {
             Ok(logits) => {
-                let mut keep = logits.iter().map(|_| true).collect::<Vec<_>>();
-                for ((a, l), k) in active.iter_mut().zip(&logits).zip(&mut keep) {
-                    *k = a.choose(l);
+                let mut going = Vec::with_capacity(active.len());
+                for (mut a, l) in active.drain(..).zip(&logits) {
+                    a.fed.push(a.next);
+                    if a.choose(l) {
+                        going.push(a);
+                    } else {
+                        finished.keep(a.fed, a.session);
+                    }
                 }
-                let mut keep = keep.into_iter();
-                active.retain(|_| keep.next().unwrap_or(false));
+                active = going;
             }
             Err(e) => {
                 for a in active.drain(..) {
@@ -248,16 +265,78 @@ fn run(
     }
 }
 
+/// Bytes of KV cache the sessions of finished requests may hold, kept for requests that
+/// continue them (a long generation run as several jobs, each continuing from the tokens the
+/// previous ones agreed on).
+const FINISHED_CACHE_BYTES: u64 = 256 << 20;
+
+/// Sessions of finished requests, with the tokens each holds, newest last.
+#[derive(Default)]
+struct Finished<'a> {
+    sessions: Vec<(Vec<u32>, DecodeSession<'a>)>,
+}
+
+impl<'a> Finished<'a> {
+    fn bytes(s: &DecodeSession<'_>) -> u64 {
+        let c = &s.model.config;
+        2 * c.layers * s.capacity() * c.kv_heads * (c.hidden / c.heads) * 4
+    }
+
+    /// Keep `session` (holding `tokens`), dropping the oldest past the byte budget.
+    fn keep(&mut self, tokens: Vec<u32>, session: DecodeSession<'a>) {
+        if Self::bytes(&session) > FINISHED_CACHE_BYTES {
+            return;
+        }
+        self.sessions.push((tokens, session));
+        while self
+            .sessions
+            .iter()
+            .map(|(_, s)| Self::bytes(s))
+            .sum::<u64>()
+            > FINISHED_CACHE_BYTES
+        {
+            self.sessions.remove(0);
+        }
+    }
+
+    /// The session holding the longest proper prefix of `prompt`, taken out.
+    fn take_prefix_of(&mut self, prompt: &[u32]) -> Option<(usize, DecodeSession<'a>)> {
+        let best = self
+            .sessions
+            .iter()
+            .enumerate()
+            .filter(|(_, (t, _))| t.len() < prompt.len() && prompt.starts_with(t))
+            .max_by_key(|(_, (t, _))| t.len())
+            .map(|(i, _)| i)?;
+        let (tokens, session) = self.sessions.remove(best);
+        Some((tokens.len(), session))
+    }
+}
+
 /// Prefill `job`'s prompt and choose its first token: the request joins the batch, or has
-/// already ended (or failed).
-fn admit<'a>(model: &'a SmolLm2, device: &'a dyn Device, job: Job) -> Option<Active<'a>> {
+/// already ended (or failed). A prompt that extends a finished request's tokens continues its
+/// session, feeding only the new tokens: a cached decode gives the bits of recomputing, so the
+/// tokens are the same.
+fn admit<'a>(
+    model: &'a SmolLm2,
+    device: &'a dyn Device,
+    job: Job,
+    finished: &mut Finished<'a>,
+    counters: &Counters,
+) -> Option<Active<'a>> {
     let Job { request, events } = job;
     if request.max_tokens == 0 {
         let _ = events.send(GenerationEvent::Done(FinishReason::Length));
         return None;
     }
-    let mut session = model.session(device);
-    let logits = match session.prefill(&request.prompt) {
+    let (held, mut session) = match finished.take_prefix_of(&request.prompt) {
+        Some(found) => {
+            counters.reused.fetch_add(1, Ordering::Relaxed);
+            found
+        }
+        None => (0, model.session(device)),
+    };
+    let logits = match session.prefill(&request.prompt[held..]) {
         Ok(l) => l,
         Err(e) => {
             let _ = events.send(GenerationEvent::Failed(e));
@@ -266,6 +345,7 @@ fn admit<'a>(model: &'a SmolLm2, device: &'a dyn Device, job: Job) -> Option<Act
     };
     let mut a = Active {
         session,
+        fed: request.prompt.clone(),
         events,
         request,
         next: 0,
@@ -373,6 +453,11 @@ mod tests {
         rest.first_step = 4;
         let rest = collect(batcher.submit(rest)).0;
         assert_eq!([first, rest].concat(), whole);
+        assert_eq!(
+            batcher.stats().reused,
+            1,
+            "the continuation took the first's session"
+        );
         // Starting at another step draws other tokens (the test can tell).
         let mut shifted = request(vec![3, 1, 4], 10, sampling);
         shifted.first_step = 1;
