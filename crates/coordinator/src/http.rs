@@ -548,7 +548,7 @@ impl<L: Ledger + 'static> Service<L> {
                     "refereed": out.refereed,
                 }))
             }
-            ("GET", ["v1", "models"]) => Ok(crate::openai::models(&self.llms)),
+            ("GET", ["v1", "models"]) => crate::openai::models(&self.llms),
             ("POST", ["v1", "chat", "completions"]) => {
                 Ok(
                     crate::openai::complete(self.core.clone(), &self.llms, &body, true)

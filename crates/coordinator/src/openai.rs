@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use tenet_ledger::Ledger;
 use tenet_models::generation::{self, GenerationParams};
 use tenet_models::smollm2::{EOS, FinishReason, SmolLm2, WeightsMode};
-use tenet_node::http::{Reply, ReplyBody, body};
+use tenet_node::http::{Reply, ReplyBody, error_reply, json_reply};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
 
@@ -202,10 +202,8 @@ impl OpenAiError {
         let v = json!({"error": {
             "message": self.message, "type": kind, "param": self.param, "code": self.code,
         }});
-        let mut r = Response::new(body(v.to_string()));
+        let mut r = json_reply(&v).unwrap_or_else(|e| error_reply(&e));
         *r.status_mut() = hyper::StatusCode::from_u16(self.status).unwrap_or_default();
-        r.headers_mut()
-            .insert("content-type", HeaderValue::from_static("application/json"));
         r
     }
 }
@@ -627,14 +625,7 @@ pub async fn complete<L: Ledger + 'static>(
         "tenet_seed": asked.seed,
         "tenet_tokens": tokens,
     });
-    let mut r = Response::new(body_of(v));
-    r.headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/json"));
-    Ok(r)
-}
-
-fn body_of(v: Value) -> ReplyBody {
-    body(v.to_string())
+    Ok(json_reply(&v)?)
 }
 
 /// A streamed completion: jobs of [`STREAM_CHUNK`] tokens, each chunk's text sent as an
@@ -753,7 +744,7 @@ fn stream<L: Ledger + 'static>(core: Arc<Coordinator<L>>, asked: Asked, created:
 }
 
 /// `GET /v1/models`.
-pub fn models(llms: &Llms) -> Reply {
+pub fn models(llms: &Llms) -> Result<Reply, ApiError> {
     let data: Vec<Value> = llms
         .all()
         .iter()
@@ -762,10 +753,7 @@ pub fn models(llms: &Llms) -> Reply {
                         "tenet_weights": l.weights, "context_length": l.model.config.context})
         })
         .collect();
-    let mut r = Response::new(body_of(json!({"object": "list", "data": data})));
-    r.headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/json"));
-    r
+    json_reply(&json!({"object": "list", "data": data}))
 }
 
 #[cfg(test)]

@@ -74,6 +74,11 @@ pub enum GgufError {
         needs: u64,
         limit: u64,
     },
+    #[error(
+        "loading it would take {needs} bytes besides the file (tensors dequantised or copied), \
+         more than the limit of {limit}"
+    )]
+    OverBudget { needs: u64, limit: u64 },
 }
 
 /// A metadata value.

@@ -262,6 +262,26 @@ impl SmolLm2 {
         mode: WeightsMode,
         progress: &AtomicU64,
     ) -> Result<SmolLm2, GgufError> {
+        SmolLm2::load_inner(path, mode, progress, u64::MAX)
+    }
+
+    /// [`SmolLm2::load_with`], refused ([`GgufError::OverBudget`]) before anything is
+    /// dequantised or copied if that would take more than `max_owned_bytes` besides the mapped
+    /// file (an untrusted file: a node loading whatever a job names).
+    pub fn load_within(
+        path: &Path,
+        mode: WeightsMode,
+        max_owned_bytes: u64,
+    ) -> Result<SmolLm2, GgufError> {
+        SmolLm2::load_inner(path, mode, &AtomicU64::new(0), max_owned_bytes)
+    }
+
+    fn load_inner(
+        path: &Path,
+        mode: WeightsMode,
+        progress: &AtomicU64,
+        max_owned_bytes: u64,
+    ) -> Result<SmolLm2, GgufError> {
         let io = |e: std::io::Error| GgufError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -286,11 +306,26 @@ impl SmolLm2 {
             offset: 0,
             reason: format!("llama metadata: {reason}"),
         })?;
+        // A matrix of quantised blocks stays as it is in the file.
+        let lent = |t: &crate::gguf::GgufTensor| {
+            t.kind.format().is_some() && mode == WeightsMode::Quantized && t.shape.len() == 2
+        };
+        let owned = g
+            .tensors
+            .iter()
+            .filter(|t| !lent(t))
+            .map(|t| g.dequantized_bytes(t))
+            .fold(0u64, u64::saturating_add);
+        if owned > max_owned_bytes {
+            return Err(GgufError::OverBudget {
+                needs: owned,
+                limit: max_owned_bytes,
+            });
+        }
         let mut tensors = BTreeMap::new();
         for t in &g.tensors {
             let values = match t.kind.format() {
-                // A matrix of quantised blocks stays as it is in the file.
-                Some(_) if mode == WeightsMode::Quantized && t.shape.len() == 2 => {
+                Some(_) if lent(t) => {
                     let (blocks, format) = g.blocks(t)?;
                     config.quantized.insert(t.name.clone(), format);
                     blocks
@@ -982,6 +1017,55 @@ impl Llama<'_> {
         x
     }
 
+    /// Where one new token at `pos` (i64 [1]) goes in a cache of `capacity` rows: 1 at its row
+    /// and 0 elsewhere (f32 [capacity, 1, 1]), and 0 at the positions it sees, -inf after (f32
+    /// [1, 1, capacity]).
+    fn new_row_masks(
+        &self,
+        row: &Tensor,
+        pos: &Tensor,
+        capacity: u64,
+        zero: &Tensor,
+        one: &Tensor,
+    ) -> (Tensor, Tensor) {
+        let here = row
+            .eq(pos)
+            .reshape(&[capacity as i64, 1, 1])
+            .where_(one, zero);
+        let minus_inf = self.g.scalar(DType::F32, f64::NEG_INFINITY);
+        let future = row
+            .gt(pos)
+            .reshape(&[1, 1, capacity as i64])
+            .where_(&minus_inf, zero);
+        (here, future)
+    }
+
+    /// One new token's attention ([1, hidden]) from its q ([1, heads, hd]), k and v ([1,
+    /// kv_heads, hd], k after RoPE) over its layer's `cache` (keys, values), placed by `masks`
+    /// ([`Llama::new_row_masks`]). Query heads are grouped by the KV head they share.
+    fn attend_one(
+        &self,
+        q: Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        (ck, cv): &(Tensor, Tensor),
+        (here, future): &(Tensor, Tensor),
+    ) -> Tensor {
+        let (d, nh, nkv) = (self.cfg.hidden, self.cfg.heads, self.cfg.kv_heads);
+        let (hd, group) = (self.hd, nh / nkv.max(1));
+        // The cache's rows from `pos` on are zeros, so this puts the new row at `pos` and
+        // leaves the others as they are (up to the sign of a zero, which no product's chain
+        // can tell: a chain that starts at +0 never holds -0).
+        let keys = ck + here * k;
+        let values = cv + here * v;
+        let q = q.reshape(&[nkv as i64, group as i64, hd as i64]);
+        let scores = q.matmul(&keys.permute(&[1, 2, 0])) / (hd as f64).sqrt() + future;
+        scores
+            .softmax(-1)
+            .matmul(&values.permute(&[1, 0, 2]))
+            .reshape(&[1, d as i64])
+    }
+
     /// The logits (f32 [vocab]) of the last of `n` positions of `x`.
     fn logits(&self, x: &Tensor, n: u64) -> Tensor {
         let (d, vocab) = (self.cfg.hidden, self.cfg.vocab);
@@ -1102,7 +1186,6 @@ pub fn llama_decode_graph(
     }
     let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
     let hd = d / nh;
-    let group = nh / nkv.max(1);
     let g = GraphBuilder::new();
     let m = Llama {
         cfg,
@@ -1128,30 +1211,10 @@ pub fn llama_decode_graph(
     let x = m.embed(&ids);
     let row = g.iota(DType::I64, &[capacity], 0);
     let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
-    // 1 at the new token's row, 0 elsewhere; 0 at positions the new token sees, -inf after.
-    let here = row
-        .eq(&pos)
-        .reshape(&[capacity as i64, 1, 1])
-        .where_(&one, &zero);
-    let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
-    let future = row
-        .gt(&pos)
-        .reshape(&[1, 1, capacity as i64])
-        .where_(&minus_inf, &zero);
+    let masks = m.new_row_masks(&row, &pos, capacity, &zero, &one);
     let mut new = Vec::new();
     let x = m.layers(x, 1, &c, &s, |l, q, k, v| {
-        let (ck, cv) = &cache[l as usize];
-        // The cache's rows from `pos` on are zeros, so this puts the new row at `pos` and
-        // leaves the others as they are (up to the sign of a zero, which no product's chain
-        // can tell: a chain that starts at +0 never holds -0).
-        let keys = ck + &here * &k;
-        let values = cv + &here * &v;
-        let q = q.reshape(&[nkv as i64, group as i64, hd as i64]);
-        let scores = q.matmul(&keys.permute(&[1, 2, 0])) / (hd as f64).sqrt() + &future;
-        let o = scores
-            .softmax(-1)
-            .matmul(&values.permute(&[1, 0, 2]))
-            .reshape(&[1, d as i64]);
+        let o = m.attend_one(q, &k, &v, &cache[l as usize], &masks);
         new.push((k, v));
         o
     });

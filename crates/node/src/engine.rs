@@ -137,33 +137,16 @@ impl Engine {
             ));
         }
         let path = self.store.path(hash);
-        // What loading would copy or dequantise (quantised matrices stay views of the file),
+        // What loading copies or dequantises (quantised matrices stay views of the file) is
         // refused over the job memory limit before anything is allocated.
-        let index = tenet_models::gguf::GgufFile::open(&path).map_err(|e| {
+        let model = SmolLm2::load_within(&path, WeightsMode::Quantized, self.limits.memory_bytes)
+            .map_err(|e| {
+            let code = match e {
+                tenet_models::gguf::GgufError::OverBudget { .. } => ErrorCode::ExceedsLimits,
+                _ => ErrorCode::BadInputs,
+            };
             ApiError::new(
-                ErrorCode::BadInputs,
-                format!("weights {hash} are not a GGUF file: {e}"),
-            )
-        })?;
-        let owned: u64 = index
-            .tensors
-            .iter()
-            .filter(|t| !(t.kind.format().is_some() && t.shape.len() == 2))
-            .map(|t| index.dequantized_bytes(t))
-            .fold(0, u64::saturating_add);
-        if owned > self.limits.memory_bytes {
-            return Err(ApiError::new(
-                ErrorCode::ExceedsLimits,
-                format!(
-                    "loading the model {hash} would take {owned} bytes besides its file; this node runs jobs of up to {}",
-                    self.limits.memory_bytes
-                ),
-            ));
-        }
-        drop(index);
-        let model = SmolLm2::load_with(&path, WeightsMode::Quantized).map_err(|e| {
-            ApiError::new(
-                ErrorCode::BadInputs,
+                code,
                 format!("weights {hash} are not a Llama GGUF model this node can run: {e}"),
             )
         })?;

@@ -40,7 +40,6 @@ pub fn llama_decode_batch_graph(
     }
     let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
     let hd = d / nh;
-    let group = nh / nkv.max(1);
     let g = GraphBuilder::new();
     let m = Llama {
         cfg,
@@ -70,44 +69,19 @@ pub fn llama_decode_batch_graph(
     let x = m.embed(&ids);
     let row = g.iota(DType::I64, &[capacity], 0);
     let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
-    let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
-    // Per member, as the single-sequence graph: 1 at its new row, 0 elsewhere; 0 at the
-    // positions it sees, -inf after.
+    // Per member, as the single-sequence graph: its own position's masks.
     let masks: Vec<(Tensor, Tensor)> = (0..batch)
-        .map(|b| {
-            let p = pos.slice(0, b, b + 1, 1);
-            let here = row
-                .eq(&p)
-                .reshape(&[capacity as i64, 1, 1])
-                .where_(&one, &zero);
-            let future = row
-                .gt(&p)
-                .reshape(&[1, 1, capacity as i64])
-                .where_(&minus_inf, &zero);
-            (here, future)
-        })
+        .map(|b| m.new_row_masks(&row, &pos.slice(0, b, b + 1, 1), capacity, &zero, &one))
         .collect();
     let mut new: Vec<Vec<(Tensor, Tensor)>> = vec![Vec::new(); batch as usize];
     let x = m.layers(x, batch, &c, &s, |l, q, k, v| {
-        let outs: Vec<Tensor> = (0..batch as usize)
+        let outs: Vec<Tensor> = (0..batch)
             .map(|b| {
-                let bi = b as u64;
-                let (q, k, v) = (
-                    q.slice(0, bi, bi + 1, 1),
-                    k.slice(0, bi, bi + 1, 1),
-                    v.slice(0, bi, bi + 1, 1),
-                );
-                let (ck, cv) = &cache[b][l as usize];
-                let (here, future) = &masks[b];
-                let keys = ck + here * &k;
-                let values = cv + here * &v;
-                let q = q.reshape(&[nkv as i64, group as i64, hd as i64]);
-                let scores = q.matmul(&keys.permute(&[1, 2, 0])) / (hd as f64).sqrt() + future;
-                let o = scores
-                    .softmax(-1)
-                    .matmul(&values.permute(&[1, 0, 2]))
-                    .reshape(&[1, d as i64]);
-                new[b].push((k, v));
+                let member = |t: &Tensor| t.slice(0, b, b + 1, 1);
+                let (k, v) = (member(&k), member(&v));
+                let bu = b as usize;
+                let o = m.attend_one(member(&q), &k, &v, &cache[bu][l as usize], &masks[bu]);
+                new[bu].push((k, v));
                 o
             })
             .collect();
