@@ -170,13 +170,13 @@ impl Engine {
     /// Refuse a generation of `max_tokens` after `prompt` tokens that would not fit this
     /// node's limits: its KV cache (at the capacity bucket holding every position) over the
     /// job memory limit, or its work (two operations per weight per position) over the job
-    /// operation limit.
+    /// operation limit. The bytes of its KV cache.
     pub fn check_generation(
         &self,
         model: &SmolLm2,
         prompt: u64,
         max_tokens: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<u64, ApiError> {
         let c = &model.config;
         let positions = (prompt + max_tokens).min(c.context);
         let capacity = model.capacity_for(positions).unwrap_or(c.context);
@@ -213,7 +213,7 @@ impl Engine {
                 ),
             ));
         }
-        Ok(())
+        Ok(cache)
     }
 
     pub fn backend_name(&self) -> String {

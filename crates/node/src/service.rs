@@ -38,23 +38,31 @@ use crate::pool::Pool;
 /// batcher decodes).
 const MAX_GENERATIONS: u64 = 64;
 
-/// A running generation's claim on one of [`MAX_GENERATIONS`], given back when dropped.
-struct GenerationSlot(Arc<AtomicU64>);
+/// `amount` of a counted resource (running generations, their KV-cache bytes) held until
+/// dropped.
+struct Reservation {
+    counter: Arc<AtomicU64>,
+    amount: u64,
+}
 
-impl GenerationSlot {
-    fn take(count: &Arc<AtomicU64>) -> Option<GenerationSlot> {
-        count
+impl Reservation {
+    /// `amount` more of `counter`, if that keeps it at most `limit`.
+    fn take(counter: &Arc<AtomicU64>, amount: u64, limit: u64) -> Option<Reservation> {
+        counter
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < MAX_GENERATIONS).then_some(n + 1)
+                n.checked_add(amount).filter(|&t| t <= limit)
             })
             .ok()
-            .map(|_| GenerationSlot(count.clone()))
+            .map(|_| Reservation {
+                counter: counter.clone(),
+                amount,
+            })
     }
 }
 
-impl Drop for GenerationSlot {
+impl Drop for Reservation {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.counter.fetch_sub(self.amount, Ordering::SeqCst);
     }
 }
 
@@ -225,8 +233,9 @@ pub struct Node {
     /// Large job outputs, for `GET /v1/blobs` without a trip to the disk.
     outputs: Arc<Mutex<Lru<HeldOutput>>>,
     pub(crate) gate: Gate,
-    /// Generation jobs running.
+    /// Generation jobs running, and the bytes of their KV caches.
     generations: Arc<AtomicU64>,
+    generation_bytes: Arc<AtomicU64>,
     /// Set only on a node told to lie (demos and tests).
     cheat: Option<crate::cheat::Cheat>,
     pub(crate) events: EventLog,
@@ -361,6 +370,7 @@ impl Node {
             pull_peers: config.pull_peer_addrs()?,
             outputs: Arc::new(Mutex::new(Lru::new(OUTPUT_CACHE_BYTES))),
             generations: Arc::new(AtomicU64::new(0)),
+            generation_bytes: Arc::new(AtomicU64::new(0)),
             cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
             events,
             metrics: Metrics::default(),
@@ -448,7 +458,7 @@ impl Node {
         // at once: it takes a blocking thread of its own rather than a worker, so that
         // concurrent generations are decoded together (at most `MAX_GENERATIONS` at a time).
         if spec.task.0 == tenet_models::generation::task_id() {
-            let Some(slot) = GenerationSlot::take(&self.generations) else {
+            let Some(slot) = Reservation::take(&self.generations, 1, MAX_GENERATIONS) else {
                 let e = ApiError::new(
                     ErrorCode::Busy,
                     format!("{MAX_GENERATIONS} generations are running; try again shortly"),
@@ -679,8 +689,21 @@ impl Node {
         let config = &llm.model.config;
         let (ids, params) = generation::parse_inputs(&inputs, config.vocab, config.context)
             .map_err(|e| ApiError::new(ErrorCode::BadInputs, e))?;
-        self.engine
-            .check_generation(&llm.model, ids.len() as u64, params.max_tokens)?;
+        let cache =
+            self.engine
+                .check_generation(&llm.model, ids.len() as u64, params.max_tokens)?;
+        // Every running generation's KV cache together stays within the job memory limit
+        // (each alone is checked above): beyond it, `busy` until some finish.
+        let _held = Reservation::take(&self.generation_bytes, cache, self.config.memory_limit_bytes)
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "the generations running hold their KV caches' share of this node's {} bytes; try again shortly",
+                        self.config.memory_limit_bytes
+                    ),
+                )
+            })?;
         self.job_event(&spec.job_id, "started", serde_json::Value::Null);
         let started = Instant::now();
         let events = llm.batcher.submit(GenerationRequest {
@@ -1284,5 +1307,29 @@ impl Node {
                 self.resident_bytes.load(Ordering::Relaxed) as f64,
             ),
         ])
+    }
+}
+
+#[cfg(test)]
+mod reservation_tests {
+    use super::*;
+
+    #[test]
+    fn reservations_stay_within_their_limit_and_give_back_when_dropped() {
+        let counter = Arc::new(AtomicU64::new(0));
+        let a = Reservation::take(&counter, 60, 100).expect("fits");
+        assert!(
+            Reservation::take(&counter, 41, 100).is_none(),
+            "60 + 41 > 100"
+        );
+        let b = Reservation::take(&counter, 40, 100).expect("60 + 40 fits");
+        assert!(
+            Reservation::take(&counter, u64::MAX, u64::MAX).is_none(),
+            "no overflow"
+        );
+        drop(a);
+        assert_eq!(counter.load(Ordering::SeqCst), 40);
+        drop(b);
+        assert_eq!(counter.load(Ordering::SeqCst), 0);
     }
 }
