@@ -70,16 +70,22 @@ impl Caller {
         ))
     }
 
-    fn require_admin(self, what: &str) -> Result<(), ApiError> {
+    /// Only the admin may do `what`; `why` says what else the caller can do.
+    fn require_admin_because(self, what: &str, why: &str) -> Result<(), ApiError> {
         if self == Caller::Admin {
             return Ok(());
         }
         Err(ApiError::new(
             ErrorCode::Forbidden,
-            format!(
-                "{what} takes the coordinator's admin key (--admin-key): stake is bonded by the admin, never claimed by a registrant; register without stake and ask the admin to run `tenet stake bond`"
-            ),
+            format!("{what} takes the coordinator's admin key (--admin-key){why}"),
         ))
+    }
+
+    fn require_admin(self, what: &str) -> Result<(), ApiError> {
+        self.require_admin_because(
+            what,
+            ": stake is bonded by the admin, never claimed by a registrant; register without stake and ask the admin to run `tenet stake bond`",
+        )
     }
 }
 
@@ -564,7 +570,10 @@ impl<L: Ledger + 'static> Service<L> {
                 )
             }
             ("POST", ["v1", "llms"]) => {
-                caller.require_admin("deploying an LLM")?;
+                caller.require_admin_because(
+                    "deploying an LLM",
+                    ": ask the admin to run `tenet deploy --model NAME --admin-key KEY`",
+                )?;
                 #[derive(serde::Deserialize)]
                 struct Deploy {
                     name: String,
