@@ -562,14 +562,9 @@ impl CpuProgram {
                 let externals = externals(g, prologue, &|o| Some(val(o)));
                 let group = (!prologue.is_empty())
                     .then(|| fused::members(g, prologue, &|o| &externals[&o][..]));
-                let dims = dims(&node.ty);
                 let x = match &group {
                     None => RowsInput::Tensor(f32s(val(node.op.operands()[0]))),
-                    Some(group) => RowsInput::Fused {
-                        level,
-                        group,
-                        dims: &dims,
-                    },
+                    Some(group) => RowsInput::Fused { level, group },
                 };
                 let t = match &node.op {
                     Op::Normalize { op, .. } => {
@@ -617,13 +612,12 @@ impl CpuProgram {
                 let ty = &g.node(last).ty;
                 let externals = externals(g, ids, &|o| Some(val(o)));
                 let group = fused::members(g, ids, &|o| &externals[&o][..]);
-                let dims = dims(ty);
                 let t = make_f32(pool, ty, |out| {
                     let level = self.device.level;
                     let stores = fused::Stores::for_result(std::mem::size_of_val(out));
                     par_chunks(out, threads, fused::CHUNK, |range, chunk| {
                         // An unfinished pass has asked `poll`, which marked the run stopped.
-                        let _ = fused::eval_range(level, &group, &dims, range, chunk, stores, poll);
+                        let _ = fused::eval_range(level, &group, range, chunk, stores, poll);
                     })
                 });
                 (last, Val::Owned(t))
@@ -705,12 +699,17 @@ impl CpuProgram {
         // The epilogue's other operands (a bias, a residual); the product is in C.
         let externals = externals(g, epilogue, &|o| if o == id { None } else { Some(val(o)) });
         let group = fused::members_in_place(g, epilogue, &|o| &externals[&o][..], id);
-        let dims = dims(&node.ty);
         let (m, n, k) = (op.m, op.n, op.k);
         // Many small products (attention heads): one thread per group of batches. Few large
         // ones: every thread inside each product. Either way each element has one fma chain.
         let batches = op.batches();
-        let (outer, inner) = if batches >= self.device.threads {
+        let work = batches
+            .saturating_mul(m)
+            .saturating_mul(n)
+            .saturating_mul(k);
+        let (outer, inner) = if work < MIN_SHARED_GEMM_WORK {
+            (1, 1)
+        } else if batches >= self.device.threads {
             (self.device.threads, 1)
         } else {
             (1, self.device.threads)
@@ -741,7 +740,7 @@ impl CpuProgram {
                         let then = |row: usize, rows: &mut [f32]| {
                             let origin = at * m * n + (r0 + row) * n;
                             let range = origin..origin + rows.len();
-                            fused::eval_in_place(level, &group, &dims, range, rows);
+                            fused::eval_in_place(level, &group, range, rows);
                         };
                         let then = (!epilogue.is_empty()).then_some(&then as Epilogue<'_>);
                         let c = &mut c[r0 * n..(r0 + rows) * n];
@@ -784,7 +783,6 @@ impl CpuProgram {
                 ..
             }
         );
-        let dims = dims(&g.node(p_id).ty);
         // The prologue's other operands (the mask, the scale); the scores come from scratch.
         let externals: HashMap<NodeId, Cow<'v, [f32]>> = externals(g, prologue, &|o| {
             if o == s_id { None } else { Some(val(o)) }
@@ -812,7 +810,7 @@ impl CpuProgram {
                     // The softmax's input: the scores, or the prologue over them (in place).
                     if !prologue.is_empty() {
                         let origin = at * m * n1;
-                        fused::eval_in_place(level, &group, &dims, origin..origin + m * n1, &mut s);
+                        fused::eval_in_place(level, &group, origin..origin + m * n1, &mut s);
                     }
                     tenet_kernels::softmax::softmax_rows(level, log, &s, n1, &mut p);
                     let probs = Strided::row_major(&p, n1);
@@ -847,11 +845,6 @@ impl CpuProgram {
             }
         }
     }
-}
-
-/// A tensor type's dimensions as sizes.
-fn dims(ty: &tenet_ir::TensorType) -> Vec<usize> {
-    ty.shape.iter().map(|&d| d as usize).collect()
 }
 
 /// f32 views of the operands a fused group reads from outside itself, kept alive for its pass,
@@ -925,7 +918,6 @@ enum RowsInput<'a> {
     Fused {
         level: SimdLevel,
         group: &'a fused::Group<'a>,
-        dims: &'a [usize],
     },
 }
 
@@ -959,7 +951,7 @@ fn rows(
                     f(&x[start..start + o.len()], o);
                 }
             }
-            RowsInput::Fused { level, group, dims } => {
+            RowsInput::Fused { level, group } => {
                 let block = PROLOGUE_BLOCK.max(n) / n * n;
                 let mut input = vec![0.0f32; block.min(range.len())];
                 for (b, o) in chunk.chunks_mut(block).enumerate() {
@@ -970,7 +962,7 @@ fn rows(
                     let input = &mut input[..o.len()];
                     // A prologue's values are read at once by the row kernel: keep them cached.
                     let (range, stores) = (start..start + o.len(), fused::Stores::Cached);
-                    if !fused::eval_range(*level, group, dims, range, input, stores, poll) {
+                    if !fused::eval_range(*level, group, range, input, stores, poll) {
                         return;
                     }
                     f(input, o);
@@ -979,6 +971,12 @@ fn rows(
         })
     })
 }
+
+/// Multiply-adds below which a product (all its batch entries) runs on the calling thread:
+/// handing a few microseconds of work to a second thread costs about as much as it saves (a
+/// decode step's attention products, `[3, 3, 64] · [3, 64, 64]`, ran 0.79 ms a token on one
+/// thread and 0.93 shared between two).
+const MIN_SHARED_GEMM_WORK: usize = 1 << 18;
 
 /// Rows of one product computed between two polls of the stop flag: about `SLAB_FLOPS`
 /// operations (a few hundred ms), and never fewer than 1,024 rows, so that packing B again

@@ -34,9 +34,12 @@ pub(crate) enum Src<'a> {
     Prior,
     /// A single value broadcast everywhere.
     Scalar(f32),
-    /// An external tensor broadcast to the output shape: `strides[d]` is 0 on broadcast axes.
+    /// An external tensor broadcast to the output shape, addressed over the output's axes
+    /// coalesced for this operand (see [`coalesce`]): `dims` multiply to the output's size,
+    /// and `strides[d]` is 0 on broadcast axes.
     Broadcast {
         data: &'a [f32],
+        dims: Vec<usize>,
         strides: Vec<usize>,
     },
 }
@@ -151,7 +154,13 @@ fn members_with<'a>(
                 }
                 s *= shape[d] as usize;
             }
-            Src::Broadcast { data, strides }
+            let out_dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
+            let (dims, strides) = coalesce(&out_dims, &strides);
+            Src::Broadcast {
+                data,
+                dims,
+                strides,
+            }
         }
     };
     let members = ids
@@ -175,6 +184,34 @@ fn members_with<'a>(
     }
 }
 
+/// The output's axes as one broadcast operand walks them: neighbouring axes merged wherever
+/// the operand steps through both as through one (contiguous, or constant across both), and
+/// axes of size 1 dropped. Runs along the last merged axis are then as long as they can be: a
+/// `[1, 3, 64]` operand of a `[64, 3, 64]` output is 64 runs of 192 values, not 192 of 64.
+fn coalesce(dims: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let (mut out_dims, mut out_strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for (&dim, &stride) in dims.iter().zip(strides) {
+        if dim == 1 {
+            continue;
+        }
+        match (out_dims.last_mut(), out_strides.last_mut()) {
+            (Some(d), Some(s)) if *s == stride * dim => {
+                *d *= dim;
+                *s = stride;
+            }
+            _ => {
+                out_dims.push(dim);
+                out_strides.push(stride);
+            }
+        }
+    }
+    if out_dims.is_empty() {
+        // Every axis of size 1: one element.
+        return (vec![1], vec![0]);
+    }
+    (out_dims, out_strides)
+}
+
 /// Read `len` elements of `src` starting at flat output index `start` into `buf`, or return a
 /// direct slice when the data is already laid out that way.
 #[allow(clippy::too_many_arguments)]
@@ -184,7 +221,6 @@ fn operand<'b>(
     prior: &'b [f32],
     start: usize,
     len: usize,
-    out_dims: &[usize],
     scratch: &'b mut Vec<f32>,
 ) -> &'b [f32] {
     match src {
@@ -196,12 +232,16 @@ fn operand<'b>(
             scratch.resize(len, *v);
             scratch
         }
-        Src::Broadcast { data, strides } => {
+        Src::Broadcast {
+            data,
+            dims,
+            strides,
+        } => {
             // A slice copy where the operand is contiguous along the last axis, a fill where
             // it is broadcast there.
             scratch.clear();
             let last = strides.len() - 1;
-            for_runs(start, len, out_dims, strides, |_, at, run| {
+            for_runs(start, len, dims, strides, |_, at, run| {
                 match strides[last] {
                     0 => scratch.extend(std::iter::repeat_n(data[at], run)),
                     1 => scratch.extend_from_slice(&data[at..at + run]),
@@ -213,25 +253,26 @@ fn operand<'b>(
     }
 }
 
-/// Walk output elements `start..start + len` in runs along the last axis: `f(offset in the
-/// range, flat index into the broadcast operand at the run's start, run length)`.
+/// Walk output elements `start..start + len` in runs along the last of an operand's coalesced
+/// axes `dims`: `f(offset in the range, flat index into the broadcast operand at the run's
+/// start, run length)`.
 fn for_runs(
     start: usize,
     len: usize,
-    out_dims: &[usize],
+    dims: &[usize],
     strides: &[usize],
     mut f: impl FnMut(usize, usize, usize),
 ) {
     // The output multi-index of `start`.
-    let rank = out_dims.len();
+    let rank = dims.len();
     let mut idx = vec![0usize; rank];
     let (mut rem, mut at) = (start, 0usize);
     for d in (0..rank).rev() {
-        idx[d] = rem % out_dims[d];
-        rem /= out_dims[d];
+        idx[d] = rem % dims[d];
+        rem /= dims[d];
         at += idx[d] * strides[d];
     }
-    let (last, inner) = (rank - 1, out_dims[rank - 1]);
+    let (last, inner) = (rank - 1, dims[rank - 1]);
     let mut done = 0;
     while done < len {
         let run = (inner - idx[last]).min(len - done);
@@ -241,7 +282,7 @@ fn for_runs(
         at += run * strides[last];
         idx[last] += run;
         let mut d = last;
-        while idx[d] >= out_dims[d] && d > 0 {
+        while idx[d] >= dims[d] && d > 0 {
             at -= strides[d] * idx[d];
             idx[d] = 0;
             d -= 1;
@@ -262,10 +303,11 @@ enum Arg<'b> {
     Scalar(f32),
     /// The chunk being written, which holds the prior values (the last member in place).
     Dst,
-    /// A broadcast tensor contiguous (stride 1) or constant (stride 0) along runs of the
-    /// last axis.
+    /// A broadcast tensor contiguous (stride 1) or constant (stride 0) along runs of its
+    /// last coalesced axis.
     Runs {
         data: &'b [f32],
+        dims: &'b [usize],
         strides: &'b [usize],
     },
 }
@@ -276,7 +318,6 @@ struct Env<'e> {
     prior: &'e [f32],
     start: usize,
     len: usize,
-    out_dims: &'e [usize],
     dst_is_prior: bool,
 }
 
@@ -288,15 +329,17 @@ impl<'e> Env<'e> {
         match src {
             Src::Scalar(v) => Arg::Scalar(*v),
             Src::Prior if self.dst_is_prior => Arg::Dst,
-            Src::Broadcast { data, strides } if runs => Arg::Runs { data, strides },
+            Src::Broadcast {
+                data,
+                dims,
+                strides,
+            } if runs => Arg::Runs {
+                data,
+                dims,
+                strides,
+            },
             _ => Arg::Slice(operand(
-                src,
-                self.done,
-                self.prior,
-                self.start,
-                self.len,
-                self.out_dims,
-                scratch,
+                src, self.done, self.prior, self.start, self.len, scratch,
             )),
         }
     }
@@ -316,7 +359,7 @@ impl<'b> Arg<'b> {
             Arg::Slice(s) => Piece::Slice(&s[offset..offset + run]),
             Arg::Scalar(v) => Piece::Scalar(v),
             Arg::Dst => Piece::Dst,
-            Arg::Runs { data, strides } => match strides[strides.len() - 1] {
+            Arg::Runs { data, strides, .. } => match strides[strides.len() - 1] {
                 0 => Piece::Scalar(data[at]),
                 _ => Piece::Slice(&data[at..at + run]),
             },
@@ -391,7 +434,6 @@ fn compute(
     done: &[Vec<f32>],
     prior: &[f32],
     start: usize,
-    out_dims: &[usize],
     dst: &mut [f32],
     dst_is_prior: bool,
     stores: Stores,
@@ -401,7 +443,7 @@ fn compute(
     let [s0, s1] = scratch;
     match &m.kind {
         Kind::Unary(op) => {
-            let x = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
+            let x = operand(&m.srcs[0], done, prior, start, len, s0);
             match op {
                 UnaryOp::Neg => dst
                     .iter_mut()
@@ -421,17 +463,16 @@ fn compute(
         }
         Kind::Binary(op) => {
             let Some(arith) = arith_of(*op) else {
-                let a = operand(&m.srcs[0], done, prior, start, len, out_dims, s0);
-                let b = operand(&m.srcs[1], done, prior, start, len, out_dims, s1);
+                let a = operand(&m.srcs[0], done, prior, start, len, s0);
+                let b = operand(&m.srcs[1], done, prior, start, len, s1);
                 dst.iter_mut()
                     .zip(a.iter().zip(b))
                     .for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q)));
                 return;
             };
-            let inner = out_dims.last().copied().unwrap_or(1);
             let direct = |src: &Src<'_>| match src {
-                Src::Broadcast { strides, .. } => {
-                    inner >= MIN_DIRECT_RUN && strides[strides.len() - 1] <= 1
+                Src::Broadcast { dims, strides, .. } => {
+                    dims[dims.len() - 1] >= MIN_DIRECT_RUN && strides[strides.len() - 1] <= 1
                 }
                 _ => false,
             };
@@ -443,22 +484,23 @@ fn compute(
                 prior,
                 start,
                 len,
-                out_dims,
                 dst_is_prior,
             };
             let a = env.arg(&m.srcs[0], runs_a, s0);
             let b = env.arg(&m.srcs[1], runs_b, s1);
-            let strides = match (&a, &b) {
-                (Arg::Runs { strides, .. }, _) | (_, Arg::Runs { strides, .. }) => Some(*strides),
+            let walk = match (&a, &b) {
+                (Arg::Runs { dims, strides, .. }, _) | (_, Arg::Runs { dims, strides, .. }) => {
+                    Some((*dims, *strides))
+                }
                 _ => None,
             };
-            match strides {
+            match walk {
                 None => {
                     let (pa, pb) = (a.piece(0, 0, len), b.piece(0, 0, len));
                     arith_piece(level, *op, arith, pa, pb, dst, stores)
                 }
                 // Runs along a broadcast axis are short: each would end in a fence.
-                Some(strides) => for_runs(start, len, out_dims, strides, |offset, at, run| {
+                Some((dims, strides)) => for_runs(start, len, dims, strides, |offset, at, run| {
                     let (pa, pb) = (a.piece(offset, at, run), b.piece(offset, at, run));
                     let dst = &mut dst[offset..offset + run];
                     arith_piece(level, *op, arith, pa, pb, dst, Stores::Cached);
@@ -507,13 +549,12 @@ pub(crate) type Poll<'p> = &'p (dyn Fn() -> bool + Sync);
 pub(crate) fn eval_range(
     level: SimdLevel,
     group: &Group<'_>,
-    out_dims: &[usize],
     range: std::ops::Range<usize>,
     out: &mut [f32],
     stores: Stores,
     poll: Poll<'_>,
 ) -> bool {
-    eval(level, group, out_dims, range, out, false, stores, poll)
+    eval(level, group, range, out, false, stores, poll)
 }
 
 /// [`eval_range`] over members from [`members_in_place`]: `inout` holds the prior values
@@ -524,28 +565,17 @@ pub(crate) fn eval_range(
 pub(crate) fn eval_in_place(
     level: SimdLevel,
     group: &Group<'_>,
-    out_dims: &[usize],
     range: std::ops::Range<usize>,
     inout: &mut [f32],
 ) {
     // The result is rewritten where it lies, in cache: a step has just written it there.
-    eval(
-        level,
-        group,
-        out_dims,
-        range,
-        inout,
-        true,
-        Stores::Cached,
-        &|| false,
-    );
+    eval(level, group, range, inout, true, Stores::Cached, &|| false);
 }
 
 #[allow(clippy::too_many_arguments)]
 fn eval(
     level: SimdLevel,
     group: &Group<'_>,
-    out_dims: &[usize],
     range: std::ops::Range<usize>,
     out: &mut [f32],
     in_place: bool,
@@ -587,7 +617,6 @@ fn eval(
                 &bufs,
                 before_last,
                 start,
-                out_dims,
                 &mut dst[..len],
                 false,
                 Stores::Cached,
@@ -608,7 +637,6 @@ fn eval(
             &bufs,
             &prior,
             start,
-            out_dims,
             &mut out[o..o + len],
             last_in_place,
             stores,
