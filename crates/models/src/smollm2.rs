@@ -885,20 +885,23 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-/// cos and sin of `pos · θ^(−2i/d)` for positions `start..start+n` and `i < d/2`, with the project's own
-/// math, so the graph's constants are the same on every machine.
+/// RoPE's tables for positions `start..start+n`, as pairs matching the rotated pairs of a head
+/// (see [`Llama::rope`]): `(cos a, cos a)` and `(−sin a, sin a)` for each angle `a = pos ·
+/// θ^(−2i/d)`, `i < d/2`, computed with the project's own math so that the graph's constants
+/// are the same on every machine.
 fn rope_tables(start: u64, n: u64, head_dim: u64, theta: f32) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| math::pow(theta, -((2 * i) as f32) / head_dim as f32))
         .collect();
-    let mut cos = Vec::with_capacity((n * half) as usize);
-    let mut sin = Vec::with_capacity((n * half) as usize);
+    let mut cos = Vec::with_capacity((n * head_dim) as usize);
+    let mut sin = Vec::with_capacity((n * head_dim) as usize);
     for p in start..start + n {
         for &f in &inv {
             let a = p as f32 * f;
-            cos.push(math::cos(a));
-            sin.push(math::sin(a));
+            let (c, s) = (math::cos(a), math::sin(a));
+            cos.extend([c, c]);
+            sin.extend([-s, s]);
         }
     }
     (cos, sin)
@@ -910,6 +913,14 @@ pub fn llama_logits(cfg: &LlamaConfig, weights: WeightsId, n: u64) -> Result<Gra
     llama_graph(cfg, weights, 0, n, false)
 }
 
+/// Where one new token sits among a cache's positions ([1, 1, capacity] each): `own` (bool)
+/// and `own_f` (1.0 / 0.0) at its own position, `future` 0 where it may look and −inf after.
+struct RowMasks {
+    own: Tensor,
+    own_f: Tensor,
+    future: Tensor,
+}
+
 /// What every Llama graph shares, so the prefill and the decode graphs compute their common
 /// parts with the same operations, created in the same order.
 struct Llama<'a> {
@@ -918,6 +929,20 @@ struct Llama<'a> {
     weights: WeightsId,
     /// Head dimension.
     hd: u64,
+    /// The indices `[1, 0]`, which swap the two values of a RoPE pair.
+    swap: Tensor,
+}
+
+impl<'a> Llama<'a> {
+    fn new(cfg: &'a LlamaConfig, g: &'a GraphBuilder, weights: WeightsId) -> Llama<'a> {
+        Llama {
+            cfg,
+            g,
+            weights,
+            hd: cfg.hidden / cfg.heads,
+            swap: g.constant_i64(&[2], &[1, 0]),
+        }
+    }
 }
 
 impl Llama<'_> {
@@ -958,17 +983,25 @@ impl Llama<'_> {
         }
     }
 
+    /// RoPE's tables for positions `start..start+n` ([`rope_tables`]) as constants ([n, 1,
+    /// hd/2, 2]).
+    fn rope_constants(&self, start: u64, n: u64) -> (Tensor, Tensor) {
+        let (cos, sin) = rope_tables(start, n, self.hd, self.cfg.rope_theta);
+        let table = |v: &[f32]| self.g.constant_f32(&[n, 1, self.hd / 2, 2], v);
+        (table(&cos), table(&sin))
+    }
+
     /// llama.cpp's "normal" RoPE on `x` ([n, heads, hd]): rotate adjacent pairs (x[2i],
-    /// x[2i+1]) by the angles whose cos and sin are `c` and `s` ([n, 1, hd/2, 1]).
+    /// x[2i+1]) by the angles whose tables `c` and `s` ([n, 1, hd/2, 2], see [`rope_tables`])
+    /// hold. Each pair becomes `(x0·cos + x1·(−sin), x1·cos + x0·sin)`: the pair times `c` plus
+    /// the pair swapped times `s`, one elementwise pass. These are exactly the bits of `x0·cos
+    /// − x1·sin` and `x0·sin + x1·cos` (negating a product is exact, `a + (−b)` is `a − b`, and
+    /// a sum does not depend on its order).
     fn rope(&self, x: Tensor, n: u64, heads: u64, c: &Tensor, s: &Tensor) -> Tensor {
         let hd = self.hd;
         let pairs = x.reshape(&[n as i64, heads as i64, (hd / 2) as i64, 2]);
-        let (x0, x1) = (pairs.slice(3, 0, 1, 1), pairs.slice(3, 1, 2, 1));
-        let y0 = &x0 * c - &x1 * s;
-        let y1 = &x0 * s + &x1 * c;
-        self.g
-            .concat(&[&y0, &y1], 3)
-            .reshape(&[n as i64, heads as i64, hd as i64])
+        let swapped = pairs.gather(&self.swap, 3);
+        (&pairs * c + &swapped * s).reshape(&[n as i64, heads as i64, hd as i64])
     }
 
     /// Every layer over `x` ([n, hidden]), RoPE by `c` and `s`; `attend(l, q, k, v)` gives layer
@@ -1017,9 +1050,8 @@ impl Llama<'_> {
         x
     }
 
-    /// Where one new token at `pos` (i64 [1]) goes in a cache of `capacity` rows: 1 at its row
-    /// and 0 elsewhere (f32 [capacity, 1, 1]), and 0 at the positions it sees, -inf after (f32
-    /// [1, 1, capacity]).
+    /// Where one new token at `pos` (i64 [1]) goes in a cache of `capacity` rows, as
+    /// [`RowMasks`] over the cache's positions ([1, 1, capacity]).
     fn new_row_masks(
         &self,
         row: &Tensor,
@@ -1027,42 +1059,69 @@ impl Llama<'_> {
         capacity: u64,
         zero: &Tensor,
         one: &Tensor,
-    ) -> (Tensor, Tensor) {
-        let here = row
-            .eq(pos)
-            .reshape(&[capacity as i64, 1, 1])
-            .where_(one, zero);
+    ) -> RowMasks {
+        let shape = [1, 1, capacity as i64];
+        let own = row.eq(pos).reshape(&shape);
         let minus_inf = self.g.scalar(DType::F32, f64::NEG_INFINITY);
-        let future = row
-            .gt(pos)
-            .reshape(&[1, 1, capacity as i64])
-            .where_(&minus_inf, zero);
-        (here, future)
+        let future = row.gt(pos).reshape(&shape).where_(&minus_inf, zero);
+        RowMasks {
+            own_f: own.where_(one, zero),
+            own,
+            future,
+        }
+    }
+
+    /// The attention output of query heads `q` ([heads, n, hd]) over values `vr` ([heads,
+    /// total, hd]) from probabilities `p` ([heads, n, total]), every query's own position's
+    /// term apart: `(p without its own column) · vr`, then `+ p_own · v_own`, where `p_own`
+    /// ([heads, n, 1]) is the sum of `p` times the 0/1 mask `own_f` of each query's own
+    /// position and `v_own` ([heads, n, hd]) the value row the query itself brings.
+    ///
+    /// Written this way so that one new token's attention over a cache can read the cache as
+    /// it is, its own row still zero ([`Llama::attend_one`]): the product's chain over the
+    /// cache gives exactly `(p without its own column) · vr` (its own row adds `p · +0`, as
+    /// the zeroed column adds `+0 · v`, and a chain that starts at +0 never holds −0), and the
+    /// sum of a row of zeros but one is that one value, in any order.
+    fn attend_own_apart(
+        &self,
+        p: &Tensor,
+        p_without_own: &Tensor,
+        own_f: &Tensor,
+        vr: &Tensor,
+        v_own: &Tensor,
+    ) -> Tensor {
+        let p_own = (p * own_f).sum(&[-1], true);
+        p_without_own.matmul(vr) + p_own * v_own
     }
 
     /// One new token's attention ([1, hidden]) from its q ([1, heads, hd]), k and v ([1,
-    /// kv_heads, hd], k after RoPE) over its layer's `cache` (keys, values), placed by `masks`
-    /// ([`Llama::new_row_masks`]). Query heads are grouped by the KV head they share.
+    /// kv_heads, hd], k after RoPE) over its layer's `cache` (keys, values: their row at the
+    /// new token's position, and every later one, still zeros), placed by `masks`
+    /// ([`Llama::new_row_masks`]). Query heads are grouped by the KV head they share
+    /// (`[kv_heads, heads / kv_heads, hd]`) instead of repeating K and V.
+    ///
+    /// The cache is read where it lies, never copied: the scores are the query's products
+    /// with the cache's keys, its own position's score (`q · k`, the same chain) put in by a
+    /// select; the output is [`Llama::attend_own_apart`] over the cache's values, the new
+    /// value row's term added after. Every score and every output element is the one
+    /// [`llama_graph`] computes for the same position.
     fn attend_one(
         &self,
         q: Tensor,
         k: &Tensor,
         v: &Tensor,
         (ck, cv): &(Tensor, Tensor),
-        (here, future): &(Tensor, Tensor),
+        masks: &RowMasks,
     ) -> Tensor {
         let (d, nh, nkv) = (self.cfg.hidden, self.cfg.heads, self.cfg.kv_heads);
         let (hd, group) = (self.hd, nh / nkv.max(1));
-        // The cache's rows from `pos` on are zeros, so this puts the new row at `pos` and
-        // leaves the others as they are (up to the sign of a zero, which no product's chain
-        // can tell: a chain that starts at +0 never holds -0).
-        let keys = ck + here * k;
-        let values = cv + here * v;
         let q = q.reshape(&[nkv as i64, group as i64, hd as i64]);
-        let scores = q.matmul(&keys.permute(&[1, 2, 0])) / (hd as f64).sqrt() + future;
-        scores
-            .softmax(-1)
-            .matmul(&values.permute(&[1, 0, 2]))
+        let cached = q.matmul(&ck.permute(&[1, 2, 0]));
+        let own = q.matmul(&k.permute(&[1, 2, 0]));
+        let scores = masks.own.where_(&own, &cached) / (hd as f64).sqrt() + &masks.future;
+        let p = scores.softmax(-1);
+        let v_own = v.permute(&[1, 0, 2]);
+        self.attend_own_apart(&p, &p, &masks.own_f, &cv.permute(&[1, 0, 2]), &v_own)
             .reshape(&[1, d as i64])
     }
 
@@ -1095,15 +1154,8 @@ pub fn llama_graph(
     let hd = d / nh;
     let (n, total) = (n_new, n_past + n_new);
     let g = GraphBuilder::new();
-    let m = Llama {
-        cfg,
-        g: &g,
-        weights,
-        hd,
-    };
-    let (cos, sin) = rope_tables(n_past, n, hd, cfg.rope_theta);
-    let table = |v: &[f32]| g.constant_f32(&[n, 1, hd / 2, 1], v);
-    let (c, s) = (table(&cos), table(&sin));
+    let m = Llama::new(cfg, &g, weights);
+    let (c, s) = m.rope_constants(n_past, n);
     // Each KV head serves nh/nkv query heads in a row (numpy's repeat along the head axis).
     let repeat_kv = |t: &Tensor| {
         t.reshape(&[total as i64, nkv as i64, 1, hd as i64])
@@ -1125,8 +1177,15 @@ pub fn llama_graph(
     // Query i (position n_past + i) sees keys 0..=n_past + i.
     let future = g.tri_mask(&[n, total], true, n_past as i64 + 1);
     let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
+    // Query i's own position, n_past + i (see `Llama::attend_own_apart`).
+    let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
+    let column = g.iota(DType::I64, &[n, total], 1);
+    let own =
+        column.eq(&(g.iota(DType::I64, &[n, total], 0) + g.scalar(DType::I64, n_past as f64)));
+    let own_f = own.where_(&one, &zero);
     let mut caches = Vec::new();
     let x = m.layers(x, n, &c, &s, |l, q, k, v| {
+        let v_new = v.clone();
         let (k, v) = match past.get(l as usize) {
             Some((pk, pv)) => (g.concat(&[pk, &k], 0), g.concat(&[pv, &v], 0)),
             None => (k, v),
@@ -1134,9 +1193,16 @@ pub fn llama_graph(
         let (kr, vr) = (repeat_kv(&k), repeat_kv(&v));
         let scores = q.permute(&[1, 0, 2]).matmul(&kr.permute(&[1, 2, 0])) / (hd as f64).sqrt();
         let scores = future.where_(&minus_inf, &scores);
-        let o = scores
-            .softmax(-1)
-            .matmul(&vr.permute(&[1, 0, 2]))
+        let p = scores.softmax(-1);
+        // Each query's own value row: the new rows, one per query, repeated for its heads.
+        let v_own = v_new
+            .reshape(&[n as i64, nkv as i64, 1, hd as i64])
+            .expand(&[n, nkv, nh / nkv, hd])
+            .reshape(&[n as i64, nh as i64, hd as i64])
+            .permute(&[1, 0, 2]);
+        let p_without_own = own.where_(&zero, &p);
+        let o = m
+            .attend_own_apart(&p, &p_without_own, &own_f, &vr.permute(&[1, 0, 2]), &v_own)
             .permute(&[1, 0, 2])
             .reshape(&[n as i64, d as i64]);
         caches.push((k, v));
@@ -1165,17 +1231,19 @@ pub fn llama_graph(
 /// them). Outputs: `logits` (f32 [vocab]) and the new token's rows `k{l}` / `v{l}` (f32 [1,
 /// kv_heads, head_dim]), which the caller writes into its caches at row `pos`.
 ///
-/// The new row is attended at its own position: the keys and values attended are the cache
-/// plus the new row times a one-hot column that is 1 at `pos` (elementwise, fused; a `where`
-/// would copy element by element), and the scores of positions after `pos` get `-inf` added
-/// before the softmax. Each attended score is the same chain of multiply-adds as in
-/// [`llama_graph`]; the masked positions add `exp(-inf) = +0` to the softmax's sums and
-/// `+0 · 0` to the product's chains, which changes no bits, so the logits are those of
-/// [`llama_graph`] over the whole sequence. Query heads are grouped by the
-/// KV head they share (`[kv_heads, heads / kv_heads, head_dim]`) instead of repeating K and V,
-/// which computes the same chains without copying the cache three times. RoPE's cos and sin
-/// are gathered at `pos` from tables over the capacity, made by the same function as
-/// [`llama_graph`]'s constants.
+/// The new row is attended at its own position without copying the cache
+/// ([`Llama::attend_one`]): the scores are the query's products with the cache's keys, its
+/// own position's score (`q · k`) selected in, and the scores of positions after `pos` get
+/// `-inf` added before the softmax; the output is the probabilities times the cache's values
+/// (whose row at `pos` is still zero), plus the new value row times its probability. Each
+/// attended score is the same chain of multiply-adds as in [`llama_graph`], which computes
+/// every query's own term apart in the same way ([`Llama::attend_own_apart`]); the masked
+/// positions add `exp(-inf) = +0` to the softmax's sums and `+0 · 0` to the product's chains,
+/// which changes no bits, so the logits are those of [`llama_graph`] over the whole sequence.
+/// Query heads are grouped by the KV head they share (`[kv_heads, heads / kv_heads,
+/// head_dim]`) instead of repeating K and V, which computes the same chains without copying
+/// the cache three times. RoPE's tables are gathered at `pos` from tables over the capacity,
+/// made by the same function as [`llama_graph`]'s constants.
 pub fn llama_decode_graph(
     cfg: &LlamaConfig,
     weights: WeightsId,
@@ -1187,15 +1255,8 @@ pub fn llama_decode_graph(
     let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
     let hd = d / nh;
     let g = GraphBuilder::new();
-    let m = Llama {
-        cfg,
-        g: &g,
-        weights,
-        hd,
-    };
-    let (cos, sin) = rope_tables(0, capacity, hd, cfg.rope_theta);
-    let table = |v: &[f32]| g.constant_f32(&[capacity, 1, hd / 2, 1], v);
-    let (cos, sin) = (table(&cos), table(&sin));
+    let m = Llama::new(cfg, &g, weights);
+    let (cos, sin) = m.rope_constants(0, capacity);
     let ids = g.input("ids", DType::I64, &[1]);
     let pos = g.input("pos", DType::I64, &[1]);
     let (c, s) = (cos.gather(&pos, 0), sin.gather(&pos, 0));

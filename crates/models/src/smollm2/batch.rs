@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use tenet_exec::Buffer;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, Tensor, WeightsId};
 
-use super::{DecodeSession, Llama, LlamaConfig, SmolLm2, rope_tables};
+use super::{DecodeSession, Llama, LlamaConfig, RowMasks, SmolLm2};
 
 /// The decode graph of `batch` sequences, one new token each, at `capacity` positions.
 ///
@@ -41,15 +41,8 @@ pub fn llama_decode_batch_graph(
     let (d, nh, nkv) = (cfg.hidden, cfg.heads, cfg.kv_heads);
     let hd = d / nh;
     let g = GraphBuilder::new();
-    let m = Llama {
-        cfg,
-        g: &g,
-        weights,
-        hd,
-    };
-    let (cos, sin) = rope_tables(0, capacity, hd, cfg.rope_theta);
-    let table = |v: &[f32]| g.constant_f32(&[capacity, 1, hd / 2, 1], v);
-    let (cos, sin) = (table(&cos), table(&sin));
+    let m = Llama::new(cfg, &g, weights);
+    let (cos, sin) = m.rope_constants(0, capacity);
     let ids = g.input("ids", DType::I64, &[batch]);
     let pos = g.input("pos", DType::I64, &[batch]);
     let (c, s) = (cos.gather(&pos, 0), sin.gather(&pos, 0));
@@ -70,7 +63,7 @@ pub fn llama_decode_batch_graph(
     let row = g.iota(DType::I64, &[capacity], 0);
     let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
     // Per member, as the single-sequence graph: its own position's masks.
-    let masks: Vec<(Tensor, Tensor)> = (0..batch)
+    let masks: Vec<RowMasks> = (0..batch)
         .map(|b| m.new_row_masks(&row, &pos.slice(0, b, b + 1, 1), capacity, &zero, &one))
         .collect();
     let mut new: Vec<Vec<(Tensor, Tensor)>> = vec![Vec::new(); batch as usize];
