@@ -1071,8 +1071,8 @@ impl Llama<'_> {
         }
     }
 
-    /// The attention output of query heads `q` ([heads, n, hd]) over values `vr` ([heads,
-    /// total, hd]) from probabilities `p` ([heads, n, total]), every query's own position's
+    /// The attention output ([heads, n, hd]) over values `vr` ([heads, total, hd]) from
+    /// probabilities `p` ([heads, n, total]), every query's own position's
     /// term apart: `(p without its own column) · vr`, then `+ p_own · v_own`, where `p_own`
     /// ([heads, n, 1]) is the sum of `p` times the 0/1 mask `own_f` of each query's own
     /// position and `v_own` ([heads, n, hd]) the value row the query itself brings.
