@@ -130,6 +130,7 @@ fn members_with<'a>(
         }
     }
     let out_shape = &graph.node(last).ty.shape;
+    let out_dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
     let src = |o: NodeId| -> Src<'a> {
         if let Some(&m) = position.get(&o) {
             return Src::Member(slot[m]);
@@ -154,7 +155,6 @@ fn members_with<'a>(
                 }
                 s *= shape[d] as usize;
             }
-            let out_dims: Vec<usize> = out_shape.iter().map(|&d| d as usize).collect();
             let (dims, strides) = coalesce(&out_dims, &strides);
             Src::Broadcast {
                 data,

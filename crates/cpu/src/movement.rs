@@ -289,8 +289,8 @@ pub(crate) fn eval(
             let row = post * size;
             copied(pool, ty, |out| match row {
                 // Single f32 or i32 elements (RoPE's pair swap): copies of a known size.
-                4 => gather_rows::<4>(x.bytes(), pre, dim as usize, &rows, out),
-                _ => gather_rows_of(x.bytes(), row, pre, dim as usize, &rows, out),
+                4 => gather_rows(x.bytes(), 4, pre, dim as usize, &rows, out),
+                _ => gather_rows(x.bytes(), row, pre, dim as usize, &rows, out),
             })
         }
         Op::Concat { axis, .. } => {
@@ -341,27 +341,16 @@ pub(crate) fn eval(
 }
 
 /// Gather's copy: for each of `pre` outer entries, rows `rows` (each `row` bytes) of the
-/// `dim` rows there, in order, into `out`.
-fn gather_rows_of(src: &[u8], row: usize, pre: usize, dim: usize, rows: &[usize], out: &mut [u8]) {
+/// `dim` rows there, in order, into `out`. Always inlined, so a caller passing a constant
+/// `row` gets copies of a known size.
+#[inline(always)]
+fn gather_rows(src: &[u8], row: usize, pre: usize, dim: usize, rows: &[usize], out: &mut [u8]) {
     let mut chunks = out.chunks_exact_mut(row.max(1));
     for p in 0..pre {
         for &v in rows {
             let at = (p * dim + v) * row;
             if let Some(dst) = chunks.next() {
                 dst.copy_from_slice(&src[at..at + row]);
-            }
-        }
-    }
-}
-
-/// [`gather_rows_of`] for rows of `N` bytes, each copy a fixed-size move.
-fn gather_rows<const N: usize>(src: &[u8], pre: usize, dim: usize, rows: &[usize], out: &mut [u8]) {
-    let mut chunks = out.chunks_exact_mut(N);
-    for p in 0..pre {
-        for &v in rows {
-            let at = (p * dim + v) * N;
-            if let (Some(dst), Some(from)) = (chunks.next(), src.get(at..at + N)) {
-                dst.copy_from_slice(from);
             }
         }
     }
