@@ -4,6 +4,7 @@
 mod coord_cmd;
 mod demo;
 mod device_args;
+mod import_cmd;
 mod models_cmd;
 mod node_cmd;
 mod progress;
@@ -272,6 +273,40 @@ enum Command {
         json: bool,
         #[command(flatten)]
         device: DeviceArgs,
+    },
+    /// Import an ONNX model as a tenet graph plus a safetensors file of its weights.
+    ///
+    /// Dynamic dimensions must be fixed with --shape; shape arithmetic and everything else
+    /// computable at import is folded into constants. An op, attribute or dtype tenet cannot
+    /// express is one error naming the node. Supported ops: docs/ONNX.md.
+    #[command(
+        after_help = "Examples:\n  tenet import model.onnx -o model.tnt --shape x=1,3,48,320\n  \
+        tenet run model.tnt --weights model.safetensors --input x=image.npy\n  \
+        tenet import model.onnx --opset-check"
+    )]
+    Import {
+        /// The .onnx file (external data is read from its folder, never outside it).
+        model: PathBuf,
+        /// Where to write the binary graph [default: the model path with extension .tnt].
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Where to write the weights [default: the graph path with extension .safetensors].
+        #[arg(long, value_name = "FILE")]
+        weights_out: Option<PathBuf>,
+        /// An input's shape, NAME=D0,D1,... (repeatable); required for dynamic dimensions.
+        #[arg(long, value_name = "NAME=DIMS")]
+        shape: Vec<String>,
+        /// Fix an input's value at import, NAME=FILE (.pb, .npy, .json, .safetensors) or
+        /// NAME=V0,V1,... (repeatable): it becomes a constant (an axes or sizes input, say).
+        #[arg(long, value_name = "NAME=VALUE")]
+        fix: Vec<String>,
+        /// Only list the model's op types against what tenet imports (exit 1 if any is
+        /// unsupported); write nothing.
+        #[arg(long)]
+        opset_check: bool,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Write a model as a task graph (weights referenced by hash) runnable with `tenet run`.
     Export {
@@ -774,6 +809,23 @@ fn run(cli: Cli) -> Result<()> {
             batch,
             seq,
         } => models_cmd::export(&model, &output, batch, seq),
+        Command::Import {
+            model,
+            output,
+            weights_out,
+            shape,
+            fix,
+            opset_check,
+            json,
+        } => import_cmd::import(import_cmd::ImportArgs {
+            model,
+            output,
+            weights_out,
+            shapes: shape,
+            fixes: fix,
+            opset_check,
+            json,
+        }),
         Command::Inspect {
             file,
             text: as_text,

@@ -878,3 +878,53 @@ fn devices_lists_the_cpu_with_its_check_and_bad_specs_are_clear() {
         assert!(err.contains("--device"), "the error names the flag: {err}");
     }
 }
+
+/// `tenet import`: an ONNX model (the onnx wheel's Relu node test, kept as a fuzz seed) becomes
+/// a graph `tenet run` runs; `--opset-check` lists its ops; a missing shape is explained.
+#[test]
+fn import_an_onnx_model_then_run_it() {
+    let model = "fuzz/corpus/import_onnx/seed-test_relu.onnx";
+    let graph = tmp("relu.tnt");
+    let o = stdout(&tenet(&["import", model, "-o", graph.to_str().unwrap()]));
+    assert!(o.contains("1 ONNX nodes"), "{o}");
+    assert!(o.contains("inputs  x: f32[3,4,5]"), "{o}");
+    assert!(o.contains("weights none"), "{o}");
+    let input = tmp("relu-x.json");
+    let values: Vec<f32> = (0..60).map(|i| i as f32 - 30.5).collect();
+    std::fs::write(
+        &input,
+        serde_json::json!({"dtype": "f32", "shape": [3, 4, 5], "data": values}).to_string(),
+    )
+    .unwrap();
+    let out: serde_json::Value = serde_json::from_str(&stdout(&tenet(&[
+        "run",
+        graph.to_str().unwrap(),
+        "-i",
+        &format!("x={}", input.display()),
+        "--json",
+    ])))
+    .unwrap();
+    let y: Vec<f64> = out["y"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let want: Vec<f64> = values.iter().map(|&v| v.max(0.0) as f64).collect();
+    assert_eq!(y, want);
+
+    let check = stdout(&tenet(&["import", model, "--opset-check"]));
+    assert!(check.contains("Relu") && check.contains("ok"), "{check}");
+
+    let bad = tenet(&[
+        "import",
+        model,
+        "--shape",
+        "x=3,4,6",
+        "-o",
+        graph.to_str().unwrap(),
+    ]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("fixed to 5"), "{err}");
+}

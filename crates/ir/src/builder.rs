@@ -884,6 +884,18 @@ impl Tensor {
     pub fn avg_pool2d(&self, kernel: [u32; 2], stride: [u32; 2], padding: [u32; 4]) -> Tensor {
         self.pool(PoolKind::Avg, kernel, stride, padding, Location::caller())
     }
+
+    /// Any pooling kind over any window, dilation included.
+    #[track_caller]
+    pub fn pool2d(&self, kind: PoolKind, kernel: [u32; 2], window: Window2d) -> Tensor {
+        self.builder()
+            .apply(&[self], None, Location::caller(), |n| Op::Pool2d {
+                kind,
+                x: n[0],
+                kernel,
+                window,
+            })
+    }
 }
 
 macro_rules! operator {

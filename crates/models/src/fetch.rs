@@ -33,11 +33,30 @@ pub const SMOLLM2: ModelPackage = ModelPackage {
     description: "SmolLM2-135M-Instruct (Llama, 30 layers, GGUF Q4_1)",
 };
 
-pub const MODELS: [ModelPackage; 2] = [MINILM, SMOLLM2];
+/// The `onnx` wheel, for its backend test data (`onnx/backend/test/data/`: pytorch-converted,
+/// pytorch-operator, simple, light), which the ONNX importer's tests run.
+pub const ONNX_TESTS: ModelPackage = ModelPackage {
+    name: "onnx-tests",
+    package: "onnx",
+    version: "1.23.2",
+    sha256: "c03ecf6b835d136108eeaeeafbd0026fc7b3cf98661409fbc6b63d5a29361348",
+    description: "ONNX backend test data (onnx 1.23.2 wheel, CPython 3.11 manylinux)",
+};
+
+/// RapidOCR's PP-OCRv4 text detector and recogniser and a direction classifier, as ONNX.
+pub const RAPIDOCR: ModelPackage = ModelPackage {
+    name: "rapidocr",
+    package: "rapidocr-onnxruntime",
+    version: "1.4.4",
+    sha256: "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+    description: "RapidOCR PP-OCRv4 text detector and recogniser (ONNX, opset 11-12)",
+};
+
+pub const MODELS: [ModelPackage; 4] = [MINILM, SMOLLM2, ONNX_TESTS, RAPIDOCR];
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("unknown model {0:?} (known: minilm, smollm2)")]
+    #[error("unknown model {0:?} (known: minilm, smollm2, onnx-tests, rapidocr)")]
     Unknown(String),
     #[error("cannot run {python}: {source} (set TENET_PYTHON to a Python 3 with pip)")]
     Python {

@@ -1,0 +1,273 @@
+//! Malformed and hostile models are refused with a clear message, never a panic, and a small
+//! file cannot make the importer allocate what it claims: truncation, garbage, absurd dims,
+//! element counts the data does not hold, cycles, unknown ops and domains, external data
+//! outside the model's folder. Also: a well-formed model built here imports and runs, and the
+//! fuzz corpus's seeds (`fuzz/corpus/import_onnx/seed-*`) pass the fuzz target's checks.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use prost::Message;
+use tenet_ir::HostTensor;
+use tenet_onnx::onnx_proto::{
+    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+};
+use tenet_onnx::{ImportOptions, import_bytes, import_file};
+
+fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// `y = relu(x) + w` with `x: f32[2,3]` and an initializer `w`.
+fn model(w: TensorProto, nodes: Vec<NodeProto>) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            node: nodes,
+            input: vec![value("x", &[2, 3])],
+            output: vec![value("y", &[2, 3])],
+            initializer: vec![w],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn weight(dims: &[i64], raw: Vec<u8>) -> TensorProto {
+    TensorProto {
+        name: Some("w".into()),
+        dims: dims.to_vec(),
+        data_type: Some(1),
+        raw_data: Some(raw),
+        ..Default::default()
+    }
+}
+
+fn good_nodes() -> Vec<NodeProto> {
+    vec![
+        node("Relu", &["x"], &["r"]),
+        node("Add", &["r", "w"], &["y"]),
+    ]
+}
+
+fn refuse(m: &ModelProto, needle: &str) {
+    let err = import_bytes(&m.encode_to_vec(), None, &ImportOptions::default())
+        .err()
+        .unwrap_or_else(|| panic!("imported a model that should be refused ({needle})"));
+    let text = err.to_string();
+    assert!(text.contains(needle), "{text:?} should mention {needle:?}");
+}
+
+#[test]
+fn a_small_model_imports_and_runs() {
+    let w = weight(
+        &[3],
+        [1.0f32, -2.0, 0.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+    );
+    let imported = import_bytes(
+        &model(w, good_nodes()).encode_to_vec(),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
+    let x = HostTensor::from_f32(&[2, 3], &[-1.0, 2.0, 3.0, 4.0, -5.0, 0.0]).unwrap();
+    let out = tenet_reference::run(
+        &imported.graph,
+        &HashMap::from([("x".to_string(), x)]),
+        &tenet_ir::NoWeights,
+        0,
+    )
+    .unwrap();
+    assert_eq!(out[0].1.to_f32_vec(), [1.0, 0.0, 3.5, 5.0, -2.0, 0.5]);
+    assert!(
+        imported.weights.is_none(),
+        "a 12-byte initializer stays inline"
+    );
+}
+
+#[test]
+fn truncated_and_garbage_bytes_are_refused() {
+    let w = weight(&[3], vec![0; 12]);
+    let bytes = model(w, good_nodes()).encode_to_vec();
+    for cut in [1, bytes.len() / 3, bytes.len() / 2, bytes.len() - 1] {
+        // Some prefixes are valid protobuf; none may panic.
+        let _ = import_bytes(&bytes[..cut], None, &Default::default());
+    }
+    let err = import_bytes(&[0xff; 64], None, &Default::default())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("not an ONNX model"), "{err}");
+    let err = import_bytes(&[], None, &Default::default()).err().unwrap();
+    assert!(err.to_string().contains("opset"), "{err}");
+}
+
+#[test]
+fn element_counts_the_data_does_not_hold_are_refused_before_allocating() {
+    refuse(
+        &model(weight(&[1_000_000_000], vec![0; 4]), good_nodes()),
+        "raw data holds 4 bytes",
+    );
+    refuse(
+        &model(weight(&[1 << 40, 1 << 40], vec![]), good_nodes()),
+        "too many elements",
+    );
+    refuse(
+        &model(weight(&[-3], vec![]), good_nodes()),
+        "negative dimension",
+    );
+    let mut float_field = weight(&[1_000_000_000], vec![]);
+    float_field.raw_data = None;
+    float_field.float_data = vec![1.0; 3];
+    refuse(&model(float_field, good_nodes()), "float_data holds 3");
+}
+
+#[test]
+fn cycles_unknown_ops_and_foreign_domains_are_refused() {
+    let w = || weight(&[3], vec![0; 12]);
+    let cycle = vec![node("Relu", &["b"], &["a"]), node("Relu", &["a"], &["b"])];
+    refuse(&model(w(), cycle), "topological order, or has a cycle");
+    refuse(
+        &model(w(), vec![node("FancyOp", &["x"], &["y"])]),
+        "no mapping for the op type \"FancyOp\"",
+    );
+    let mut foreign = node("Relu", &["x"], &["y"]);
+    foreign.domain = Some("com.example".into());
+    refuse(&model(w(), vec![foreign]), "domain \"com.example\"");
+    let mut m = model(w(), good_nodes());
+    m.opset_import[0].version = Some(99);
+    refuse(&m, "opset 99");
+}
+
+#[test]
+fn unknown_attributes_and_unread_outputs_are_refused() {
+    let mut relu = node("Relu", &["x"], &["r"]);
+    relu.attribute.push(tenet_onnx::onnx_proto::AttributeProto {
+        name: Some("mystery".into()),
+        i: Some(1),
+        ..Default::default()
+    });
+    let nodes = vec![relu, node("Add", &["r", "w"], &["y"])];
+    refuse(
+        &model(weight(&[3], vec![0; 12]), nodes),
+        "attribute \"mystery\" is not supported",
+    );
+}
+
+#[test]
+fn external_data_outside_the_models_folder_is_refused() {
+    let dir = std::env::temp_dir().join(format!("tenet-onnx-hostile-{}", std::process::id()));
+    let inner = dir.join("model");
+    std::fs::create_dir_all(&inner).unwrap();
+    std::fs::write(dir.join("secret.bin"), [7u8; 12]).unwrap();
+    std::fs::write(inner.join("weights.bin"), [0u8; 12]).unwrap();
+    let external = |location: &str, length: Option<&str>| {
+        let mut w = weight(&[3], vec![]);
+        w.raw_data = None;
+        w.data_location = Some(1);
+        w.external_data = vec![StringStringEntryProto {
+            key: Some("location".into()),
+            value: Some(location.into()),
+        }];
+        if let Some(l) = length {
+            w.external_data.push(StringStringEntryProto {
+                key: Some("length".into()),
+                value: Some(l.into()),
+            });
+        }
+        let path = inner.join("model.onnx");
+        std::fs::write(&path, model(w, good_nodes()).encode_to_vec()).unwrap();
+        import_file(&path, &Default::default())
+    };
+    let secret = dir.join("secret.bin").display().to_string();
+    for bad in ["../secret.bin", secret.as_str(), "", "./../secret.bin"] {
+        let err = external(bad, None).err().unwrap().to_string();
+        assert!(err.contains("inside the model's folder"), "{bad}: {err}");
+    }
+    let err = external("weights.bin", Some("4000000000"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("dims claim 12"), "{err}");
+    let err = external("missing.bin", None).err().unwrap().to_string();
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(external("weights.bin", None).is_ok());
+    // Bytes alone (no folder) cannot reach any file.
+    let mut w = weight(&[3], vec![]);
+    w.raw_data = None;
+    w.data_location = Some(1);
+    w.external_data = vec![StringStringEntryProto {
+        key: Some("location".into()),
+        value: Some("weights.bin".into()),
+    }];
+    refuse(&model(w, good_nodes()), "not read from a folder");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn dynamic_inputs_need_a_shape_and_say_how() {
+    let mut m = model(weight(&[3], vec![0; 12]), good_nodes());
+    let g = m.graph.as_mut().unwrap();
+    g.input[0] = value("x", &[2, 3]);
+    if let Some(type_proto::Value::TensorType(t)) = &mut g.input[0].r#type.as_mut().unwrap().value {
+        t.shape.as_mut().unwrap().dim[0].value = Some(
+            tensor_shape_proto::dimension::Value::DimParam("batch".into()),
+        );
+    }
+    refuse(&m, "--shape x=");
+    let mut opts = ImportOptions::default();
+    opts.shapes.insert("x".into(), vec![5, 3]);
+    let imported = import_bytes(&m.encode_to_vec(), None, &opts).unwrap();
+    assert_eq!(imported.graph.inputs().next().unwrap().2.shape, [5, 3]);
+    opts.shapes.insert("x".into(), vec![5, 4]);
+    let err = import_bytes(&m.encode_to_vec(), None, &opts).err().unwrap();
+    assert!(err.to_string().contains("fixed to 3"), "{err}");
+}
+
+/// The fuzz target's checks, run on its seeds.
+#[test]
+fn fuzz_corpus_seeds_are_imported_or_refused_cleanly() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/import_onnx");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = import_bytes(&bytes, None, &tenet_onnx::fuzz_limits());
+        n += 1;
+    }
+    assert!(n >= 5, "the corpus has its seeds");
+}
