@@ -20,7 +20,9 @@
 //! and the packing of its two products; a `qmatmul`, the quantised product's scratch
 //! (`tenet_kernels::qgemm::scratch_bytes`: a step-major copy of A's rows and a padded last tile
 //! of the weight, or for many rows a bounded chunk of dequantised weight rows) plus, for many
-//! rows, the f32 GEMM's packing per thread; `dequantize`, none; an f32 sum over listed
+//! rows, the f32 GEMM's packing per thread; `dequantize`, none; an f32 convolution
+//! (`conv.rs`), per block computed at once, its largest im2col chunk, the class's weights and
+//! the chunk's products, plus the GEMM's packing; an f32 sum over listed
 //! positions, 8 bytes each; a
 //! gather, 16 bytes per index; an op with no fast path
 //! (computed by the reference's code), [`REFERENCE_BYTES_PER_ELEMENT`] per element of its
@@ -124,7 +126,7 @@ pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
         }
         Step::QMatMul(id) => qmatmul(graph, *id, threads),
         Step::Dequantize(_) => 0,
-        Step::Generic(id) => generic(graph, *id),
+        Step::Generic(id) => generic(graph, *id, threads),
     }
 }
 
@@ -156,10 +158,26 @@ fn qmatmul(graph: &Graph, id: NodeId, threads: u64) -> u64 {
 }
 
 /// Scratch of a step run one op at a time.
-fn generic(graph: &Graph, id: NodeId) -> u64 {
+fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
     let node = graph.node(id);
     let f32s = |o: NodeId| graph.node(o).ty.dtype == DType::F32;
     let fast = match &node.op {
+        Op::Conv2d { x, w, groups, .. } if node.ty.dtype == DType::F32 && f32s(*x) && f32s(*w) => {
+            // conv.rs: im2col chunks, the class's weights and the chunk's products, plus the
+            // GEMM's packing, per block computed at once.
+            let (xs, ws, ys) = (
+                &graph.node(*x).ty.shape,
+                &graph.node(*w).ty.shape,
+                &node.ty.shape,
+            );
+            let og = ws[0] / u64::from(*groups).max(1);
+            let k = ws[1] * ws[2] * ws[3];
+            let cols =
+                crate::conv::chunk_cols(og as usize, k as usize, (ys[2] * ys[3]) as usize) as u64;
+            let blocks = (xs[0] * u64::from(*groups)).max(1);
+            return crate::conv::scratch_bytes(xs, ws, ys, u64::from(*groups), threads)
+                .saturating_add(threads.min(blocks).max(1) * packing(og, cols, k));
+        }
         Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Expand { .. }

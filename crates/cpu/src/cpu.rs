@@ -36,7 +36,7 @@ impl std::hash::Hasher for NodeIdHash {
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
-use crate::{fused, movement, norms, quant, reduce};
+use crate::{conv, fused, movement, norms, quant, reduce};
 use tenet_exec::{
     Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, ExecError, Program, RunStats,
     next_device_id,
@@ -483,7 +483,7 @@ impl CpuProgram {
                 let operands: Vec<&HostTensor> =
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies, f32 sums and means the kernels' ordered
-                // sums; everything else is the reference's code.
+                // sums, f32 convolutions the kernels' GEMM; everything else is the reference's code.
                 let value = if let Some(moved) =
                     movement::eval(pool, threads, *id, &node.op, &node.ty, &operands)
                 {
@@ -496,6 +496,16 @@ impl CpuProgram {
                     norms::eval(pool, &node.op, &node.ty, &operands, threads, poll)
                 {
                     normalized
+                } else if let Some(convolved) = conv::eval(
+                    pool,
+                    self.device.level,
+                    &node.op,
+                    &node.ty,
+                    &operands,
+                    threads,
+                    poll,
+                ) {
+                    convolved.map_err(|message| ExecError::Kernel { node: *id, message })?
                 } else {
                     // The reference's code, asking `poll` as a long product, convolution or
                     // pooling goes.

@@ -328,10 +328,24 @@ fn long_steps_ask_to_stop_as_they_go() {
             let a = g.input("a", DType::I32, &[256, 256]);
             g.finish(&[("y", &a.matmul(&a))]).unwrap()
         }),
-        ("conv2d (the reference's code)", {
+        ("conv2d (im2col chunks on the GEMM)", {
             let g = GraphBuilder::new();
-            let x = g.input("x", DType::F32, &[1, 16, 64, 64]);
+            let x = g.input("x", DType::F32, &[1, 16, 256, 256]);
             let w = g.input("w", DType::F32, &[16, 16, 3, 3]);
+            let y = x.conv2d(&w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1);
+            g.finish(&[("y", &y)]).unwrap()
+        }),
+        ("depthwise conv2d (rows of fused multiply-adds)", {
+            let g = GraphBuilder::new();
+            let x = g.input("x", DType::F32, &[1, 8, 1024, 64]);
+            let w = g.input("w", DType::F32, &[8, 1, 3, 3]);
+            let y = x.conv2d(&w, None, [1, 1], [1, 1, 1, 1], [1, 1], 8);
+            g.finish(&[("y", &y)]).unwrap()
+        }),
+        ("conv2d of f16 (the reference's code)", {
+            let g = GraphBuilder::new();
+            let x = g.input("x", DType::F16, &[1, 16, 64, 64]);
+            let w = g.input("w", DType::F16, &[16, 16, 3, 3]);
             let y = x.conv2d(&w, None, [1, 1], [1, 1, 1, 1], [1, 1], 1);
             g.finish(&[("y", &y)]).unwrap()
         }),

@@ -449,3 +449,139 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
     assert_every_group_in_a_gemm(&graph, &inputs, &weights);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
+
+/// f32 convolutions run on the GEMM (conv.rs) with the reference's bits: padding whose taps
+/// the reference skips (classes of border positions, a position with no tap in bounds),
+/// strides, dilations, groups, depthwise and pointwise, with and without bias, on inputs and
+/// weights holding −0, infinities and NaN, where a zero from the padding would differ.
+#[test]
+fn convolutions_on_the_gemm_keep_the_bits() {
+    // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
+    type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
+    let cases: [Case; 11] = [
+        (
+            [1, 6, 11, 13],
+            [6, 3, 5],
+            [2, 3],
+            [1, 2, 0, 1],
+            [2, 1],
+            6,
+            true,
+        ), // depthwise, strided
+        (
+            [1, 64, 100, 100],
+            [32, 1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            1,
+            true,
+        ), // chunked
+        (
+            [1, 3, 9, 11],
+            [8, 3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            [2, 4, 10, 7],
+            [6, 3, 2],
+            [2, 1],
+            [2, 0, 1, 1],
+            [1, 2],
+            2,
+            false,
+        ),
+        (
+            [1, 8, 12, 12],
+            [8, 3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            8,
+            true,
+        ), // depthwise
+        (
+            [1, 16, 5, 6],
+            [24, 1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            1,
+            true,
+        ), // pointwise
+        (
+            [1, 16, 5, 6],
+            [24, 1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            2,
+            false,
+        ), // pointwise, groups
+        (
+            [1, 2, 4, 4],
+            [3, 5, 5],
+            [1, 1],
+            [2, 2, 2, 2],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            [1, 1, 3, 3],
+            [2, 1, 1],
+            [2, 2],
+            [2, 2, 2, 2],
+            [1, 1],
+            1,
+            true,
+        ), // taps wholly in pads
+        (
+            [1, 5, 40, 33],
+            [7, 3, 3],
+            [2, 2],
+            [1, 0, 1, 2],
+            [1, 1],
+            1,
+            true,
+        ),
+        (
+            [1, 300, 9, 9],
+            [5, 3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            false,
+        ), // long chains
+    ];
+    for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
+        cases.into_iter().enumerate()
+    {
+        let g = GraphBuilder::new();
+        let x = g.input("x", DType::F32, &xs);
+        let w = g.input("w", DType::F32, &[o, xs[1] / groups as u64, kh, kw]);
+        let b = bias.then(|| g.input("b", DType::F32, &[o]));
+        let y = x.conv2d(&w, b.as_ref(), stride, padding, dilation, groups);
+        let graph = g.finish(&[("y", &y)]).unwrap();
+        let (mut inputs, weights) = random_io(&graph, 31 + i as u64);
+        // Special values: −0 inputs and weights, an infinite weight, a NaN input.
+        for (name, specials) in [
+            ("x", &[-0.0f32, f32::NAN][..]),
+            ("w", &[-0.0f32, f32::INFINITY, -0.0][..]),
+        ] {
+            let t = &inputs[name];
+            let mut v = t.to_f32_vec();
+            for (j, s) in specials.iter().enumerate() {
+                let at = (j * 7919 + i * 13) % v.len();
+                v[at] = *s;
+            }
+            inputs.insert(name.into(), HostTensor::from_f32(t.shape(), &v).unwrap());
+        }
+        assert_same_everywhere(&graph, &inputs, &weights, 0);
+    }
+}

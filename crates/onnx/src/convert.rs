@@ -460,3 +460,40 @@ pub(crate) fn patch_weights_id(graph: Graph, id: WeightsId) -> Result<Graph, Str
     }
     Graph::new(nodes, outputs).map_err(|e| e.to_string())
 }
+
+/// Move every node that does not depend on a graph input (weights, constants, and their
+/// reshapes or other preparation) ahead of the rest, keeping each part's order. Converters
+/// make constants where they need them, so these would otherwise sit between the elementwise
+/// ops of a chain and split what the CPU backend fuses into one pass.
+pub(crate) fn hoist_constants(graph: Graph) -> Result<Graph, String> {
+    let (nodes, outputs) = graph.into_parts();
+    let mut constant = vec![false; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        constant[i] = !matches!(n.op, Op::Input { .. })
+            && n.op.operands().iter().all(|o| constant[o.index()]);
+    }
+    let order: Vec<usize> = (0..nodes.len())
+        .filter(|&i| constant[i])
+        .chain((0..nodes.len()).filter(|&i| !constant[i]))
+        .collect();
+    let mut at = vec![0u32; nodes.len()];
+    for (new, &old) in order.iter().enumerate() {
+        at[old] = new as u32;
+    }
+    let remap = |n: tenet_ir::NodeId| tenet_ir::NodeId(at[n.index()]);
+    let moved = order
+        .iter()
+        .map(|&old| tenet_ir::Node {
+            op: nodes[old].op.map_operands(remap),
+            ty: nodes[old].ty.clone(),
+        })
+        .collect();
+    let outputs = outputs
+        .into_iter()
+        .map(|o| tenet_ir::Output {
+            node: remap(o.node),
+            ..o
+        })
+        .collect();
+    Graph::new(moved, outputs).map_err(|e| e.to_string())
+}

@@ -363,6 +363,7 @@ impl<'m> Importer<'m> {
         let built =
             cx.g.finish(&pairs)
                 .map_err(|e| ImportError::Graph(convert::build_message(&e)))?;
+        let built = convert::hoist_constants(built).map_err(ImportError::Graph)?;
         drop(cx);
         // Only the tensors the finished graph still uses go into the file.
         let used: HashSet<&str> = built

@@ -267,6 +267,13 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
             other => return Err(format!("auto_pad = {other:?} is not supported")),
         }
     };
+    if r == 2
+        && g == 1
+        && (0..r).all(|i| kernel[i] == strides[i] && dilations[i] == 1)
+        && kernel.iter().product::<u64>() > 1
+    {
+        return conv_transpose_by_phases(cx, &x, &w_value, bias, &kernel, &begin, &end, &out_pad);
+    }
     let (c, o_per_g) = (w_ty.shape[0], w_ty.shape[1]);
     // The kernel as a convolution's: [g, C/g, O/g, k..] → [g, O/g, C/g, k..], flipped in space.
     let flip = |gb: &GraphBuilder, w: &Tensor| -> Tensor {
@@ -354,6 +361,72 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
     } else {
         y
     };
+    one(y)
+}
+
+/// ConvTranspose whose kernel equals its stride (no overlap, no dilation, one group): each
+/// output phase `(a, b)` is a pointwise product with the kernel's tap `(a, b)`, so all phases
+/// are one 1×1 convolution with the taps stacked as output channels, whose result is
+/// interleaved by one permutation, then cropped or padded to the output and biased. No product
+/// runs over inserted zeros.
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_by_phases(
+    cx: &mut Cx,
+    x: &Tensor,
+    w: &Value,
+    bias: Option<Tensor>,
+    kernel: &[u64],
+    begin: &[i64],
+    end: &[i64],
+    out_pad: &[u64],
+) -> Result<Vec<Value>, String> {
+    let w_ty = w.ty();
+    let (c, o) = (w_ty.shape[0], w_ty.shape[1]);
+    let (kh, kw) = (kernel[0], kernel[1]);
+    let stack = |t: &Tensor| -> Tensor {
+        t.permute(&[2, 3, 1, 0])
+            .reshape(&[(kh * kw * o) as i64, c as i64, 1, 1])
+    };
+    let ws = match w {
+        Value::Known(k) => {
+            let folded = cx.eval_known(&format!("{}.phases", k.name), &[&k.t], |_, ts| {
+                stack(&ts[0])
+            })?;
+            cx.tensor(&folded)
+        }
+        Value::Sym(t) => stack(t),
+    };
+    let [n, _, h, wd] = [x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]];
+    let y = x
+        .conv2d(&ws, None, [1, 1], [0; 4], [1, 1], 1)
+        .reshape(&signed(&[n, kh, kw, o, h, wd]))
+        .permute(&[0, 3, 4, 1, 5, 2])
+        .reshape(&signed(&[n, o, h * kh, wd * kw]));
+    let mut y = y;
+    for (i, full) in [h * kh, wd * kw].into_iter().enumerate() {
+        let ax = 2 + i as i64;
+        let lo = begin[i];
+        let hi = full as i64 + out_pad[i] as i64 - end[i];
+        if hi <= lo {
+            return Err("pads crop away the whole output".into());
+        }
+        let (from, to) = (
+            lo.max(0) as u64,
+            (hi.min(full as i64)).max(lo.max(0)) as u64,
+        );
+        if from > 0 || to < full {
+            y = y.slice(ax, from, to, 1);
+        }
+        let (before, after) = ((-lo).max(0) as u64, (hi - full as i64).max(0) as u64);
+        if before + after > 0 {
+            let mut pads = vec![(0u64, 0u64); 4];
+            pads[ax as usize] = (before, after);
+            y = y.pad(&pads, 0.0);
+        }
+    }
+    if let Some(b) = bias {
+        y = &y + &per_channel(&b, 4);
+    }
     one(y)
 }
 

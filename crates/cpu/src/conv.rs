@@ -1,0 +1,495 @@
+//! f32 `conv2d` on the kernels' GEMM, with the reference's bits.
+//!
+//! The reference computes each output as one fma chain over its group's input channels, then
+//! the kernel rows, then the kernel columns, **skipping** taps that fall in the padding (then
+//! adds the bias once). A product `W[o, k] · X[k, p]` over an im2col matrix whose `k` runs in
+//! that order is the same chain — but only where no tap is skipped: an fma with a zero from the
+//! padding is not always a no-op (it turns a −0 accumulator into +0, and an infinite weight
+//! into NaN). So the output positions are split into classes by which taps are in bounds — a
+//! set of kernel rows valid for the output row times a set of kernel columns valid for the
+//! output column — and each class is its own product whose `k` runs over its valid taps only:
+//! the interior (every tap valid) is one large product, the borders a few small ones. Every
+//! chain is then exactly the reference's, at every SIMD level and thread count.
+//!
+//! A class's positions are taken in chunks whose im2col matrix stays near
+//! [`CHUNK_FLOATS`]; each chunk's product lands in a scratch block that is copied, bias added,
+//! into place. Blocks of (image, group) run on separate threads when there are enough of them
+//! (depthwise convolutions); otherwise one block at a time with the GEMM on every thread.
+//! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
+//! depthwise convolution (one input and one output channel per group) runs directly: each
+//! in-bounds tap, in the chain's order, is one fused multiply-add over the run of output
+//! columns it reaches (`tenet_kernels::vmath::fma_assign`), so every output's chain is again
+//! exactly its valid taps in order.
+
+use tenet_ir::{DType, HostTensor, Op, TensorType, Window2d};
+use tenet_kernels::SimdLevel;
+use tenet_kernels::gemm::{Strided, sgemm, sgemm_then};
+use tenet_kernels::vmath::fma_assign;
+use tenet_reference::math::canonical;
+
+use crate::fused::Poll;
+use crate::view::{Pool, f32s, make_f32};
+
+/// The im2col matrix of one chunk holds about this many floats (4 MiB).
+pub(crate) const CHUNK_FLOATS: usize = 1 << 20;
+/// A chunk computes at most about this many multiply-adds, so the run's stop function, asked
+/// before each chunk, is asked at least every 2²⁴ of them (a few milliseconds).
+const CHUNK_WORK: usize = 1 << 24;
+/// A chunk has at least this many positions (the product's columns), whatever its size.
+const MIN_CHUNK_COLS: usize = 64;
+
+/// Columns of one chunk for a product of `og` rows and depth `k` over `positions` positions.
+pub(crate) fn chunk_cols(og: usize, k: usize, positions: usize) -> usize {
+    (CHUNK_FLOATS / k.max(1))
+        .min(CHUNK_WORK / (og * k).max(1))
+        .max(MIN_CHUNK_COLS)
+        .min(positions.max(1))
+}
+
+/// Shapes of one convolution.
+#[derive(Clone, Copy)]
+struct Dims {
+    c: usize,
+    h: usize,
+    w: usize,
+    cg: usize,
+    og: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    groups: usize,
+}
+
+/// Run `conv2d` when it is f32; `None` leaves it to the reference's code.
+pub(crate) fn eval(
+    pool: &Pool,
+    level: SimdLevel,
+    op: &Op,
+    ty: &TensorType,
+    operands: &[&HostTensor],
+    threads: usize,
+    poll: Poll<'_>,
+) -> Option<Result<HostTensor, String>> {
+    let Op::Conv2d { window, groups, .. } = op else {
+        return None;
+    };
+    if ty.dtype != DType::F32 || operands.iter().any(|t| t.dtype() != DType::F32) {
+        return None;
+    }
+    let (x, w) = (operands[0], operands[1]);
+    let bias = operands.get(2).map(|b| f32s(b));
+    let u = |d: u64| d as usize;
+    let (xs, ws, ys) = (x.shape(), w.shape(), &ty.shape);
+    let d = Dims {
+        c: u(xs[1]),
+        h: u(xs[2]),
+        w: u(xs[3]),
+        cg: u(ws[1]),
+        og: u(ws[0]) / (*groups as usize).max(1),
+        kh: u(ws[2]),
+        kw: u(ws[3]),
+        oh: u(ys[2]),
+        ow: u(ys[3]),
+        groups: *groups as usize,
+    };
+    let (xv, wv) = (f32s(x), f32s(w));
+    let mut result = Ok(());
+    let t = make_f32(pool, ty, |out| {
+        result = run(
+            level,
+            threads,
+            &d,
+            window,
+            &xv,
+            &wv,
+            bias.as_deref(),
+            out,
+            poll,
+        );
+    });
+    Some(result.map(|()| t))
+}
+
+/// The kernel offsets `i` (of `taps`) that land inside an input of `size` for output `o`.
+fn valid_taps(
+    o: usize,
+    taps: usize,
+    stride: u32,
+    pad: u32,
+    dilation: u32,
+    size: usize,
+) -> Vec<u32> {
+    (0..taps)
+        .filter(|&i| {
+            let pos = o * stride as usize + i * dilation as usize;
+            pos >= pad as usize && pos - (pad as usize) < size
+        })
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// Output indices grouped by their valid taps, in order of first appearance.
+fn classes(
+    outputs: usize,
+    taps: usize,
+    stride: u32,
+    pad: u32,
+    dilation: u32,
+    size: usize,
+) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let mut out: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
+    for o in 0..outputs {
+        let v = valid_taps(o, taps, stride, pad, dilation, size);
+        match out.iter_mut().find(|(t, _)| *t == v) {
+            Some((_, list)) => list.push(o),
+            None => out.push((v, vec![o])),
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    level: SimdLevel,
+    threads: usize,
+    d: &Dims,
+    win: &Window2d,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    poll: Poll<'_>,
+) -> Result<(), String> {
+    let p = d.oh * d.ow;
+    let block = d.og * p;
+    if block == 0 {
+        return Ok(());
+    }
+    let n_blocks = out.len() / block;
+    let rows = classes(
+        d.oh,
+        d.kh,
+        win.stride[0],
+        win.padding[0],
+        win.dilation[0],
+        d.h,
+    );
+    let cols = classes(
+        d.ow,
+        d.kw,
+        win.stride[1],
+        win.padding[1],
+        win.dilation[1],
+        d.w,
+    );
+    let failed = std::sync::Mutex::new(None::<String>);
+    let one_block = |b: usize, dst: &mut [f32], threads: usize| {
+        let (n, g) = (b / d.groups, b % d.groups);
+        let image = &x[(n * d.c + g * d.cg) * d.h * d.w..][..d.cg * d.h * d.w];
+        let weights = &w[g * d.og * d.cg * d.kh * d.kw..][..d.og * d.cg * d.kh * d.kw];
+        let bias = bias.map(|b| &b[g * d.og..(g + 1) * d.og]);
+        let r = block_product(
+            level, threads, d, win, image, weights, bias, &rows, &cols, dst, poll,
+        );
+        if let Err(e) = r {
+            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+    };
+    if n_blocks >= threads && threads > 1 {
+        let ranges = tenet_sys::parallel::ranges(out.len(), threads.min(n_blocks), block);
+        tenet_sys::parallel::for_each_piece(out, &ranges, |range, piece| {
+            for (i, dst) in piece.chunks_mut(block).enumerate() {
+                one_block(range.start / block + i, dst, 1);
+            }
+        });
+    } else {
+        for (b, dst) in out.chunks_mut(block).enumerate() {
+            one_block(b, dst, threads);
+        }
+    }
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One (image, group): `dst` is its `og × (oh·ow)` block of the output.
+#[allow(clippy::too_many_arguments)]
+fn block_product(
+    level: SimdLevel,
+    threads: usize,
+    d: &Dims,
+    win: &Window2d,
+    image: &[f32],
+    weights: &[f32],
+    bias: Option<&[f32]>,
+    rows: &[(Vec<u32>, Vec<usize>)],
+    cols: &[(Vec<u32>, Vec<usize>)],
+    dst: &mut [f32],
+    poll: Poll<'_>,
+) -> Result<(), String> {
+    let p = d.oh * d.ow;
+    let k_full = d.cg * d.kh * d.kw;
+    let add_bias = |o: usize, v: f32| match bias {
+        Some(b) => canonical(v + b[o]),
+        None => v,
+    };
+    if d.cg == 1 && d.og == 1 {
+        depthwise(level, d, win, image, weights, bias.map(|b| b[0]), dst, poll);
+        return Ok(());
+    }
+    // A pointwise convolution: the input is already the im2col matrix.
+    let pointwise = d.kh == 1
+        && d.kw == 1
+        && win.stride == [1, 1]
+        && win.padding == [0; 4]
+        && d.oh == d.h
+        && d.ow == d.w;
+    if pointwise {
+        let a = Strided::row_major(weights, d.cg);
+        let b = Strided::row_major(image, p);
+        // In column chunks, each a product with its own stop question.
+        let per = chunk_cols(d.og, d.cg, p);
+        let mut start = 0;
+        while start < p {
+            if poll() {
+                return Ok(());
+            }
+            let n = per.min(p - start);
+            let b = Strided {
+                data: &image[start..],
+                ..b
+            };
+            let epilogue = |first: usize, rows: &mut [f32]| {
+                if bias.is_some() {
+                    for (r, row) in rows.chunks_mut(p).enumerate() {
+                        for v in row.iter_mut().take(n) {
+                            *v = add_bias(first + r, *v);
+                        }
+                    }
+                }
+            };
+            sgemm_then(
+                level,
+                threads,
+                d.og,
+                n,
+                d.cg,
+                a,
+                b,
+                &mut dst[start..],
+                p,
+                Some(&epilogue),
+            )
+            .map_err(|e| e.to_string())?;
+            start += n;
+        }
+        return Ok(());
+    }
+    let mut a_sub: Vec<f32> = Vec::new();
+    let mut b_buf: Vec<f32> = Vec::new();
+    let mut c_buf: Vec<f32> = Vec::new();
+    for (rtaps, ohs) in rows {
+        for (ctaps, ows) in cols {
+            let taps = rtaps.len() * ctaps.len();
+            let k = d.cg * taps;
+            let positions = ohs.len() * ows.len();
+            if k == 0 {
+                // No tap in bounds: the chain is empty, +0, then the bias.
+                for &oh in ohs {
+                    for &ow in ows {
+                        for o in 0..d.og {
+                            dst[o * p + oh * d.ow + ow] = add_bias(o, 0.0);
+                        }
+                    }
+                }
+                continue;
+            }
+            // The class's weights: every tap (the weight itself) or the valid ones, in order.
+            let a: &[f32] = if k == k_full {
+                weights
+            } else {
+                a_sub.clear();
+                for o in 0..d.og {
+                    for c in 0..d.cg {
+                        let base = (o * d.cg + c) * d.kh * d.kw;
+                        for &i in rtaps {
+                            for &j in ctaps {
+                                a_sub.push(weights[base + i as usize * d.kw + j as usize]);
+                            }
+                        }
+                    }
+                }
+                &a_sub
+            };
+            let per = chunk_cols(d.og, k, positions);
+            let mut start = 0;
+            while start < positions {
+                if poll() {
+                    return Ok(());
+                }
+                let end = (start + per).min(positions);
+                let n = end - start;
+                b_buf.clear();
+                b_buf.resize(k * n, 0.0);
+                // The chunk as runs along output rows: (oh, first and past-last index into
+                // `ows`, offset in the chunk).
+                let nw = ows.len();
+                let mut segments = Vec::new();
+                let mut pos = start;
+                while pos < end {
+                    let (r, c0) = (pos / nw, pos % nw);
+                    let c1 = nw.min(c0 + (end - pos));
+                    segments.push((ohs[r], c0, c1, pos - start));
+                    pos += c1 - c0;
+                }
+                let contiguous = ows.last().is_some_and(|&l| l - ows[0] + 1 == nw);
+                let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
+                let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
+                let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
+                // im2col: row (c, i, j) holds the input under tap (i, j) for each position.
+                let mut row = 0;
+                for c in 0..d.cg {
+                    let plane = &image[c * d.h * d.w..][..d.h * d.w];
+                    for &i in rtaps {
+                        for &j in ctaps {
+                            let dst_row = &mut b_buf[row * n..][..n];
+                            for &(oh, c0, c1, at) in &segments {
+                                let ih = oh * sh + i as usize * dh - pt;
+                                let line = &plane[ih * d.w..][..d.w];
+                                let out = &mut dst_row[at..at + (c1 - c0)];
+                                if contiguous {
+                                    let first = ows[c0] * sw + j as usize * dw - pl;
+                                    if sw == 1 {
+                                        out.copy_from_slice(&line[first..first + (c1 - c0)]);
+                                    } else {
+                                        for (q, slot) in out.iter_mut().enumerate() {
+                                            *slot = line[first + q * sw];
+                                        }
+                                    }
+                                } else {
+                                    for (slot, &ow) in out.iter_mut().zip(&ows[c0..c1]) {
+                                        *slot = line[ow * sw + j as usize * dw - pl];
+                                    }
+                                }
+                            }
+                            row += 1;
+                        }
+                    }
+                }
+                c_buf.clear();
+                c_buf.resize(d.og * n, 0.0);
+                sgemm(
+                    level,
+                    threads,
+                    d.og,
+                    n,
+                    k,
+                    Strided::row_major(a, k),
+                    Strided::row_major(&b_buf, n),
+                    &mut c_buf,
+                    n,
+                )
+                .map_err(|e| e.to_string())?;
+                for o in 0..d.og {
+                    let src = &c_buf[o * n..][..n];
+                    let plane = &mut dst[o * p..][..p];
+                    for &(oh, c0, c1, at) in &segments {
+                        let from = &src[at..at + (c1 - c0)];
+                        if contiguous {
+                            let to = &mut plane[oh * d.ow + ows[c0]..][..c1 - c0];
+                            for (t, &v) in to.iter_mut().zip(from) {
+                                *t = add_bias(o, v);
+                            }
+                        } else {
+                            for (&ow, &v) in ows[c0..c1].iter().zip(from) {
+                                plane[oh * d.ow + ow] = add_bias(o, v);
+                            }
+                        }
+                    }
+                }
+                start = end;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One channel of a depthwise convolution: `plane` is the input channel, `taps` its `kh × kw`
+/// kernel, `dst` the output channel.
+#[allow(clippy::too_many_arguments)]
+fn depthwise(
+    level: SimdLevel,
+    d: &Dims,
+    win: &Window2d,
+    plane: &[f32],
+    taps: &[f32],
+    bias: Option<f32>,
+    dst: &mut [f32],
+    poll: Poll<'_>,
+) {
+    let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
+    let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
+    let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
+    // For each kernel column, the run of output columns whose tap lands inside the row.
+    let runs: Vec<(usize, usize)> = (0..d.kw)
+        .map(|j| {
+            let inside = |ow: usize| {
+                let p = ow * sw + j * dw;
+                p >= pl && p - pl < d.w
+            };
+            let lo = (0..d.ow).find(|&ow| inside(ow)).unwrap_or(d.ow);
+            let hi = (lo..d.ow).find(|&ow| !inside(ow)).unwrap_or(d.ow);
+            (lo, hi)
+        })
+        .collect();
+    let mut strided = Vec::new();
+    for (oh, acc) in dst.chunks_mut(d.ow).enumerate() {
+        if oh % 64 == 63 && poll() {
+            return;
+        }
+        acc.fill(0.0);
+        for i in 0..d.kh {
+            let p = oh * sh + i * dh;
+            if p < pt || p - pt >= d.h {
+                continue;
+            }
+            let row = &plane[(p - pt) * d.w..][..d.w];
+            for (j, &(lo, hi)) in runs.iter().enumerate() {
+                if lo >= hi {
+                    continue;
+                }
+                let first = lo * sw + j * dw - pl;
+                let w = taps[i * d.kw + j];
+                if sw == 1 {
+                    fma_assign(level, &mut acc[lo..hi], &row[first..first + (hi - lo)], w);
+                } else {
+                    strided.clear();
+                    strided.extend((0..hi - lo).map(|q| row[first + q * sw]));
+                    fma_assign(level, &mut acc[lo..hi], &strided, w);
+                }
+            }
+        }
+        for v in acc.iter_mut() {
+            *v = canonical(match bias {
+                Some(b) => *v + b,
+                None => *v,
+            });
+        }
+    }
+}
+
+/// Scratch of one f32 convolution on `threads` threads, for the memory bound: per block being
+/// computed, the largest im2col chunk, the class's weights and the chunk's products (the GEMM's
+/// own packing is counted by the caller).
+pub(crate) fn scratch_bytes(x: &[u64], w: &[u64], y: &[u64], groups: u64, threads: u64) -> u64 {
+    let (cg, kh, kw) = (w[1], w[2], w[3]);
+    let og = w[0] / groups.max(1);
+    let k = cg * kh * kw;
+    let p = y[2] * y[3];
+    let cols = chunk_cols(og as usize, k as usize, p as usize) as u64;
+    let blocks = (x[0] * groups).max(1);
+    let parallel = threads.min(blocks);
+    parallel * 4 * (k * cols + og * k + og * cols)
+}
