@@ -8,6 +8,7 @@ mod llamacpp;
 pub mod load;
 pub mod node;
 mod numpy;
+pub mod onnx;
 
 use std::collections::HashMap;
 use std::time::Instant;

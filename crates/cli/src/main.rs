@@ -45,6 +45,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum BenchWhat {
+    /// Imported ONNX models against onnxruntime on the same input and thread counts:
+    /// RapidOCR's text detector, recogniser and direction classifier (`tenet models fetch
+    /// rapidocr`). onnxruntime runs through TENET_ONNX_PYTHON, TENET_PYTHON or python3; the
+    /// ratio is tenet's time over onnxruntime's, and the largest output difference is shown.
+    Onnx {
+        /// Thread counts to measure (repeatable) [default: 1 and 2].
+        #[arg(long, value_name = "N")]
+        threads: Vec<usize>,
+        /// Timed runs per model and thread count, after one untimed.
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// Print one JSON array of rows.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a `tenet node` on 127.0.0.1 and measure it through the signed client: tiny job
     /// round trips, 1000-op batches, 4 MiB uploads, and a 1024² matmul job over running it
     /// locally.
@@ -632,6 +647,15 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench {
             what:
+                Some(BenchWhat::Onnx {
+                    threads,
+                    reps,
+                    json,
+                }),
+            ..
+        } => bench_onnx(threads, reps, json),
+        Command::Bench {
+            what:
                 Some(BenchWhat::Node {
                     json,
                     quick,
@@ -903,4 +927,58 @@ pub(crate) fn bind(graph: &Graph, paths: &[PathBuf]) -> Result<bool> {
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     tenet_models::write_atomically(path, bytes)
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `tenet bench onnx`.
+fn bench_onnx(threads: Vec<usize>, reps: usize, json: bool) -> Result<()> {
+    let threads = if threads.is_empty() {
+        vec![1, 2]
+    } else {
+        threads
+    };
+    if threads.contains(&0) || reps == 0 {
+        bail!("--threads and --reps must be at least 1");
+    }
+    let python = std::env::var("TENET_ONNX_PYTHON")
+        .or_else(|_| std::env::var("TENET_PYTHON"))
+        .unwrap_or_else(|_| "python3".to_string());
+    let rows = tenet_bench::onnx::run(&tenet_bench::onnx::OnnxBenchOptions {
+        threads,
+        reps,
+        python,
+    })
+    .map_err(anyhow::Error::msg)?;
+    if json {
+        let v: Vec<serde_json::Value> = rows.iter().map(|r| r.json()).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<14} {:<16} {:>7} {:>10} {:>15} {:>7} {:>10}",
+        "model", "input", "threads", "tenet ms", "onnxruntime ms", "ratio", "max |Δ|"
+    );
+    for r in &rows {
+        let shape = format!(
+            "{}x{}x{}x{}",
+            r.shape[0], r.shape[1], r.shape[2], r.shape[3]
+        );
+        let ort = r
+            .onnxruntime_ms
+            .map_or("-".to_string(), |v| format!("{v:.1}"));
+        let ratio = r.ratio().map_or("-".to_string(), |v| format!("{v:.2}"));
+        let diff = r
+            .max_abs_diff
+            .map_or("-".to_string(), |v| format!("{v:.1e}"));
+        println!(
+            "{:<14} {:<16} {:>7} {:>10.1} {:>15} {:>7} {:>10}",
+            r.name, shape, r.threads, r.tenet_ms, ort, ratio, diff
+        );
+    }
+    if let Some(note) = rows.iter().find_map(|r| r.onnxruntime_note.as_ref()) {
+        println!("onnxruntime: {note}");
+    }
+    println!(
+        "ratio: tenet's time over onnxruntime's, same input and threads (below 1: tenet is faster)"
+    );
+    Ok(())
 }
