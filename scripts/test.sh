@@ -24,3 +24,15 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== Python package (maturin develop, then pytest)"
+# TENET_PYTHON_VENV: a venv with maturin, numpy and pytest (.ci/run makes one under target/).
+if [ -n "${TENET_PYTHON_VENV:-}" ]; then
+    (cd python && VIRTUAL_ENV="$TENET_PYTHON_VENV" PATH="$TENET_PYTHON_VENV/bin:$PATH" \
+        maturin develop --quiet --locked)
+    "$TENET_PYTHON_VENV/bin/python" -m pytest -q python/tests
+elif [ "${TENET_REQUIRE_PYTHON:-}" = 1 ]; then
+    echo "TENET_REQUIRE_PYTHON=1 but TENET_PYTHON_VENV is not set" >&2
+    exit 1
+else
+    echo "skipped: set TENET_PYTHON_VENV to a venv with maturin, numpy and pytest"
+fi

@@ -261,7 +261,11 @@ fn parse(
         let err = String::from_utf8_lossy(stderr);
         return Err(format!(
             "onnxruntime failed under {python}: {}",
-            err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
+            err.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
         ));
     }
     let text = String::from_utf8_lossy(stdout);
@@ -278,7 +282,10 @@ fn parse(
         ));
     }
     let mut by = HashMap::new();
-    for (t, ms) in v["threads"].as_object().ok_or("onnxruntime output has no threads")? {
+    for (t, ms) in v["threads"]
+        .as_object()
+        .ok_or("onnxruntime output has no threads")?
+    {
         match (t.parse::<usize>(), ms.as_f64()) {
             (Ok(t), Some(ms)) if ms.is_finite() && ms > 0.0 => {
                 by.insert(t, ms);
@@ -303,9 +310,17 @@ mod tests {
 
     #[test]
     fn says_why_the_peer_could_not_run() {
-        let e = parse("py", true, b"{\"unavailable\": \"No module named 'onnxruntime'\"}", b"")
-            .unwrap_err();
-        assert!(e.contains("not importable by py") && e.contains("No module named"), "{e}");
+        let e = parse(
+            "py",
+            true,
+            b"{\"unavailable\": \"No module named 'onnxruntime'\"}",
+            b"",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("not importable by py") && e.contains("No module named"),
+            "{e}"
+        );
         let e = parse("py", false, b"", b"Traceback\nValueError: bad model\n").unwrap_err();
         assert!(e.contains("ValueError: bad model"), "{e}");
         let e = parse("py", true, b"{\"threads\": {\"1\": -3}}", b"").unwrap_err();

@@ -1,0 +1,518 @@
+//! `tenet._native`: the Rust side of the Python package (PyO3, abi3 from Python 3.9).
+//!
+//! It speaks in raw tensors — `(bytes, dtype name, shape)` — and the pure-Python layer
+//! (`python/tenet/__init__.py`) turns numpy arrays into them and back, so this file needs no
+//! numpy API and every dtype and layout check happens once, in Python, with a clear message.
+//! Graphs are loaded, imported from ONNX or built here; running one releases the GIL. Every
+//! error is a `tenet.TenetError` carrying tenet's own message; nothing a caller passes can
+//! panic across the boundary (a panic would surface as `PanicException`, and the tests look
+//! for none).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use tenet_ir::{DType, Graph as IrGraph, GraphBuilder as IrBuilder, HostTensor, TensorType};
+use tenet_models::{WeightSet, WeightsFile};
+
+create_exception!(
+    _native,
+    TenetError,
+    PyException,
+    "An error reported by tenet."
+);
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    TenetError::new_err(e.to_string())
+}
+
+fn dtype(name: &str) -> PyResult<DType> {
+    DType::from_name(name).ok_or_else(|| {
+        err(format!(
+            "unknown dtype {name:?} (tenet's dtypes: f32, f16, bf16, i32, i64, u8, bool)"
+        ))
+    })
+}
+
+/// A raw tensor from Python: its bytes, dtype name and shape.
+type Raw<'py> = (Bound<'py, PyBytes>, String, Vec<u64>);
+
+fn tensor_of(name: &str, (bytes, dt, shape): Raw<'_>) -> PyResult<HostTensor> {
+    let ty = TensorType::new(dtype(&dt)?, shape);
+    HostTensor::new(ty, bytes.as_bytes().to_vec()).map_err(|e| err(format!("{name}: {e}")))
+}
+
+/// A result for Python: a `bytearray` (numpy views it, writable, without another copy), its
+/// dtype name and shape.
+type RawOut<'py> = (Bound<'py, PyByteArray>, String, Vec<u64>);
+
+fn raw<'py>(py: Python<'py>, t: &HostTensor) -> RawOut<'py> {
+    (
+        PyByteArray::new(py, t.bytes()),
+        t.dtype().name().to_string(),
+        t.shape().to_vec(),
+    )
+}
+
+/// A validated tenet graph, with the weights files it was given or imported with.
+#[pyclass(module = "tenet._native")]
+pub struct Graph {
+    graph: IrGraph,
+    weights: Vec<WeightsFile>,
+    /// The safetensors bytes an import produced, until saved.
+    imported_weights: Option<Vec<u8>>,
+}
+
+fn signature(t: &TensorType) -> (String, Vec<u64>) {
+    (t.dtype.name().to_string(), t.shape.clone())
+}
+
+#[pymethods]
+impl Graph {
+    /// The graph's id: the blake3 hash of its canonical encoding, in hex.
+    #[getter]
+    fn id(&self) -> String {
+        self.graph.id().to_hex()
+    }
+
+    /// `[(name, dtype, shape)]` of the graph's inputs, in order.
+    #[getter]
+    fn inputs(&self) -> Vec<(String, String, Vec<u64>)> {
+        self.graph
+            .inputs()
+            .map(|(_, n, t)| {
+                let (d, s) = signature(t);
+                (n.to_string(), d, s)
+            })
+            .collect()
+    }
+
+    /// `[(name, dtype, shape)]` of the graph's outputs, in order.
+    #[getter]
+    fn outputs(&self) -> Vec<(String, String, Vec<u64>)> {
+        self.graph
+            .outputs()
+            .iter()
+            .map(|o| {
+                let (d, s) = signature(&self.graph.node(o.node).ty);
+                (o.name.clone(), d, s)
+            })
+            .collect()
+    }
+
+    /// The cost certificate: flops, bytes read and written, weight, input, output and peak bytes.
+    #[getter]
+    fn cost(&self) -> HashMap<&'static str, u64> {
+        let c = self.graph.cost();
+        HashMap::from([
+            ("flops", c.flops),
+            ("bytes_read", c.bytes_read),
+            ("bytes_written", c.bytes_written),
+            ("weight_bytes", c.weight_bytes),
+            ("input_bytes", c.input_bytes),
+            ("output_bytes", c.output_bytes),
+            ("peak_bytes", c.peak_bytes),
+        ])
+    }
+
+    /// Ids (hex) of the weights files the graph refers to.
+    #[getter]
+    fn weights_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .graph
+            .weights()
+            .filter_map(|(_, op, _)| match op {
+                tenet_ir::Op::Weight { file, .. } => Some(file.to_hex()),
+                _ => None,
+            })
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// The graph in tenet's text form.
+    fn text(&self) -> String {
+        tenet_ir::text::print(&self.graph)
+    }
+
+    /// Write the binary graph to `path`.
+    fn save(&self, path: &str) -> PyResult<()> {
+        tenet_models::write_atomically(Path::new(path), &self.graph.to_bytes()).map_err(err)
+    }
+
+    /// Write the weights an ONNX import produced (a safetensors file) to `path`.
+    fn save_weights(&self, path: &str) -> PyResult<()> {
+        let bytes = self.imported_weights.as_ref().ok_or_else(|| {
+            err("this graph was not imported with weights of its own; nothing to save")
+        })?;
+        tenet_models::write_atomically(Path::new(path), bytes).map_err(err)
+    }
+
+    /// Attach a safetensors weights file the graph refers to by hash.
+    fn add_weights(&mut self, path: &str) -> PyResult<()> {
+        let file = WeightsFile::open(Path::new(path)).map_err(err)?;
+        self.weights.push(file);
+        Ok(())
+    }
+
+    /// Run on `inputs` (`{name: (bytes, dtype, shape)}`) on `device` with `threads` threads;
+    /// returns `{name: (bytes, dtype, shape)}`. The GIL is released while it runs.
+    #[pyo3(signature = (inputs, threads=None, device="cpu", seed=0))]
+    fn run_raw<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: HashMap<String, Raw<'py>>,
+        threads: Option<usize>,
+        device: &str,
+        seed: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut host = HashMap::new();
+        for (name, r) in inputs {
+            let t = tensor_of(&name, r)?;
+            host.insert(name, t);
+        }
+        tenet_models::check_bindings(&self.graph, &self.weights).map_err(err)?;
+        let weights = WeightSet(self.weights.clone());
+        let options = tenet_devices::Options {
+            threads,
+            ..Default::default()
+        };
+        let graph = &self.graph;
+        let outputs = py
+            .detach(|| -> Result<Vec<(String, HostTensor)>, String> {
+                let device = tenet_devices::open(device, &options).map_err(|e| e.to_string())?;
+                let program = device.compile(graph).map_err(|e| e.to_string())?;
+                program
+                    .run(&host, &weights, seed)
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(err)?;
+        let out = PyDict::new(py);
+        for (name, t) in outputs {
+            out.set_item(name, raw(py, &t))?;
+        }
+        Ok(out)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<tenet.Graph {} with {} nodes>",
+            self.graph.id().short(),
+            self.graph.nodes().len()
+        )
+    }
+}
+
+/// Load a graph (binary or text form), with the safetensors files it refers to.
+#[pyfunction]
+#[pyo3(signature = (path, weights=Vec::new()))]
+fn load(path: &str, weights: Vec<String>) -> PyResult<Graph> {
+    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read {path}: {e}")))?;
+    let graph = tenet_ir::decode_any(&bytes).map_err(|e| err(format!("{path}: {e}")))?;
+    let weights = weights
+        .iter()
+        .map(|w| WeightsFile::open(Path::new(w)).map_err(err))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(Graph {
+        graph,
+        weights,
+        imported_weights: None,
+    })
+}
+
+/// Import an ONNX model: `shapes` fixes inputs' shapes, `fixed` fixes inputs' values
+/// (`{name: (bytes, dtype, shape)}`).
+#[pyfunction]
+#[pyo3(signature = (path, shapes=HashMap::new(), fixed=HashMap::new()))]
+fn import_onnx<'py>(
+    py: Python<'py>,
+    path: &str,
+    shapes: HashMap<String, Vec<u64>>,
+    fixed: HashMap<String, Raw<'py>>,
+) -> PyResult<Graph> {
+    let mut opts = tenet_onnx::ImportOptions {
+        shapes,
+        ..Default::default()
+    };
+    for (name, r) in fixed {
+        let t = tensor_of(&name, r)?;
+        opts.fixed.insert(name, t);
+    }
+    let imported = py
+        .detach(|| tenet_onnx::import_file(Path::new(path), &opts))
+        .map_err(err)?;
+    let weights = match &imported.weights {
+        Some(bytes) => vec![WeightsFile::from_bytes(bytes.clone(), path).map_err(err)?],
+        None => Vec::new(),
+    };
+    Ok(Graph {
+        graph: imported.graph,
+        weights,
+        imported_weights: imported.weights,
+    })
+}
+
+/// A lazy graph under construction. Ops never fail later than the call that made the mistake:
+/// each raises `TenetError` at once.
+#[pyclass(module = "tenet._native", unsendable)]
+pub struct GraphBuilder {
+    g: IrBuilder,
+}
+
+/// A tensor of a [`GraphBuilder`]'s graph.
+#[pyclass(module = "tenet._native", unsendable)]
+#[derive(Clone)]
+pub struct Tensor {
+    t: tenet_ir::Tensor,
+    g: IrBuilder,
+}
+
+impl GraphBuilder {
+    fn wrap(&self, t: tenet_ir::Tensor) -> PyResult<Tensor> {
+        checked(&self.g, t)
+    }
+}
+
+/// The tensor, or the builder's (first) mistake as a `TenetError`.
+fn checked(g: &IrBuilder, t: tenet_ir::Tensor) -> PyResult<Tensor> {
+    match g.error() {
+        Some(tenet_ir::BuildError::Op { op, message, .. }) => Err(err(format!("{op}: {message}"))),
+        Some(e) => Err(err(e)),
+        None => Ok(Tensor { t, g: g.clone() }),
+    }
+}
+
+#[pymethods]
+impl GraphBuilder {
+    #[new]
+    fn new() -> GraphBuilder {
+        GraphBuilder {
+            g: IrBuilder::new(),
+        }
+    }
+
+    /// A named input of `dtype` and `shape`.
+    fn input(&self, name: &str, dtype_name: &str, shape: Vec<u64>) -> PyResult<Tensor> {
+        let t = self.g.input(name, dtype(dtype_name)?, &shape);
+        self.wrap(t)
+    }
+
+    /// A constant from raw bytes.
+    fn constant(
+        &self,
+        bytes: Bound<'_, PyBytes>,
+        dtype_name: &str,
+        shape: Vec<u64>,
+    ) -> PyResult<Tensor> {
+        let t = tensor_of("constant", (bytes, dtype_name.to_string(), shape))?;
+        let c = self.g.constant(t.dtype(), t.shape(), t.bytes().to_vec());
+        self.wrap(c)
+    }
+
+    /// A scalar constant.
+    fn scalar(&self, value: f64, dtype_name: &str) -> PyResult<Tensor> {
+        let t = self.g.scalar(dtype(dtype_name)?, value);
+        self.wrap(t)
+    }
+
+    /// Concatenate along `axis`.
+    fn concat(&self, xs: Vec<PyRef<'_, Tensor>>, axis: i64) -> PyResult<Tensor> {
+        let refs: Vec<&tenet_ir::Tensor> = xs.iter().map(|x| &x.t).collect();
+        let t = self.g.concat(&refs, axis);
+        self.wrap(t)
+    }
+
+    /// The finished, validated graph with the given named outputs.
+    fn finish(&self, outputs: Vec<(String, PyRef<'_, Tensor>)>) -> PyResult<Graph> {
+        let pairs: Vec<(&str, &tenet_ir::Tensor)> =
+            outputs.iter().map(|(n, t)| (n.as_str(), &t.t)).collect();
+        let graph = self.g.finish(&pairs).map_err(|e| match e {
+            tenet_ir::BuildError::Op { op, message, .. } => err(format!("{op}: {message}")),
+            e => err(e),
+        })?;
+        Ok(Graph {
+            graph,
+            weights: Vec::new(),
+            imported_weights: None,
+        })
+    }
+}
+
+#[pymethods]
+impl Tensor {
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.t.dtype().name()
+    }
+
+    #[getter]
+    fn shape(&self) -> Vec<u64> {
+        self.t.shape().to_vec()
+    }
+
+    /// A unary op by name: neg, abs, exp, log, sqrt, rsqrt, reciprocal, sin, cos, tanh,
+    /// sigmoid, relu, gelu, gelu_tanh, erf, floor, ceil, round, sign, not.
+    fn unary(&self, op: &str) -> PyResult<Tensor> {
+        let x = &self.t;
+        let t = match op {
+            "neg" => -x.clone(),
+            "abs" => x.abs(),
+            "exp" => x.exp(),
+            "log" => x.log(),
+            "sqrt" => x.sqrt(),
+            "rsqrt" => x.rsqrt(),
+            "reciprocal" => x.reciprocal(),
+            "sin" => x.sin(),
+            "cos" => x.cos(),
+            "tanh" => x.tanh(),
+            "sigmoid" => x.sigmoid(),
+            "relu" => x.relu(),
+            "gelu" => x.gelu(),
+            "gelu_tanh" => x.gelu_tanh(),
+            "erf" => x.erf(),
+            "floor" => x.floor(),
+            "ceil" => x.ceil(),
+            "round" => x.round(),
+            "sign" => x.sign(),
+            "not" => x.not(),
+            other => return Err(err(format!("unknown unary op {other:?}"))),
+        };
+        checked(&self.g, t)
+    }
+
+    /// A binary op by name: add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge,
+    /// and, or, matmul (numpy broadcasting).
+    fn binary(&self, op: &str, other: &Tensor) -> PyResult<Tensor> {
+        let (a, b) = (&self.t, &other.t);
+        let t = match op {
+            "add" => a + b,
+            "sub" => a - b,
+            "mul" => a * b,
+            "div" => a / b,
+            "pow" => a.pow(b),
+            "maximum" => a.maximum(b),
+            "minimum" => a.minimum(b),
+            "eq" => a.eq(b),
+            "ne" => a.ne(b),
+            "lt" => a.lt(b),
+            "le" => a.le(b),
+            "gt" => a.gt(b),
+            "ge" => a.ge(b),
+            "and" => a.and(b),
+            "or" => a.or(b),
+            "matmul" => a.matmul(b),
+            other => return Err(err(format!("unknown binary op {other:?}"))),
+        };
+        checked(&self.g, t)
+    }
+
+    fn where_(&self, a: &Tensor, b: &Tensor) -> PyResult<Tensor> {
+        checked(&self.g, self.t.where_(&a.t, &b.t))
+    }
+
+    fn cast(&self, dtype_name: &str) -> PyResult<Tensor> {
+        checked(&self.g, self.t.cast(dtype(dtype_name)?))
+    }
+
+    fn reshape(&self, shape: Vec<i64>) -> PyResult<Tensor> {
+        checked(&self.g, self.t.reshape(&shape))
+    }
+
+    fn permute(&self, perm: Vec<u32>) -> PyResult<Tensor> {
+        checked(&self.g, self.t.permute(&perm))
+    }
+
+    fn transpose(&self, a: i64, b: i64) -> PyResult<Tensor> {
+        checked(&self.g, self.t.transpose(a, b))
+    }
+
+    fn expand(&self, shape: Vec<u64>) -> PyResult<Tensor> {
+        checked(&self.g, self.t.expand(&shape))
+    }
+
+    fn slice(&self, axis: i64, start: u64, end: u64, step: u64) -> PyResult<Tensor> {
+        checked(&self.g, self.t.slice(axis, start, end, step))
+    }
+
+    fn gather(&self, indices: &Tensor, axis: i64) -> PyResult<Tensor> {
+        checked(&self.g, self.t.gather(&indices.t, axis))
+    }
+
+    /// A reduction by name (sum, mean, max, min, argmax, argmin) over `axes`.
+    fn reduce(&self, op: &str, axes: Vec<i64>, keepdim: bool) -> PyResult<Tensor> {
+        let t = match op {
+            "sum" => self.t.sum(&axes, keepdim),
+            "mean" => self.t.mean(&axes, keepdim),
+            "max" => self.t.max(&axes, keepdim),
+            "min" => self.t.min(&axes, keepdim),
+            "argmax" => self.t.argmax(&axes, keepdim),
+            "argmin" => self.t.argmin(&axes, keepdim),
+            other => return Err(err(format!("unknown reduction {other:?}"))),
+        };
+        checked(&self.g, t)
+    }
+
+    fn softmax(&self, axis: i64) -> PyResult<Tensor> {
+        checked(&self.g, self.t.softmax(axis))
+    }
+
+    fn log_softmax(&self, axis: i64) -> PyResult<Tensor> {
+        checked(&self.g, self.t.log_softmax(axis))
+    }
+
+    #[pyo3(signature = (gamma=None, beta=None, eps=1e-5))]
+    fn layer_norm(
+        &self,
+        gamma: Option<PyRef<'_, Tensor>>,
+        beta: Option<PyRef<'_, Tensor>>,
+        eps: f32,
+    ) -> PyResult<Tensor> {
+        let t = self.t.layer_norm(
+            gamma.as_ref().map(|g| &g.t),
+            beta.as_ref().map(|b| &b.t),
+            eps,
+        );
+        checked(&self.g, t)
+    }
+
+    #[pyo3(signature = (gamma=None, eps=1e-6))]
+    fn rms_norm(&self, gamma: Option<PyRef<'_, Tensor>>, eps: f32) -> PyResult<Tensor> {
+        checked(&self.g, self.t.rms_norm(gamma.as_ref().map(|g| &g.t), eps))
+    }
+
+    #[pyo3(signature = (weight, bias=None, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1))]
+    fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<PyRef<'_, Tensor>>,
+        stride: (u32, u32),
+        padding: (u32, u32, u32, u32),
+        dilation: (u32, u32),
+        groups: u32,
+    ) -> PyResult<Tensor> {
+        let t = self.t.conv2d(
+            &weight.t,
+            bias.as_ref().map(|b| &b.t),
+            [stride.0, stride.1],
+            [padding.0, padding.1, padding.2, padding.3],
+            [dilation.0, dilation.1],
+            groups,
+        );
+        checked(&self.g, t)
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("TenetError", m.py().get_type::<TenetError>())?;
+    m.add_class::<Graph>()?;
+    m.add_class::<GraphBuilder>()?;
+    m.add_class::<Tensor>()?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(import_onnx, m)?)?;
+    Ok(())
+}
