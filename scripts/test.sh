@@ -29,7 +29,8 @@ echo "== Python package (maturin develop, then pytest)"
 if [ -n "${TENET_PYTHON_VENV:-}" ]; then
     (cd python && VIRTUAL_ENV="$TENET_PYTHON_VENV" PATH="$TENET_PYTHON_VENV/bin:$PATH" \
         maturin develop --quiet --locked)
-    "$TENET_PYTHON_VENV/bin/python" -m pytest -q python/tests
+    # The network tests start a coordinator and nodes from the binary `cargo test` built.
+    TENET_BIN="$PWD/target/debug/tenet" "$TENET_PYTHON_VENV/bin/python" -m pytest -q python/tests
 elif [ "${TENET_REQUIRE_PYTHON:-}" = 1 ]; then
     echo "TENET_REQUIRE_PYTHON=1 but TENET_PYTHON_VENV is not set" >&2
     exit 1

@@ -139,6 +139,16 @@ impl Graph {
         tenet_ir::text::print(&self.graph)
     }
 
+    /// The canonical binary encoding (what `save` writes and a coordinator deploys).
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.graph.to_bytes())
+    }
+
+    /// The safetensors file an ONNX import produced, if any.
+    fn imported_weights<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.imported_weights.as_ref().map(|w| PyBytes::new(py, w))
+    }
+
     /// Write the binary graph to `path`.
     fn save(&self, path: &str) -> PyResult<()> {
         tenet_models::write_atomically(Path::new(path), &self.graph.to_bytes()).map_err(err)
@@ -254,6 +264,53 @@ fn import_onnx<'py>(
         weights,
         imported_weights: imported.weights,
     })
+}
+
+/// The content address of `data` (blake3, hex): how a coordinator names blobs.
+#[pyfunction]
+fn content_hash(data: &[u8]) -> String {
+    tenet_proto::Hash::of(data).to_hex()
+}
+
+/// Check a receipt (its JSON) offline: the coordinator's signature, made by `coordinator_key`
+/// (hex), and — when `outputs` (`{name: (bytes, dtype, shape)}`) are given — that they are the
+/// outputs the receipt commits to, each by its hash and type.
+#[pyfunction]
+#[pyo3(signature = (receipt, coordinator_key, outputs=None))]
+fn verify_receipt(
+    receipt: &str,
+    coordinator_key: &str,
+    outputs: Option<HashMap<String, Raw<'_>>>,
+) -> PyResult<()> {
+    let r: tenet_proto::receipt::Receipt =
+        serde_json::from_str(receipt).map_err(|e| err(format!("not a receipt: {e}")))?;
+    let key = tenet_proto::auth::PublicKey::parse(coordinator_key).ok_or_else(|| {
+        err(format!(
+            "{coordinator_key:?} is not a coordinator's public key"
+        ))
+    })?;
+    r.verify_from(&key)
+        .map_err(|e| err(format!("the receipt does not verify: {e}")))?;
+    if let Some(outputs) = outputs {
+        if outputs.len() != r.outputs.len() {
+            return Err(err(format!(
+                "the receipt commits to {} outputs, {} were given",
+                r.outputs.len(),
+                outputs.len()
+            )));
+        }
+        for (name, raw) in outputs {
+            let t = tensor_of(&name, raw)?;
+            let got = tenet_proto::commit::OutputRef::of(&name, &t);
+            if !r.outputs.contains(&got) {
+                return Err(err(format!(
+                    "output {name:?} ({}) is not what the receipt commits to",
+                    t.ty()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A lazy graph under construction. Ops never fail later than the call that made the mistake:
@@ -514,5 +571,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Tensor>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(import_onnx, m)?)?;
+    m.add_function(wrap_pyfunction!(content_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_receipt, m)?)?;
     Ok(())
 }

@@ -17,8 +17,13 @@ of the call that made the mistake.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
+import time
+import urllib.error
+import urllib.request
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -27,12 +32,15 @@ from . import _native
 from ._native import TenetError
 
 __all__ = [
+    "CallResult",
+    "Client",
     "Graph",
     "GraphBuilder",
     "Tensor",
     "TenetError",
     "import_onnx",
     "load",
+    "verify_receipt",
 ]
 
 #: tenet's dtypes as numpy's. bfloat16 has no numpy dtype: bf16 results come back as float32
@@ -386,3 +394,157 @@ class GraphBuilder:
         """The validated graph with these named outputs."""
         pairs = [(name, t._t) for name, t in outputs.items()]
         return Graph(_located(self._b.finish, pairs))
+
+
+# ---------------------------------------------------------------------------------------------
+# The network: deploy a graph to a coordinator, call it, check the receipt.
+
+
+def _json_tensor(name: str, value, want: Optional[str] = None) -> dict:
+    """An array as the coordinator's JSON tensor ``{"dtype", "shape", "data"}``; non-finite
+    floats as the strings ``"nan"``, ``"inf"``, ``"-inf"``."""
+    data, dt, shape = _raw(name, value, want)
+    a = np.frombuffer(data, dtype=_NUMPY[dt])
+    flat = a.tolist()
+    if dt in ("f32", "f16"):
+        flat = [v if math.isfinite(v) else ("nan" if v != v else ("inf" if v > 0 else "-inf")) for v in flat]
+    return {"dtype": dt, "shape": shape, "data": flat}
+
+
+def _from_json_tensor(v: dict) -> np.ndarray:
+    dt = v["dtype"]
+    if dt == "bf16":
+        np_dt = np.dtype(np.float32)
+    else:
+        np_dt = _NUMPY[dt]
+    data = [float(x) if isinstance(x, str) else x for x in v["data"]]
+    return np.array(data, dtype=np_dt).reshape(v["shape"])
+
+
+def verify_receipt(receipt: Union[dict, str], coordinator_key: str, outputs: Optional[Mapping[str, object]] = None) -> None:
+    """Check a receipt offline: signed by the coordinator whose public key (hex) is given and,
+    when ``outputs`` are given, committing to exactly those outputs. Raises ``TenetError``
+    when it does not verify."""
+    text = receipt if isinstance(receipt, str) else json.dumps(receipt)
+    raw = None if outputs is None else {k: _raw(k, v) for k, v in outputs.items()}
+    _native.verify_receipt(text, coordinator_key, raw)
+
+
+class CallResult:
+    """A verified call: the agreed outputs, the signed receipt, the job's id, and the nodes
+    slashed for disagreeing."""
+
+    def __init__(self, outputs: Dict[str, np.ndarray], receipt: dict, job_id: str, slashed: list):
+        self.outputs = outputs
+        self.receipt = receipt
+        self.job_id = job_id
+        self.slashed = slashed
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.outputs[name]
+
+    def __repr__(self) -> str:
+        return f"<tenet.CallResult job {self.job_id}: {sorted(self.outputs)}, {len(self.slashed)} slashed>"
+
+
+class Client:
+    """A coordinator's REST API: ``deploy`` graphs, ``call`` them on several nodes, and get
+    results whose receipt has been checked against the coordinator's key."""
+
+    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 60.0):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self._key: Optional[str] = None
+
+    def _request(self, method: str, path: str, body: Optional[bytes] = None, content_type: str = "application/json", timeout: Optional[float] = None):
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        req.add_header("content-type", content_type)
+        if self.api_key:
+            req.add_header("authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                data = r.read()
+                return r.status, data
+        except urllib.error.HTTPError as e:
+            data = e.read()
+            try:
+                err = json.loads(data)
+                msg = err.get("error", err)
+                if isinstance(msg, dict):
+                    msg = msg.get("message", msg)
+            except ValueError:
+                msg = data.decode(errors="replace")
+            raise TenetError(f"the coordinator refused {method} {path} ({e.code}): {msg}") from None
+        except urllib.error.URLError as e:
+            raise TenetError(f"cannot reach the coordinator at {self.url}: {e.reason}") from None
+
+    def _json(self, method: str, path: str, body=None, content_type: str = "application/json", timeout=None):
+        if body is not None and not isinstance(body, (bytes, bytearray)):
+            body = json.dumps(body).encode()
+        _, data = self._request(method, path, body, content_type, timeout)
+        return json.loads(data) if data else None
+
+    @property
+    def coordinator_key(self) -> str:
+        """The coordinator's public key (hex), from its ``/v1/info``."""
+        if self._key is None:
+            self._key = self._json("GET", "/v1/info")["coordinator"]
+        return self._key
+
+    def upload(self, data: bytes) -> str:
+        """Upload a blob unless the coordinator has it; its content address."""
+        h = _native.content_hash(bytes(data))
+        try:
+            self._request("HEAD", f"/v1/blobs/{h}", content_type="application/octet-stream")
+        except TenetError:
+            self._request("PUT", f"/v1/blobs/{h}", bytes(data), "application/octet-stream", timeout=max(self.timeout, 600))
+        return h
+
+    def deploy(self, graph: Graph, weights: Union[None, PathLike, bytes, Iterable[PathLike]] = None) -> str:
+        """Upload the graph's weights (its imported ones, or the files given) and deploy it;
+        the task's id."""
+        blobs: List[bytes] = []
+        own = graph._g.imported_weights()
+        if own is not None:
+            blobs.append(bytes(own))
+        if isinstance(weights, (bytes, bytearray)):
+            blobs.append(bytes(weights))
+        elif weights is not None:
+            paths = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights)
+            for p in paths:
+                with open(os.fspath(p), "rb") as f:
+                    blobs.append(f.read())
+        for b in blobs:
+            self.upload(b)
+        task = self._json("POST", "/v1/tasks", bytes(graph._g.to_bytes()), "application/octet-stream")
+        return task["id"]
+
+    def call(self, task: str, inputs: Mapping[str, object], tier: str = "exact", seed: int = 0, wait: float = 600.0) -> CallResult:
+        """Run a deployed task on the coordinator's nodes; the agreed outputs, with a receipt
+        verified against the coordinator's key and the outputs. ``tier``: ``exact`` or
+        ``tolerant``."""
+        info = self._json("GET", f"/v1/tasks/{task}")
+        declared = {i["name"]: i["dtype"] for i in info.get("inputs", [])}
+        body = {
+            "inputs": {k: _json_tensor(k, v, declared.get(k)) for k, v in inputs.items()},
+            "tier": tier,
+            "seed": seed,
+        }
+        job = self._json("POST", f"/v1/tasks/{task}/run?async=true", body)["job_id"]
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TenetError(f"job {job} did not finish within {wait:.0f} s; ask GET /v1/jobs/{job} later")
+            step = min(left, 30.0)
+            v = self._json("GET", f"/v1/jobs/{job}?wait={step:.1f}", timeout=step + self.timeout)
+            state = v.get("state")
+            if state == "decided":
+                break
+            if state == "failed":
+                raise TenetError(f"job {job} failed: {v.get('error', 'no reason given')}")
+        outputs = {k: _from_json_tensor(t) for k, t in (v.get("outputs") or {}).items()}
+        receipt = v["receipt"]
+        verify_receipt(receipt, self.coordinator_key, outputs)
+        return CallResult(outputs, receipt, job, v.get("slashed") or [])
