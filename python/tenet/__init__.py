@@ -33,13 +33,18 @@ from ._native import TenetError
 
 __all__ = [
     "CallResult",
+    "RemoteTensor",
+    "Session",
     "Client",
     "Graph",
     "GraphBuilder",
     "Tensor",
     "TenetError",
+    "embed",
+    "generate",
     "import_onnx",
     "load",
+    "remote",
     "verify_receipt",
 ]
 
@@ -548,3 +553,40 @@ class Client:
         receipt = v["receipt"]
         verify_receipt(receipt, self.coordinator_key, outputs)
         return CallResult(outputs, receipt, job, v.get("slashed") or [])
+
+
+# ---------------------------------------------------------------------------------------------
+# The bundled models (`tenet models fetch minilm smollm2`), loaded once per process.
+
+
+def embed(sentences: Union[str, Sequence[str]], threads: Optional[int] = None, device: str = "cpu") -> np.ndarray:
+    """all-MiniLM-L6-v2 sentence embeddings: a float32 array ``[len(sentences), 384]``, the
+    same bits at any thread count."""
+    if isinstance(sentences, str):
+        sentences = [sentences]
+    sentences = list(sentences)
+    if not sentences:
+        raise TenetError("give at least one sentence to embed")
+    v = _native.embed(sentences, threads, device)
+    return np.array(v, dtype=np.float32).reshape(len(sentences), -1)
+
+
+def generate(
+    prompt: str,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool = False,
+    threads: Optional[int] = None,
+    device: str = "cpu",
+    return_tokens: bool = False,
+):
+    """SmolLM2-135M-Instruct's continuation of ``prompt`` (greedy when ``temperature`` is 0,
+    else sampled from ``seed``: the same text on every machine). ``chat`` applies the model's
+    chat template. Returns the text, or ``(text, token_ids)`` with ``return_tokens``."""
+    text, tokens = _native.generate(prompt, max_tokens, temperature, top_p, seed, chat, threads, device)
+    return (text, tokens) if return_tokens else text
+
+
+from .remote import RemoteTensor, Session, remote  # noqa: E402  (needs the names above)

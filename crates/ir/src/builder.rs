@@ -92,6 +92,13 @@ impl GraphBuilder {
         self.state.borrow().error.clone()
     }
 
+    /// The first mistake, forgotten: for interactive callers (the Python package) that report
+    /// each mistake as it happens, drop the failed op's tensor, and go on building. A failed op
+    /// adds no node, so the graph stays whole.
+    pub fn take_error(&self) -> Option<BuildError> {
+        self.state.borrow_mut().error.take()
+    }
+
     fn fail(&self, op: &'static str, message: String, loc: &Location<'_>) -> Tensor {
         let mut s = self.state.borrow_mut();
         if s.error.is_none() {
