@@ -21,9 +21,9 @@ use crate::tensor::{External, to_host};
 
 /// Known values above this many bytes become weights rather than graph constants.
 pub(crate) const MAX_INLINE_CONSTANT_BYTES: u64 = 4096;
-/// A node whose operands are all known is evaluated at import time when its operands and
-/// results each stay under this many bytes; larger ones run in the graph.
-pub(crate) const MAX_FOLD_BYTES: u64 = 64 << 20;
+/// The fold builder's own constant limits: above anything `ImportOptions::max_fold_bytes` lets
+/// through.
+const MAX_FOLD_BYTES: u64 = 1 << 30;
 
 /// A value of the ONNX graph.
 #[derive(Clone)]
@@ -145,6 +145,15 @@ impl<'s> Cx<'s> {
         }
     }
 
+    /// The dimensions of a tensor this converter made — or the builder's mistake, since a
+    /// failed op's tensor has no real shape to index.
+    pub fn dims(&self, t: &Tensor) -> Result<Vec<u64>, String> {
+        match self.g.error() {
+            Some(e) => Err(build_message(&e)),
+            None => Ok(t.shape().to_vec()),
+        }
+    }
+
     /// Evaluate `f` over known tensors now, on the reference interpreter.
     pub fn eval_known(
         &mut self,
@@ -188,6 +197,10 @@ pub(crate) struct NodeIn<'a> {
     pub opset: i64,
     pub external: &'a External<'a>,
     pub max_tensor_bytes: u64,
+    /// The largest value a node's evaluation at import may produce, and what is left of the
+    /// import's whole budget for known values (initializers and folded results together).
+    pub max_fold_bytes: u64,
+    pub fold_budget: std::cell::Cell<u64>,
     used_attrs: RefCell<HashSet<String>>,
     used_inputs: RefCell<HashSet<usize>>,
 }
@@ -199,6 +212,8 @@ impl<'a> NodeIn<'a> {
         opset: i64,
         external: &'a External<'a>,
         max_tensor_bytes: u64,
+        max_fold_bytes: u64,
+        fold_budget: u64,
     ) -> NodeIn<'a> {
         NodeIn {
             proto,
@@ -206,6 +221,8 @@ impl<'a> NodeIn<'a> {
             opset,
             external,
             max_tensor_bytes,
+            max_fold_bytes,
+            fold_budget: std::cell::Cell::new(fold_budget),
             used_attrs: RefCell::new(HashSet::new()),
             used_inputs: RefCell::new(HashSet::new()),
         }
@@ -213,6 +230,17 @@ impl<'a> NodeIn<'a> {
 
     pub fn op_type(&self) -> &str {
         self.proto.op_type.as_deref().unwrap_or("")
+    }
+
+    /// Whether a known result of `bytes` may be kept (it is then charged to the budget).
+    pub fn may_keep(&self, bytes: u64) -> bool {
+        let left = self.fold_budget.get();
+        if bytes <= self.max_fold_bytes && bytes <= left {
+            self.fold_budget.set(left - bytes);
+            true
+        } else {
+            false
+        }
     }
 
     /// The name of output `i` (for known results).
@@ -382,7 +410,7 @@ pub(crate) fn convert_node(
     let foldable = !n.inputs.is_empty()
         && n.inputs.iter().all(|v| match v {
             None => true,
-            Some(Value::Known(k)) => (k.t.bytes().len() as u64) <= MAX_FOLD_BYTES,
+            Some(Value::Known(k)) => (k.t.bytes().len() as u64) <= n.max_fold_bytes,
             Some(Value::Sym(_)) => false,
         });
     if foldable && let Some(outs) = try_fold(n, convert)? {
@@ -413,10 +441,10 @@ fn try_fold(
             Value::Known(_) => None,
         })
         .collect();
-    let too_big = sym
-        .iter()
-        .any(|t| t.ty().bytes().is_none_or(|b| b > MAX_FOLD_BYTES));
-    if too_big {
+    let bytes = sym.iter().try_fold(0u64, |acc, t| {
+        t.ty().bytes().and_then(|b| acc.checked_add(b))
+    });
+    if !bytes.is_some_and(|b| n.may_keep(b)) {
         return Ok(None);
     }
     let mut computed = if sym.is_empty() {

@@ -42,8 +42,10 @@ pub struct ImportOptions {
     pub max_model_bytes: u64,
     /// The largest single tensor (initializer, constant, external data).
     pub max_tensor_bytes: u64,
-    /// All initializers together.
+    /// All known values together: initializers and the results folded at import.
     pub max_total_bytes: u64,
+    /// The largest result one node may fold into at import (larger ones run in the graph).
+    pub max_fold_bytes: u64,
 }
 
 impl Default for ImportOptions {
@@ -54,6 +56,7 @@ impl Default for ImportOptions {
             max_model_bytes: 2 << 30,
             max_tensor_bytes: 4 << 30,
             max_total_bytes: 16 << 30,
+            max_fold_bytes: 64 << 20,
         }
     }
 }
@@ -64,6 +67,7 @@ pub fn fuzz_limits() -> ImportOptions {
         max_model_bytes: 1 << 20,
         max_tensor_bytes: 1 << 20,
         max_total_bytes: 4 << 20,
+        max_fold_bytes: 1 << 20,
         ..ImportOptions::default()
     }
 }
@@ -332,8 +336,11 @@ impl<'m> Importer<'m> {
                 self.opset,
                 self.external,
                 self.opts.max_tensor_bytes,
+                self.opts.max_fold_bytes,
+                self.opts.max_total_bytes.saturating_sub(total),
             );
             let outs = convert::convert_node(&mut cx, &n, convert).map_err(fail)?;
+            total = self.opts.max_total_bytes - n.fold_budget.get();
             if all_known && outs.iter().all(|v| matches!(v, Value::Known(_))) {
                 report.folded_nodes += 1;
             }

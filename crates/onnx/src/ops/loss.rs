@@ -34,7 +34,7 @@ fn nll(
         Some(m) => m.where_(&zero_i, &t),
         None => t.clone(),
     };
-    let mut dims = super::signed(safe.shape());
+    let mut dims = super::signed(&cx.dims(&safe)?);
     dims.insert(1, 1);
     let picked = gather_elements_of(cx, input, &safe.reshape(&dims), 1)
         .reshape(&super::signed(safe.shape()));

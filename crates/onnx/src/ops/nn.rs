@@ -16,12 +16,15 @@ pub(crate) fn matmul(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     let b2 = if b1 { b.reshape(&[-1, 1]) } else { b };
     let mut y = a2.matmul(&b2);
     if a1 || b1 {
-        let mut dims = y.shape().to_vec();
+        // numpy drops the 1 it put in: before the last axis for a vector on the left, the
+        // last axis for one on the right.
+        let mut dims = cx.dims(&y)?;
         if b1 {
             dims.pop();
         }
         if a1 {
-            dims.remove(dims.len() - 1);
+            let at = if b1 { dims.len() - 1 } else { dims.len() - 2 };
+            dims.remove(at);
         }
         y = y.reshape(&signed(&dims));
     }
@@ -53,6 +56,9 @@ pub(crate) fn gemm(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     }
     one(y)
 }
+
+/// The largest pad, output size or output padding ConvTranspose takes (tenet's dimension limit).
+const LIMIT: i64 = 1 << 40;
 
 /// Strides, dilations and padding of a 1-D or 2-D window op.
 struct Window {
@@ -158,6 +164,11 @@ fn spatial_rank(x: &Tensor) -> Result<usize, String> {
 }
 
 fn check_kernel(n: &NodeIn, kernel: &[u64]) -> Result<(), String> {
+    if kernel.iter().any(|&k| k == 0 || k > u32::MAX as u64) {
+        return Err(format!(
+            "has a kernel of {kernel:?}; every extent must be 1 or more"
+        ));
+    }
     if let Some(k) = n.ints("kernel_shape")?
         && k.iter().map(|&x| x as u64).collect::<Vec<_>>() != kernel
     {
@@ -195,7 +206,7 @@ pub(crate) fn conv(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
         groups,
     );
     let y = if r == 1 {
-        let s = y.shape().to_vec();
+        let s = cx.dims(&y)?;
         y.reshape(&[s[0] as i64, s[1] as i64, s[3] as i64])
     } else {
         y
@@ -228,24 +239,39 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
             )
         })?;
     let spatial = x.shape()[2..].to_vec();
+    if spatial.contains(&0) {
+        return Err(format!("has an empty input {}", x.ty()));
+    }
     let strides = positive(n.ints("strides")?, r, "strides")?;
     let dilations = positive(n.ints("dilations")?, r, "dilations")?;
     let out_pad = match n.ints("output_padding")? {
         None => vec![0; r],
-        Some(p) if p.len() == r && p.iter().all(|&v| v >= 0) => {
+        Some(p) if p.len() == r && p.iter().all(|&v| (0..=LIMIT).contains(&v)) => {
             p.iter().map(|&v| v as u64).collect()
         }
         Some(p) => return Err(format!("output_padding {p:?} should be {r} values ≥ 0")),
     };
     let full: Vec<u64> = (0..r)
-        .map(|i| strides[i] * (spatial[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1)
-        .collect();
+        .map(|i| {
+            let up = strides[i].checked_mul(spatial[i] - 1)?;
+            let span = (kernel[i] - 1).checked_mul(dilations[i])?;
+            up.checked_add(out_pad[i])?
+                .checked_add(span)?
+                .checked_add(1)
+        })
+        .collect::<Option<_>>()
+        .ok_or("has an output size that overflows")?;
+    if full.iter().any(|&f| f > 1 << 40) {
+        return Err(format!(
+            "has an output of {full:?}, beyond tenet's dimension limit"
+        ));
+    }
     let auto_pad = n.string("auto_pad", "NOTSET")?;
     let output_shape = n.ints("output_shape")?;
     let pads = n.ints("pads")?;
     let (begin, end): (Vec<i64>, Vec<i64>) = if let Some(os) = output_shape {
         let os = &os[os.len().saturating_sub(r)..];
-        if os.len() != r {
+        if os.len() != r || os.iter().any(|&v| !(1..=LIMIT).contains(&v)) {
             return Err(format!(
                 "output_shape {os:?} should have {r} spatial values"
             ));
@@ -259,7 +285,7 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
             }
             "NOTSET" | "VALID" => match pads {
                 None => (vec![0; r], vec![0; r]),
-                Some(p) if p.len() == 2 * r && p.iter().all(|&v| v >= 0) => {
+                Some(p) if p.len() == 2 * r && p.iter().all(|&v| (0..=LIMIT).contains(&v)) => {
                     (p[..r].to_vec(), p[r..].to_vec())
                 }
                 Some(p) => return Err(format!("pads {p:?} should be {} values ≥ 0", 2 * r)),
@@ -304,7 +330,7 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
     for (i, &s) in strides.iter().enumerate() {
         let ax = 2 + i;
         if s > 1 {
-            let len = xu.shape()[ax];
+            let len = cx.dims(&xu)?[ax];
             let mut dims = signed(xu.shape());
             dims.insert(ax + 1, 1);
             let mut pads = vec![(0u64, 0u64); dims.len()];
@@ -325,7 +351,7 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
         let span = ((kernel[i] - 1) * dilations[i]) as i64;
         let before = span - begin[i];
         let after = span - end[i] + out_pad[i] as i64;
-        let len = xu.shape()[ax] as i64;
+        let len = cx.dims(&xu)?[ax] as i64;
         let (crop_b, crop_a) = ((-before).max(0), (-after).max(0));
         if crop_b + crop_a > 0 {
             if crop_b + crop_a >= len {
@@ -356,7 +382,7 @@ pub(crate) fn conv_transpose(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
         g as u32,
     );
     let y = if r == 1 {
-        let s = y.shape().to_vec();
+        let s = cx.dims(&y)?;
         y.reshape(&[s[0] as i64, s[1] as i64, s[3] as i64])
     } else {
         y
@@ -499,7 +525,7 @@ pub(crate) fn pool(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     };
     let y = x2.pool2d(kind, u32s(&kernel)?, window);
     let y = if r == 1 {
-        let s = y.shape().to_vec();
+        let s = cx.dims(&y)?;
         y.reshape(&[s[0] as i64, s[1] as i64, s[3] as i64])
     } else {
         y

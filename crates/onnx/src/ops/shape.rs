@@ -7,7 +7,7 @@
 use tenet_ir::{DType, HostTensor, Tensor, TensorType};
 
 use super::{axis, index_tensor, one, product, signed};
-use crate::convert::{Cx, MAX_FOLD_BYTES, NodeIn, Value, ints_of};
+use crate::convert::{Cx, NodeIn, Value, ints_of};
 
 pub(crate) fn constant(_cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     let name = n.out_name(0);
@@ -73,7 +73,7 @@ pub(crate) fn constant_of_shape(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, S
     };
     let ty = TensorType::new(value.dtype(), dims.clone());
     let bytes = ty.bytes().ok_or("shape has too many elements")?;
-    if bytes <= MAX_FOLD_BYTES {
+    if n.may_keep(bytes) {
         let data = value.bytes().repeat(product(&dims) as usize);
         let t = HostTensor::new(ty, data).map_err(|e| e.to_string())?;
         return Ok(vec![Value::known(n.out_name(0), t)]);
@@ -87,11 +87,12 @@ pub(crate) fn range(_cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     let limit = n.known(1, "limit")?.ok_or("needs limit")?;
     let delta = n.known(2, "delta")?.ok_or("needs delta")?;
     let dtype = start.dtype();
-    const MAX: f64 = (1u64 << 26) as f64;
+    // Known at import: bounded like any folded value.
+    let max = (n.max_fold_bytes.min(n.fold_budget.get()) / 8).min(1 << 26) as f64;
     if dtype.is_float() {
         let (s, l, d) = (start.get_f32(0), limit.get_f32(0), delta.get_f32(0));
         let count = ((l - s) / d).ceil().max(0.0) as f64;
-        if count.is_nan() || count > MAX {
+        if count.is_nan() || count > max {
             return Err(format!("would make {count} elements"));
         }
         let v: Vec<f32> = (0..count as usize).map(|i| s + i as f32 * d).collect();
@@ -113,10 +114,12 @@ pub(crate) fn range(_cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     }
     let span = (l as i128 - s as i128) as f64 / d as f64;
     let count = span.ceil().max(0.0);
-    if count > MAX {
+    if count > max {
         return Err(format!("would make {count} elements"));
     }
-    let v: Vec<i64> = (0..count as i64).map(|i| s.wrapping_add(i * d)).collect();
+    let v: Vec<i64> = (0..count as i64)
+        .map(|i| s.wrapping_add(i.wrapping_mul(d)))
+        .collect();
     let t = match dtype {
         DType::I64 => HostTensor::from_i64(&[v.len() as u64], &v),
         DType::I32 => HostTensor::from_i32(
@@ -293,7 +296,10 @@ pub(crate) fn split(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     Ok(outs)
 }
 
-/// numpy-style slicing of one axis: the selected indices, in order.
+/// The most indices a converter lists for a gather (reversed slices, edge and reflect pads).
+const MAX_INDEX_LIST: u64 = 1 << 20;
+
+/// numpy-style slicing of one axis (a negative step): the selected indices, in order.
 fn slice_indices(dim: u64, start: i64, end: i64, step: i64) -> Vec<i64> {
     let d = dim as i128;
     let norm = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
@@ -347,19 +353,25 @@ pub(crate) fn slice(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     }
     for i in 0..starts.len() {
         let a = axes[i];
-        let dim = x.shape()[a];
+        let dim = cx.dims(&x)?[a];
         let step = steps[i];
         if step == 0 {
             return Err("has a step of 0".into());
         }
-        let idx = slice_indices(dim, starts[i], ends[i], step);
         if step > 0 {
-            let (s, e) = match (idx.first(), idx.last()) {
-                (Some(&f), Some(&l)) => (f as u64, l as u64 + 1),
-                _ => (0, 0),
-            };
+            // numpy's clamping, then the builder's slice (no index list).
+            let d = dim as i128;
+            let norm = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
+            let s = norm(starts[i]).clamp(0, d) as u64;
+            let e = (norm(ends[i]).clamp(0, d) as u64).max(s);
             x = x.slice(a as i64, s, e, step as u64);
         } else {
+            if dim > MAX_INDEX_LIST {
+                return Err(format!(
+                    "reverses an axis of {dim}; tenet lists at most {MAX_INDEX_LIST} indices"
+                ));
+            }
+            let idx = slice_indices(dim, starts[i], ends[i], step);
             x = x.gather(&index_tensor(cx, &[idx.len() as u64], &idx), a as i64);
         }
     }
@@ -420,7 +432,16 @@ pub(crate) fn tile(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
         split.extend([1, *d as i64]);
         wide.extend([*r, *d]);
     }
-    let out: Vec<i64> = s.iter().zip(&reps).map(|(d, r)| (d * r) as i64).collect();
+    let out: Vec<i64> = s
+        .iter()
+        .zip(&reps)
+        .map(|(d, r)| {
+            d.checked_mul(*r)
+                .filter(|&v| v <= 1 << 40)
+                .map(|v| v as i64)
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("repeats {reps:?} make a tensor beyond tenet's limits"))?;
     one(x.reshape(&split).expand(&wide).reshape(&out))
 }
 
@@ -452,11 +473,14 @@ pub(crate) fn pad(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
         ));
     }
     let k = axes.len();
+    if pads.iter().any(|&p| p.unsigned_abs() > 1 << 40) {
+        return Err(format!("pads {pads:?} are beyond tenet's dimension limit"));
+    }
     // Negative pads crop first.
     for (i, &a) in axes.iter().enumerate() {
         let (b, e) = (pads[i], pads[k + i]);
         if b < 0 || e < 0 {
-            let len = x.shape()[a] as i64;
+            let len = cx.dims(&x)?[a] as i64;
             let s = (-b).max(0);
             let end = len - (-e).max(0);
             if s > end {
@@ -484,7 +508,13 @@ pub(crate) fn pad(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
                 if b == 0 && e == 0 {
                     continue;
                 }
-                let len = x.shape()[a] as i64;
+                let len = cx.dims(&x)?[a] as i64;
+                if (len as u64).saturating_add((b + e) as u64) > MAX_INDEX_LIST {
+                    return Err(format!(
+                        "{mode} padding of an axis to {} elements; tenet lists at most {MAX_INDEX_LIST} indices",
+                        len + b + e
+                    ));
+                }
                 if len == 0 || (mode == "reflect" && (b >= len || e >= len)) {
                     return Err(format!("{mode} padding of {b}/{e} on an axis of {len}"));
                 }
@@ -518,7 +548,7 @@ pub(crate) fn depth_to_space(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
     let b = n.int("blocksize", 0)?;
     let b = u64::try_from(b)
         .ok()
-        .filter(|&b| b >= 1 && c % (b * b) == 0)
+        .filter(|&b| (1..=1 << 16).contains(&b) && c % (b * b) == 0)
         .ok_or_else(|| format!("blocksize {b} does not divide {c} channels"))?;
     let c2 = c / (b * b);
     let (dims, perm): (Vec<u64>, [u32; 6]) = match n.string("mode", "DCR")?.as_str() {
@@ -538,7 +568,7 @@ pub(crate) fn space_to_depth(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, Stri
     let b = n.int("blocksize", 0)?;
     let b = u64::try_from(b)
         .ok()
-        .filter(|&b| b >= 1 && h % b == 0 && w % b == 0)
+        .filter(|&b| (1..=1 << 16).contains(&b) && h % b == 0 && w % b == 0)
         .ok_or_else(|| format!("blocksize {b} does not divide {h}×{w}"))?;
     one(x
         .reshape(&signed(&[nb, c, h / b, b, w / b, b]))
@@ -795,7 +825,7 @@ pub(crate) fn one_hot(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     let zero = cx.g.scalar(DType::I64, 0.0);
     let d = cx.g.scalar(DType::I64, depth as f64);
     let idx = idx.lt(&zero).where_(&(&idx + &d), &idx);
-    let mut dims = signed(idx.shape());
+    let mut dims = signed(&cx.dims(&idx)?);
     dims.insert(a, 1);
     let hot = idx
         .reshape(&dims)
