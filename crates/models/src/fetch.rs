@@ -52,11 +52,20 @@ pub const RAPIDOCR: ModelPackage = ModelPackage {
     description: "RapidOCR PP-OCRv4 text detector and recogniser (ONNX, opset 11-12)",
 };
 
-pub const MODELS: [ModelPackage; 4] = [MINILM, SMOLLM2, ONNX_TESTS, RAPIDOCR];
+/// Silero VAD, a voice-activity model with an LSTM, as ONNX (several exports).
+pub const SILERO_VAD: ModelPackage = ModelPackage {
+    name: "silero-vad",
+    package: "silero-vad",
+    version: "6.2.3",
+    sha256: "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
+    description: "Silero VAD voice-activity detector (ONNX: LSTM, If; opset 15-18)",
+};
+
+pub const MODELS: [ModelPackage; 5] = [MINILM, SMOLLM2, ONNX_TESTS, RAPIDOCR, SILERO_VAD];
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("unknown model {0:?} (known: minilm, smollm2, onnx-tests, rapidocr)")]
+    #[error("unknown model {0:?} (known: minilm, smollm2, onnx-tests, rapidocr, silero-vad)")]
     Unknown(String),
     #[error("cannot run {python}: {source} (set TENET_PYTHON to a Python 3 with pip)")]
     Python {

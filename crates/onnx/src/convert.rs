@@ -357,6 +357,22 @@ impl<'a> NodeIn<'a> {
         }
     }
 
+    /// A list-of-strings attribute.
+    pub fn attr_strings(&self, name: &str) -> Result<Option<Vec<String>>, String> {
+        match self.attr(name) {
+            None => Ok(None),
+            Some(a) => a
+                .strings
+                .iter()
+                .map(|s| {
+                    String::from_utf8(s.clone())
+                        .map_err(|_| format!("attribute {name:?} is not UTF-8"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+        }
+    }
+
     pub fn tensor_attr(&self, name: &str) -> Result<Option<HostTensor>, String> {
         match self.attr(name) {
             None => Ok(None),

@@ -27,6 +27,9 @@ use crate::tensor::External;
 pub use crate::ops::supported_ops;
 pub use crate::tensor::to_proto;
 
+/// How deep `If` branches may nest.
+const MAX_BRANCH_DEPTH: usize = 16;
+
 /// The newest ONNX opset imported (that of onnx 1.23).
 pub const MAX_OPSET: i64 = 28;
 
@@ -294,62 +297,14 @@ impl<'m> Importer<'m> {
                 });
             }
         }
-        for (index, node) in graph.node.iter().enumerate() {
-            let op_type = node.op_type.clone().unwrap_or_default();
-            *report.op_counts.entry(op_type.clone()).or_default() += 1;
-            let fail = |message: String| ImportError::Node {
-                node: match node.name.as_deref() {
-                    Some(n) if !n.is_empty() => n.to_string(),
-                    _ => format!("#{index}"),
-                },
-                op_type: op_type.clone(),
-                message,
-            };
-            if !matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
-                return Err(fail(format!(
-                    "is in the domain {:?}; tenet imports only the standard ONNX domain",
-                    node.domain.as_deref().unwrap_or("")
-                )));
-            }
-            let Some(convert) = ops::converter(&op_type) else {
-                return Err(fail(format!(
-                    "tenet has no mapping for the op type {op_type:?} (supported: docs/ONNX.md)"
-                )));
-            };
-            let mut inputs = Vec::with_capacity(node.input.len());
-            for name in &node.input {
-                if name.is_empty() {
-                    inputs.push(None);
-                    continue;
-                }
-                let v = values.get(name).ok_or_else(|| {
-                    fail(format!(
-                        "reads {name:?}, which no earlier node, input or initializer produces (the graph is not in topological order, or has a cycle)"
-                    ))
-                })?;
-                inputs.push(Some(v.clone()));
-            }
-            let all_known = inputs.iter().all(|v| !matches!(v, Some(Value::Sym(_))));
-            let n = NodeIn::new(
-                node,
-                inputs,
-                self.opset,
-                self.external,
-                self.opts.max_tensor_bytes,
-                self.opts.max_fold_bytes,
-                self.opts.max_total_bytes.saturating_sub(total),
-            );
-            let outs = convert::convert_node(&mut cx, &n, convert).map_err(fail)?;
-            total = self.opts.max_total_bytes - n.fold_budget.get();
-            if all_known && outs.iter().all(|v| matches!(v, Value::Known(_))) {
-                report.folded_nodes += 1;
-            }
-            for (name, v) in node.output.iter().zip(outs) {
-                if !name.is_empty() {
-                    values.insert(name.clone(), v);
-                }
-            }
-        }
+        self.convert_nodes(
+            &graph.node,
+            &mut values,
+            &mut cx,
+            &mut report,
+            &mut total,
+            0,
+        )?;
         let mut outputs = Vec::new();
         let mut seen = HashSet::new();
         for out in &graph.output {
@@ -414,6 +369,153 @@ impl<'m> Importer<'m> {
             weights: Some(weights),
             report,
         })
+    }
+
+    /// Convert `nodes` in order into `values`: each one folded or built by its converter; an
+    /// `If` whose condition is known at import is replaced by the nodes of the branch it
+    /// takes (`depth` counts the branches entered).
+    fn convert_nodes(
+        &self,
+        nodes: &[crate::onnx_proto::NodeProto],
+        values: &mut HashMap<String, Value>,
+        cx: &mut Cx,
+        report: &mut Report,
+        total: &mut u64,
+        depth: usize,
+    ) -> Result<(), ImportError> {
+        for (index, node) in nodes.iter().enumerate() {
+            let op_type = node.op_type.clone().unwrap_or_default();
+            *report.op_counts.entry(op_type.clone()).or_default() += 1;
+            let fail = |message: String| ImportError::Node {
+                node: match node.name.as_deref() {
+                    Some(n) if !n.is_empty() => n.to_string(),
+                    _ => format!("#{index}"),
+                },
+                op_type: op_type.clone(),
+                message,
+            };
+            if !matches!(node.domain.as_deref(), None | Some("") | Some("ai.onnx")) {
+                return Err(fail(format!(
+                    "is in the domain {:?}; tenet imports only the standard ONNX domain",
+                    node.domain.as_deref().unwrap_or("")
+                )));
+            }
+            if op_type == "If" {
+                let branch = self.taken_branch(node, values, depth).map_err(fail)?;
+                for init in &branch.initializer {
+                    let name = init.name.clone().unwrap_or_default();
+                    let t = tensor::to_host(init, self.external, self.opts.max_tensor_bytes)
+                        .map_err(|message| ImportError::Initializer {
+                            name: name.clone(),
+                            message,
+                        })?;
+                    *total += t.bytes().len() as u64;
+                    if *total > self.opts.max_total_bytes {
+                        return Err(ImportError::Model(format!(
+                            "has more than {} bytes of known values",
+                            self.opts.max_total_bytes
+                        )));
+                    }
+                    values.insert(name.clone(), Value::known(&name, t));
+                }
+                self.convert_nodes(&branch.node, values, cx, report, total, depth + 1)?;
+                if branch.output.len() < node.output.len() {
+                    return Err(fail("its branch has fewer outputs than the node".into()));
+                }
+                for (out, inner) in node.output.iter().zip(&branch.output) {
+                    let inner = inner.name.clone().unwrap_or_default();
+                    let v = values.get(&inner).cloned().ok_or_else(|| {
+                        fail(format!(
+                            "its branch's output {inner:?} is produced by nothing"
+                        ))
+                    })?;
+                    if !out.is_empty() {
+                        values.insert(out.clone(), v);
+                    }
+                }
+                continue;
+            }
+            let Some(convert) = ops::converter(&op_type) else {
+                return Err(fail(format!(
+                    "tenet has no mapping for the op type {op_type:?} (supported: docs/ONNX.md)"
+                )));
+            };
+            let mut inputs = Vec::with_capacity(node.input.len());
+            for name in &node.input {
+                if name.is_empty() {
+                    inputs.push(None);
+                    continue;
+                }
+                let v = values.get(name).ok_or_else(|| {
+                    fail(format!(
+                        "reads {name:?}, which no earlier node, input or initializer produces (the graph is not in topological order, or has a cycle)"
+                    ))
+                })?;
+                inputs.push(Some(v.clone()));
+            }
+            let all_known = inputs.iter().all(|v| !matches!(v, Some(Value::Sym(_))));
+            let n = NodeIn::new(
+                node,
+                inputs,
+                self.opset,
+                self.external,
+                self.opts.max_tensor_bytes,
+                self.opts.max_fold_bytes,
+                self.opts.max_total_bytes.saturating_sub(*total),
+            );
+            let outs = convert::convert_node(cx, &n, convert).map_err(fail)?;
+            *total = self.opts.max_total_bytes - n.fold_budget.get();
+            if all_known && outs.iter().all(|v| matches!(v, Value::Known(_))) {
+                report.folded_nodes += 1;
+            }
+            for (name, v) in node.output.iter().zip(outs) {
+                if !name.is_empty() {
+                    values.insert(name.clone(), v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The branch an `If` takes: its condition must be known at import.
+    fn taken_branch<'n>(
+        &self,
+        node: &'n crate::onnx_proto::NodeProto,
+        values: &HashMap<String, Value>,
+        depth: usize,
+    ) -> Result<&'n crate::onnx_proto::GraphProto, String> {
+        if depth >= MAX_BRANCH_DEPTH {
+            return Err(format!("nests branches deeper than {MAX_BRANCH_DEPTH}"));
+        }
+        if let Some(a) = node
+            .attribute
+            .iter()
+            .find(|a| !matches!(a.name.as_deref(), Some("then_branch") | Some("else_branch")))
+        {
+            return Err(format!(
+                "attribute {:?} is not supported",
+                a.name.as_deref().unwrap_or("")
+            ));
+        }
+        let cond_name = node.input.first().ok_or("has no condition")?;
+        let cond = match values.get(cond_name) {
+            Some(Value::Known(k)) if k.t.numel() == 1 => k.t.bytes().iter().any(|&b| b != 0),
+            Some(Value::Known(k)) => {
+                return Err(format!("has a condition of {} elements", k.t.numel()));
+            }
+            Some(Value::Sym(_)) => {
+                return Err(format!(
+                    "branches on {cond_name:?}, which is computed from the graph's inputs: tenet imports an If only when its condition is known when the model is imported; fix it with --fix {cond_name:?}=VALUE if it is an input, or the input it depends on"
+                ));
+            }
+            None => return Err(format!("reads {cond_name:?}, which nothing produces")),
+        };
+        let which = if cond { "then_branch" } else { "else_branch" };
+        node.attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(which))
+            .and_then(|a| a.g.as_ref())
+            .ok_or_else(|| format!("has no {which}"))
     }
 
     /// A graph input's declared dtype and dimensions (`None` where dynamic).

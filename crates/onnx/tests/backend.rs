@@ -133,6 +133,7 @@ fn run_case(dir: &Path) -> Outcome {
         // Inputs such as axes or sizes must be known at import: fix each one the importer
         // names to the data set's value, as a user would with `tenet import --fix`.
         Err(e) if e.to_string().contains("known when the model is imported") => {
+            // (An If's condition, Reshape's shape, Resize's sizes, ...)
             for set in &sets {
                 let inputs = match set_inputs(set) {
                     Ok(i) => i,

@@ -6,6 +6,7 @@ mod elementwise;
 mod loss;
 mod nn;
 mod reduce;
+mod rnn;
 mod shape;
 
 use tenet_ir::{DType, Tensor};
@@ -108,6 +109,8 @@ const TABLE: &[(&str, Converter)] = &[
     ("ReduceLogSumExp", reduce::reduce),
     ("ArgMax", reduce::arg),
     ("ArgMin", reduce::arg),
+    // rnn.rs
+    ("LSTM", rnn::lstm),
     // loss.rs
     ("NegativeLogLikelihoodLoss", loss::nll_loss),
     ("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy),
