@@ -152,6 +152,21 @@ fn profile(graph: &Graph, backend: &str, total_ms: f64, stats: &tenet_exec::RunS
             100.0 * ms / total_ms.max(1e-9)
         );
     }
+    if !stats.slowest.is_empty() {
+        s += "slowest steps
+";
+        for (node, kind, nanos) in &stats.slowest {
+            let n = graph.node(*node);
+            s += &format!(
+                "  {:<7} {:<10} {:>9.3} ms  {} -> {}\n",
+                node.to_string(),
+                kind,
+                *nanos as f64 / 1e6,
+                n.op.name(),
+                n.ty
+            );
+        }
+    }
     s
 }
 

@@ -340,7 +340,11 @@ impl CpuProgram {
             if stopped.load(Ordering::Relaxed) {
                 return Err(ExecError::Stopped);
             }
-            stats.add_time(self.step_kind(step), started.elapsed().as_nanos() as u64);
+            stats.add_step(
+                id,
+                self.step_kind(step),
+                started.elapsed().as_nanos() as u64,
+            );
             let is_input = matches!(g.node(id).op, Op::Input { .. });
             values.insert(id, value);
             if !is_input {

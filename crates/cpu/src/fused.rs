@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use tenet_ir::{BinaryOp, Graph, NodeId, Op, UnaryOp};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::vmath::{Arith, ScalarSide};
+use tenet_kernels::vmath::{self as vm, Arith, ScalarSide};
 use tenet_reference::math::canonical as canon;
 use tenet_reference::{binary_f32, unary_f32};
 
@@ -454,6 +454,15 @@ fn compute(
                     .zip(x)
                     .for_each(|(d, &v)| *d = f32::from_bits(v.to_bits() & 0x7fff_ffff)),
                 UnaryOp::Exp => tenet_kernels::vmath::exp_slice(level, x, dst),
+                UnaryOp::Relu => tenet_kernels::vmath::relu_slice(level, x, dst),
+                UnaryOp::Sigmoid => {
+                    // The reference's 1 / (1 + exp(−x)), one correctly rounded step at a time.
+                    s1.clear();
+                    s1.extend(x.iter().map(|&v| f32::from_bits(v.to_bits() ^ 0x8000_0000)));
+                    tenet_kernels::vmath::exp_slice(level, s1, dst);
+                    vm::arith_scalar_assign(level, Arith::Add, dst, 1.0, ScalarSide::Left);
+                    vm::arith_scalar_assign(level, Arith::Div, dst, 1.0, ScalarSide::Left);
+                }
                 UnaryOp::GeluErf => tenet_kernels::vmath::gelu_erf_slice(level, x, dst),
                 op => dst
                     .iter_mut()
@@ -465,6 +474,11 @@ fn compute(
             let Some(arith) = arith_of(*op) else {
                 let a = operand(&m.srcs[0], done, prior, start, len, s0);
                 let b = operand(&m.srcs[1], done, prior, start, len, s1);
+                if matches!(op, BinaryOp::Max | BinaryOp::Min) {
+                    let max = *op == BinaryOp::Max;
+                    tenet_kernels::vmath::minmax_slice(level, max, a, b, dst);
+                    return;
+                }
                 dst.iter_mut()
                     .zip(a.iter().zip(b))
                     .for_each(|(d, (&p, &q))| *d = canon(binary_f32(*op, p, q)));

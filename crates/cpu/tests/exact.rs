@@ -585,3 +585,49 @@ fn convolutions_on_the_gemm_keep_the_bits() {
         assert_same_everywhere(&graph, &inputs, &weights, 0);
     }
 }
+
+/// Fused chains with the vectorised max, min, relu and sigmoid (HardSwish, clipping, gates) keep
+/// the reference's bits on special values: NaN, ±0, ±inf, denormals.
+#[test]
+fn fused_max_min_relu_sigmoid_keep_the_bits() {
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[3, 1000]);
+    let y = g.input("y", DType::F32, &[3, 1000]);
+    let six = g.scalar(DType::F32, 6.0);
+    let zero = g.scalar(DType::F32, 0.0);
+    let hs = &x * &(&x + 3.0).maximum(&zero).minimum(&six);
+    let mixed = hs.maximum(&y).minimum(&(&y * 2.0)).relu() + x.sigmoid() + y.minimum(&x).sigmoid();
+    let pairs = (&x + 0.0).maximum(&y) * 2.0;
+    let pairs_min = (&x + 0.0).minimum(&y) * 2.0;
+    let graph = g
+        .finish(&[("out", &mixed), ("max", &pairs), ("min", &pairs_min)])
+        .unwrap();
+    let (mut inputs, weights) = random_io(&graph, 77);
+    let specials = [
+        f32::NAN,
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        -1e-40,
+        89.0,
+        -104.0,
+    ];
+    for name in ["x", "y"] {
+        let t = &inputs[name];
+        let mut v = t.to_f32_vec();
+        let n = v.len();
+        for (i, s) in specials.iter().enumerate() {
+            v[i * 37 % n] = *s;
+        }
+        // Every pair of special values side by side in x and y.
+        for (i, a) in specials.iter().enumerate() {
+            for (j, b) in specials.iter().enumerate() {
+                v[500 + i * specials.len() + j] = if name == "x" { *a } else { *b };
+            }
+        }
+        inputs.insert(name.into(), HostTensor::from_f32(t.shape(), &v).unwrap());
+    }
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}

@@ -66,7 +66,13 @@ pub struct RunStats {
     /// step every [`POLL_ELEMENTS`] element operations (or block of rows, batch entry, slab
     /// of a product).
     pub polls: u64,
+    /// The slowest steps, slowest first (at most [`SLOWEST_KEPT`]): the node each step
+    /// produced, its kind and its time.
+    pub slowest: Vec<(tenet_ir::NodeId, &'static str, u64)>,
 }
+
+/// How many of the slowest steps a run keeps in [`RunStats::slowest`].
+pub const SLOWEST_KEPT: usize = 12;
 
 /// The steps of one kind in a run: how many and how long they took together.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +86,16 @@ pub struct StepTime {
 }
 
 impl RunStats {
+    /// Count a step that produced `node`: its kind's total, and the slowest steps.
+    pub fn add_step(&mut self, node: tenet_ir::NodeId, kind: &'static str, nanos: u64) {
+        self.add_time(kind, nanos);
+        let at = self.slowest.partition_point(|s| s.2 >= nanos);
+        if at < SLOWEST_KEPT {
+            self.slowest.insert(at, (node, kind, nanos));
+            self.slowest.truncate(SLOWEST_KEPT);
+        }
+    }
+
     pub fn add_time(&mut self, kind: &'static str, nanos: u64) {
         match self.time_by_kind.iter_mut().find(|t| t.kind == kind) {
             Some(t) => {

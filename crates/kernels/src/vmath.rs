@@ -124,6 +124,76 @@ pub fn arith_scalar_assign(level: SimdLevel, op: Arith, acc: &mut [f32], s: f32,
     }
 }
 
+/// `out[i] = max(a[i], b[i])` (`min` when `max` is false) with the reference's rules: NaN if
+/// either is NaN (the canonical NaN), `max(−0, +0) = +0`, `min(−0, +0) = −0`.
+pub fn minmax_slice(level: SimdLevel, max: bool, a: &[f32], b: &[f32], out: &mut [f32]) {
+    assert!(
+        a.len() == out.len() && b.len() == out.len(),
+        "operands and output differ in length"
+    );
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::minmax_avx512(max, a, b, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::minmax_avx2(max, a, b, out) },
+        _ => minmax_lanes(max, a, b, out),
+    }
+}
+
+/// [`minmax_slice`]'s loop: equal operands (±0 included) combine their bits — AND keeps +0
+/// for max, OR keeps −0 for min, and equal non-zero values are the same bits either way.
+#[inline(always)]
+fn minmax_lanes(max: bool, a: &[f32], b: &[f32], out: &mut [f32]) {
+    let it = out.iter_mut().zip(a.iter().zip(b));
+    if max {
+        it.for_each(|(o, (&p, &q))| {
+            let pick = if p > q { p } else { q };
+            let eq = f32::from_bits(p.to_bits() & q.to_bits());
+            let r = if p == q { eq } else { pick };
+            *o = if p.is_nan() || q.is_nan() {
+                math::NAN
+            } else {
+                r
+            };
+        });
+    } else {
+        it.for_each(|(o, (&p, &q))| {
+            let pick = if p < q { p } else { q };
+            let eq = f32::from_bits(p.to_bits() | q.to_bits());
+            let r = if p == q { eq } else { pick };
+            *o = if p.is_nan() || q.is_nan() {
+                math::NAN
+            } else {
+                r
+            };
+        });
+    }
+}
+
+/// `out[i] = relu(x[i])`: `x` when above 0, else +0; NaN stays NaN (canonical).
+pub fn relu_slice(level: SimdLevel, x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "input and output differ in length");
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::relu_avx512(x, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::relu_avx2(x, out) },
+        _ => relu_lanes(x, out),
+    }
+}
+
+#[inline(always)]
+fn relu_lanes(x: &[f32], out: &mut [f32]) {
+    out.iter_mut().zip(x).for_each(|(o, &v)| {
+        let r = if v > 0.0 { v } else { 0.0 };
+        *o = if v.is_nan() { math::NAN } else { r };
+    });
+}
+
 /// `acc[i] = fma(x[i], w, acc[i])`: one more link of each lane's fused multiply-add chain (a
 /// convolution tap applied to a row of outputs). NaNs are left as computed: the caller makes
 /// a chain's final NaN canonical.
@@ -243,6 +313,9 @@ pub(crate) mod x86 {
         (op: Arith, acc: &mut [f32], s: f32, side: ScalarSide));
     compiled_per_level!(fma_assign_lanes => fma_assign_avx512, fma_assign_avx2
         (acc: &mut [f32], x: &[f32], w: f32));
+    compiled_per_level!(minmax_lanes => minmax_avx512, minmax_avx2
+        (max: bool, a: &[f32], b: &[f32], out: &mut [f32]));
+    compiled_per_level!(relu_lanes => relu_avx512, relu_avx2 (x: &[f32], out: &mut [f32]));
 
     use tenet_reference::math::{EXP_CLAMP, EXP_TAYLOR, LN2_HI, LN2_LO, LOG2E, NAN, ROUND_SHIFT};
 

@@ -8,7 +8,7 @@ use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, TensorType};
 use tenet_kernels::vmath::{
     Arith, ScalarSide, arith_assign, arith_scalar_assign, arith_scalar_slice, arith_slice,
-    fma_assign,
+    fma_assign, minmax_slice, relu_slice,
 };
 use tenet_kernels::{SimdLevel, streaming};
 
@@ -19,7 +19,37 @@ const OPS: [(Arith, BinaryOp); 4] = [
     (Arith::Div, BinaryOp::Div),
 ];
 
+/// Max and min, and relu, against the reference's scalar definitions (NaN canonical, signed
+/// zeros ordered).
+fn check_minmax_relu(a: &[f32], b: &[f32]) {
+    let bits = |v: f32| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() };
+    for (max, op) in [(true, BinaryOp::Max), (false, BinaryOp::Min)] {
+        let want: Vec<u32> = a
+            .iter()
+            .zip(b)
+            .map(|(&p, &q)| bits(tenet_reference::binary_f32(op, p, q)))
+            .collect();
+        for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+            let mut got = vec![0.0f32; a.len()];
+            minmax_slice(level, max, a, b, &mut got);
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{level:?} {op:?} len {}", a.len());
+        }
+    }
+    let want: Vec<u32> = a
+        .iter()
+        .map(|&v| bits(tenet_reference::unary_f32(tenet_ir::UnaryOp::Relu, v)))
+        .collect();
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+        let mut got = vec![0.0f32; a.len()];
+        relu_slice(level, a, &mut got);
+        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{level:?} relu len {}", a.len());
+    }
+}
+
 fn check(a: &[f32], b: &[f32]) {
+    check_minmax_relu(a, b);
     for (arith, op) in OPS {
         let want: Vec<u32> = a
             .iter()
