@@ -163,8 +163,8 @@ fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
     let f32s = |o: NodeId| graph.node(o).ty.dtype == DType::F32;
     let fast = match &node.op {
         Op::Conv2d { x, w, groups, .. } if node.ty.dtype == DType::F32 && f32s(*x) && f32s(*w) => {
-            // conv.rs: im2col chunks, the class's weights and the chunk's products, plus the
-            // GEMM's packing, per block computed at once.
+            // conv.rs: the block's chunk products and class weights, an im2col chunk and the
+            // GEMM's packing per thread.
             let (xs, ws, ys) = (
                 &graph.node(*x).ty.shape,
                 &graph.node(*w).ty.shape,
@@ -174,9 +174,8 @@ fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
             let k = ws[1] * ws[2] * ws[3];
             let cols =
                 crate::conv::chunk_cols(og as usize, k as usize, (ys[2] * ys[3]) as usize) as u64;
-            let blocks = (xs[0] * u64::from(*groups)).max(1);
             return crate::conv::scratch_bytes(xs, ws, ys, u64::from(*groups), threads)
-                .saturating_add(threads.min(blocks).max(1) * packing(og, cols, k));
+                .saturating_add(threads * packing(og, cols, k));
         }
         Op::Reshape { .. }
         | Op::Permute { .. }

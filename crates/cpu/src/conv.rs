@@ -14,7 +14,9 @@
 //! A class's positions are taken in chunks whose im2col matrix stays near
 //! [`CHUNK_FLOATS`]; each chunk's product lands in a scratch block that is copied, bias added,
 //! into place. Blocks of (image, group) run on separate threads when there are enough of them
-//! (depthwise convolutions); otherwise one block at a time with the GEMM on every thread.
+//! (depthwise convolutions); otherwise the chunks of a block do, each thread its own im2col
+//! and one-thread product (an im2col copied on one thread while the product used two left the
+//! second idle half the time).
 //! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
 //! depthwise convolution (one input and one output channel per group) runs directly: each
 //! in-bounds tap, in the chain's order, is one fused multiply-add over the run of output
@@ -287,14 +289,20 @@ fn block_product(
         }
         return Ok(());
     }
-    let mut a_sub: Vec<f32> = Vec::new();
-    let mut b_buf: Vec<f32> = Vec::new();
-    let mut c_buf: Vec<f32> = Vec::new();
+    // The classes (a set of valid kernel rows × a set of valid kernel columns), each with its
+    // weights restricted to its valid taps, in the chain's order.
+    struct Class<'c> {
+        rtaps: &'c [u32],
+        ctaps: &'c [u32],
+        ohs: &'c [usize],
+        ows: &'c [usize],
+        k: usize,
+        weights: Option<Vec<f32>>,
+    }
+    let mut classes = Vec::new();
     for (rtaps, ohs) in rows {
         for (ctaps, ows) in cols {
-            let taps = rtaps.len() * ctaps.len();
-            let k = d.cg * taps;
-            let positions = ohs.len() * ows.len();
+            let k = d.cg * rtaps.len() * ctaps.len();
             if k == 0 {
                 // No tap in bounds: the chain is empty, +0, then the bias.
                 for &oh in ohs {
@@ -306,110 +314,176 @@ fn block_product(
                 }
                 continue;
             }
-            // The class's weights: every tap (the weight itself) or the valid ones, in order.
-            let a: &[f32] = if k == k_full {
-                weights
-            } else {
-                a_sub.clear();
+            let weights = (k != k_full).then(|| {
+                let mut a = Vec::with_capacity(d.og * k);
                 for o in 0..d.og {
                     for c in 0..d.cg {
                         let base = (o * d.cg + c) * d.kh * d.kw;
                         for &i in rtaps {
                             for &j in ctaps {
-                                a_sub.push(weights[base + i as usize * d.kw + j as usize]);
+                                a.push(weights[base + i as usize * d.kw + j as usize]);
                             }
                         }
                     }
                 }
-                &a_sub
-            };
-            let per = chunk_cols(d.og, k, positions);
-            let mut start = 0;
-            while start < positions {
-                if poll() {
-                    return Ok(());
-                }
-                let end = (start + per).min(positions);
-                let n = end - start;
-                b_buf.clear();
-                b_buf.resize(k * n, 0.0);
-                // The chunk as runs along output rows: (oh, first and past-last index into
-                // `ows`, offset in the chunk).
-                let nw = ows.len();
-                let mut segments = Vec::new();
-                let mut pos = start;
-                while pos < end {
-                    let (r, c0) = (pos / nw, pos % nw);
-                    let c1 = nw.min(c0 + (end - pos));
-                    segments.push((ohs[r], c0, c1, pos - start));
-                    pos += c1 - c0;
-                }
-                let contiguous = ows.last().is_some_and(|&l| l - ows[0] + 1 == nw);
-                let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
-                let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
-                let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
-                // im2col: row (c, i, j) holds the input under tap (i, j) for each position.
-                let mut row = 0;
-                for c in 0..d.cg {
-                    let plane = &image[c * d.h * d.w..][..d.h * d.w];
-                    for &i in rtaps {
-                        for &j in ctaps {
-                            let dst_row = &mut b_buf[row * n..][..n];
-                            for &(oh, c0, c1, at) in &segments {
-                                let ih = oh * sh + i as usize * dh - pt;
-                                let line = &plane[ih * d.w..][..d.w];
-                                let out = &mut dst_row[at..at + (c1 - c0)];
-                                if contiguous {
-                                    let first = ows[c0] * sw + j as usize * dw - pl;
-                                    if sw == 1 {
-                                        out.copy_from_slice(&line[first..first + (c1 - c0)]);
-                                    } else {
-                                        for (q, slot) in out.iter_mut().enumerate() {
-                                            *slot = line[first + q * sw];
-                                        }
-                                    }
-                                } else {
-                                    for (slot, &ow) in out.iter_mut().zip(&ows[c0..c1]) {
-                                        *slot = line[ow * sw + j as usize * dw - pl];
-                                    }
+                a
+            });
+            classes.push(Class {
+                rtaps,
+                ctaps,
+                ohs,
+                ows,
+                k,
+                weights,
+            });
+        }
+    }
+    // Jobs: a chunk of one class's positions each.
+    let mut jobs = Vec::new();
+    for (ci, c) in classes.iter().enumerate() {
+        let positions = c.ohs.len() * c.ows.len();
+        let per = chunk_cols(d.og, c.k, positions);
+        let mut start = 0;
+        while start < positions {
+            let end = (start + per).min(positions);
+            jobs.push((ci, start, end));
+            start = end;
+        }
+    }
+    let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
+    let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
+    let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
+    // The chunk as runs along output rows: (oh, first and past-last index into the class's
+    // columns, offset in the chunk).
+    let segments = |c: &Class<'_>, start: usize, end: usize| {
+        let nw = c.ows.len();
+        let mut segs = Vec::new();
+        let mut pos = start;
+        while pos < end {
+            let (r, c0) = (pos / nw, pos % nw);
+            let c1 = nw.min(c0 + (end - pos));
+            segs.push((c.ohs[r], c0, c1, pos - start));
+            pos += c1 - c0;
+        }
+        segs
+    };
+    // One job: im2col of its chunk (row (c, i, j) holds the input under tap (i, j) for each
+    // position), then the product into `out` (`og × n`).
+    let run_job = |job: &(usize, usize, usize),
+                   threads: usize,
+                   b_buf: &mut Vec<f32>,
+                   out: &mut Vec<f32>|
+     -> Result<(), String> {
+        let (ci, start, end) = *job;
+        let c = &classes[ci];
+        let n = end - start;
+        let contiguous = c
+            .ows
+            .last()
+            .is_some_and(|&l| l - c.ows[0] + 1 == c.ows.len());
+        b_buf.clear();
+        b_buf.resize(c.k * n, 0.0);
+        let segs = segments(c, start, end);
+        let mut row = 0;
+        for ch in 0..d.cg {
+            let plane = &image[ch * d.h * d.w..][..d.h * d.w];
+            for &i in c.rtaps {
+                for &j in c.ctaps {
+                    let dst_row = &mut b_buf[row * n..][..n];
+                    for &(oh, c0, c1, at) in &segs {
+                        let ih = oh * sh + i as usize * dh - pt;
+                        let line = &plane[ih * d.w..][..d.w];
+                        let to = &mut dst_row[at..at + (c1 - c0)];
+                        if contiguous {
+                            let first = c.ows[c0] * sw + j as usize * dw - pl;
+                            if sw == 1 {
+                                to.copy_from_slice(&line[first..first + (c1 - c0)]);
+                            } else {
+                                for (q, slot) in to.iter_mut().enumerate() {
+                                    *slot = line[first + q * sw];
                                 }
                             }
-                            row += 1;
-                        }
-                    }
-                }
-                c_buf.clear();
-                c_buf.resize(d.og * n, 0.0);
-                sgemm(
-                    level,
-                    threads,
-                    d.og,
-                    n,
-                    k,
-                    Strided::row_major(a, k),
-                    Strided::row_major(&b_buf, n),
-                    &mut c_buf,
-                    n,
-                )
-                .map_err(|e| e.to_string())?;
-                for o in 0..d.og {
-                    let src = &c_buf[o * n..][..n];
-                    let plane = &mut dst[o * p..][..p];
-                    for &(oh, c0, c1, at) in &segments {
-                        let from = &src[at..at + (c1 - c0)];
-                        if contiguous {
-                            let to = &mut plane[oh * d.ow + ows[c0]..][..c1 - c0];
-                            for (t, &v) in to.iter_mut().zip(from) {
-                                *t = add_bias(o, v);
-                            }
                         } else {
-                            for (&ow, &v) in ows[c0..c1].iter().zip(from) {
-                                plane[oh * d.ow + ow] = add_bias(o, v);
+                            for (slot, &ow) in to.iter_mut().zip(&c.ows[c0..c1]) {
+                                *slot = line[ow * sw + j as usize * dw - pl];
                             }
                         }
                     }
+                    row += 1;
                 }
-                start = end;
+            }
+        }
+        out.clear();
+        out.resize(d.og * n, 0.0);
+        let a = c.weights.as_deref().unwrap_or(weights);
+        sgemm(
+            level,
+            threads,
+            d.og,
+            n,
+            c.k,
+            Strided::row_major(a, c.k),
+            Strided::row_major(b_buf, n),
+            out,
+            n,
+        )
+        .map_err(|e| e.to_string())
+    };
+    // Jobs run on separate threads (each its own im2col and a one-thread product) when there
+    // are enough; the results are placed afterwards, bias added.
+    let mut results: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
+    let failed = std::sync::Mutex::new(None::<String>);
+    if threads > 1 && jobs.len() >= 2 {
+        let ranges = tenet_sys::parallel::ranges(jobs.len(), threads, 1);
+        tenet_sys::parallel::for_each_piece(&mut results, &ranges, |range, outs| {
+            let mut b_buf = Vec::new();
+            for (job, out) in jobs[range].iter().zip(outs) {
+                if poll() {
+                    return;
+                }
+                if let Err(e) = run_job(job, 1, &mut b_buf, out) {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    return;
+                }
+            }
+        });
+    } else {
+        let mut b_buf = Vec::new();
+        for (job, out) in jobs.iter().zip(results.iter_mut()) {
+            if poll() {
+                return Ok(());
+            }
+            run_job(job, threads, &mut b_buf, out)?;
+        }
+    }
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    for (job, out) in jobs.iter().zip(&results) {
+        let (ci, start, end) = *job;
+        let c = &classes[ci];
+        let n = end - start;
+        if out.len() != d.og * n {
+            return Ok(()); // stopped before this job ran: the run gives up
+        }
+        let contiguous = c
+            .ows
+            .last()
+            .is_some_and(|&l| l - c.ows[0] + 1 == c.ows.len());
+        for &(oh, c0, c1, at) in &segments(c, start, end) {
+            for o in 0..d.og {
+                let from = &out[o * n + at..][..c1 - c0];
+                let plane = &mut dst[o * p..][..p];
+                if contiguous {
+                    let to = &mut plane[oh * d.ow + c.ows[c0]..][..c1 - c0];
+                    for (t, &v) in to.iter_mut().zip(from) {
+                        *t = add_bias(o, v);
+                    }
+                } else {
+                    for (&ow, &v) in c.ows[c0..c1].iter().zip(from) {
+                        plane[oh * d.ow + ow] = add_bias(o, v);
+                    }
+                }
             }
         }
     }
@@ -489,7 +563,9 @@ pub(crate) fn scratch_bytes(x: &[u64], w: &[u64], y: &[u64], groups: u64, thread
     let k = cg * kh * kw;
     let p = y[2] * y[3];
     let cols = chunk_cols(og as usize, k as usize, p as usize) as u64;
+    // Per block computed at once: the chunks' products (the whole block's outputs) and the
+    // class weights; per thread, one im2col chunk.
     let blocks = (x[0] * groups).max(1);
     let parallel = threads.min(blocks);
-    parallel * 4 * (k * cols + og * k + og * cols)
+    parallel * 4 * (og * p + og * k) + threads * 4 * k * cols
 }
