@@ -185,6 +185,13 @@ fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
         | Op::Pad { .. }
         | Op::Where { .. }
         | Op::Normalize { .. } => true,
+        // pool.rs: the in-bounds taps of each output row and column, 8 bytes each, and a list
+        // for each.
+        Op::Pool2d { x, kernel, .. } if f32s(*x) && node.ty.dtype == DType::F32 => {
+            let ys = &node.ty.shape;
+            return 8 * (ys[2] * u64::from(kernel[0]) + ys[3] * u64::from(kernel[1]))
+                + 64 * (ys[2] + ys[3]);
+        }
         Op::Gather { indices, .. } => return 16 * elems(graph, *indices),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => node.ty.dtype != DType::F32,
         Op::Reduce {

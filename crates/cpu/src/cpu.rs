@@ -36,7 +36,7 @@ impl std::hash::Hasher for NodeIdHash {
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
-use crate::{conv, fused, movement, norms, quant, reduce};
+use crate::{conv, fused, movement, norms, pool, quant, reduce};
 use tenet_exec::{
     Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, ExecError, Program, RunStats,
     next_device_id,
@@ -487,7 +487,8 @@ impl CpuProgram {
                 let operands: Vec<&HostTensor> =
                     node.op.operands().iter().map(|&o| val(o)).collect();
                 // Movement ops are strided copies, f32 sums and means the kernels' ordered
-                // sums, f32 convolutions the kernels' GEMM; everything else is the reference's code.
+                // sums, f32 convolutions the kernels' GEMM, f32 pooling its own loops; everything else
+                // is the reference's code.
                 let value = if let Some(moved) =
                     movement::eval(pool, threads, *id, &node.op, &node.ty, &operands)
                 {
@@ -500,6 +501,10 @@ impl CpuProgram {
                     norms::eval(pool, &node.op, &node.ty, &operands, threads, poll)
                 {
                     normalized
+                } else if let Some(pooled) =
+                    pool::eval(pool, &node.op, &node.ty, &operands, threads, poll)
+                {
+                    pooled
                 } else if let Some(convolved) = conv::eval(
                     pool,
                     self.device.level,

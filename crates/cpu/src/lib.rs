@@ -4,7 +4,7 @@
 //! assumes), releases every buffer after its last use, runs f32 matrix products on the
 //! deterministic GEMM of `tenet-kernels` and products with block-quantised weights (`qmatmul`,
 //! and `dequantize`) on its quantised kernels, f32 convolutions on the same GEMM over im2col
-//! chunks (`conv.rs`), fuses chains of elementwise ops into single
+//! chunks (`conv.rs`) and f32 pooling on loops of its own (`pool.rs`), fuses chains of elementwise ops into single
 //! passes over memory, parallelises rows of normalisations, and hands every other op to the
 //! reference interpreter's own code. Threads only ever split independent output elements, so the thread
 //! count never changes a bit. Its buffers are host tensors, so uploads and downloads are
@@ -17,6 +17,7 @@ mod fused;
 mod movement;
 mod norms;
 mod plan;
+mod pool;
 mod quant;
 mod reduce;
 mod view;

@@ -631,3 +631,69 @@ fn fused_max_min_relu_sigmoid_keep_the_bits() {
     }
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
+
+/// f32 pooling on its own loops (pool.rs) keeps the reference's bits: every kind, padding
+/// (including windows with few or no taps in bounds), strides and dilation, on NaN, ±0, ±inf.
+#[test]
+fn pooling_keeps_the_bits() {
+    use tenet_ir::{PoolKind, Window2d};
+    let cases: [([u32; 2], Window2d); 4] = [
+        (
+            [2, 2],
+            Window2d {
+                stride: [2, 2],
+                padding: [0, 0, 0, 0],
+                dilation: [1, 1],
+            },
+        ),
+        (
+            [3, 3],
+            Window2d {
+                stride: [1, 1],
+                padding: [1, 1, 1, 1],
+                dilation: [1, 1],
+            },
+        ),
+        (
+            [3, 2],
+            Window2d {
+                stride: [2, 1],
+                padding: [1, 0, 1, 1],
+                dilation: [2, 1],
+            },
+        ),
+        (
+            [5, 5],
+            Window2d {
+                stride: [3, 2],
+                padding: [2, 2, 2, 2],
+                dilation: [1, 1],
+            },
+        ),
+    ];
+    for (i, (kernel, window)) in cases.into_iter().enumerate() {
+        for kind in PoolKind::ALL {
+            let g = GraphBuilder::new();
+            let x = g.input("x", DType::F32, &[2, 3, 11, 9]);
+            let y = x.pool2d(*kind, kernel, window);
+            let graph = g.finish(&[("y", &y)]).unwrap();
+            let (mut inputs, weights) = random_io(&graph, 90 + i as u64);
+            let t = &inputs["x"];
+            let mut v = t.to_f32_vec();
+            let n = v.len();
+            for (j, s) in [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40]
+                .iter()
+                .enumerate()
+            {
+                v[(j * 53 + i) % n] = *s;
+                v[(j * 17 + 9) % n] = *s;
+            }
+            // A plane of ±0 only: max must pick +0, the average +0.
+            for k in 0..99 {
+                v[99 + k] = if k % 2 == 0 { -0.0 } else { 0.0 };
+            }
+            inputs.insert("x".into(), HostTensor::from_f32(t.shape(), &v).unwrap());
+            assert_same_everywhere(&graph, &inputs, &weights, 0);
+        }
+    }
+}
