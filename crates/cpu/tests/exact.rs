@@ -458,7 +458,8 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
 fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
-    let cases: [Case; 11] = [
+    let cases: [Case; 12] = [
+        ([1, 4, 4, 3], [4, 3, 5], [1, 1], [1, 2, 1, 2], [1, 1], 4, true), // depthwise, no common run
         (
             [1, 6, 11, 13],
             [6, 3, 5],
