@@ -74,6 +74,24 @@ fn strided_copy(
     }
     let inner = shape[rank - 1] as usize;
     let inner_step = step[rank - 1];
+    // A short, strided innermost axis (an interleave, a ×2 upsampling) walks the last two axes
+    // as one block, so the odometer turns once per block instead of every few elements.
+    if inner_step != 1 && inner <= 8 && rank >= 2 && matches!(size, 2 | 4) {
+        let (rows, row_step) = (shape[rank - 2] as usize, step[rank - 2]);
+        let block = rows * inner * size;
+        return strided_blocks(
+            src,
+            base,
+            &shape[..rank - 2],
+            &step[..rank - 2],
+            out,
+            block,
+            |src, offset, dst| match size {
+                4 => copy_block::<4>(src, offset, rows, row_step, inner, inner_step, dst),
+                _ => copy_block::<2>(src, offset, rows, row_step, inner, inner_step, dst),
+            },
+        );
+    }
     let mut idx = vec![0usize; rank - 1];
     let mut offset = base;
     let mut at = 0;
@@ -95,6 +113,61 @@ fn strided_copy(
                 return;
             }
             d -= 1;
+            idx[d] += 1;
+            offset += step[d];
+            if idx[d] < shape[d] as usize {
+                break;
+            }
+            offset -= step[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// The elements of one block of the last two axes, `S` bytes each: row `r`, element `j` from
+/// source element `offset + r·row_step + j·inner_step`.
+#[inline(always)]
+fn copy_block<const S: usize>(
+    src: &[u8],
+    offset: usize,
+    rows: usize,
+    row_step: usize,
+    inner: usize,
+    inner_step: usize,
+    dst: &mut [u8],
+) {
+    let mut at = 0;
+    for r in 0..rows {
+        let row = offset + r * row_step;
+        for j in 0..inner {
+            let from = (row + j * inner_step) * S;
+            let v: [u8; S] = src[from..from + S].try_into().expect("S bytes");
+            dst[at..at + S].copy_from_slice(&v);
+            at += S;
+        }
+    }
+}
+
+/// Runs `block(src, offset, dst)` for each block of `block` bytes of the output, in row-major
+/// order over the outer axes `shape` (source offsets stepping by `step`).
+#[allow(clippy::too_many_arguments)]
+fn strided_blocks(
+    src: &[u8],
+    base: usize,
+    shape: &[u64],
+    step: &[usize],
+    out: &mut [u8],
+    block: usize,
+    f: impl Fn(&[u8], usize, &mut [u8]),
+) {
+    if block == 0 {
+        return;
+    }
+    let mut idx = vec![0usize; shape.len()];
+    let mut offset = base;
+    for dst in out.chunks_exact_mut(block) {
+        f(src, offset, dst);
+        for d in (0..shape.len()).rev() {
             idx[d] += 1;
             offset += step[d];
             if idx[d] < shape[d] as usize {

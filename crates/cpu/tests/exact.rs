@@ -459,7 +459,15 @@ fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
     let cases: [Case; 12] = [
-        ([1, 4, 4, 3], [4, 3, 5], [1, 1], [1, 2, 1, 2], [1, 1], 4, true), // depthwise, no common run
+        (
+            [1, 4, 4, 3],
+            [4, 3, 5],
+            [1, 1],
+            [1, 2, 1, 2],
+            [1, 1],
+            4,
+            true,
+        ), // depthwise, no common run
         (
             [1, 6, 11, 13],
             [6, 3, 5],
@@ -696,5 +704,34 @@ fn pooling_keeps_the_bits() {
             inputs.insert("x".into(), HostTensor::from_f32(t.shape(), &v).unwrap());
             assert_same_everywhere(&graph, &inputs, &weights, 0);
         }
+    }
+}
+
+/// Copies whose innermost axis is short and strided (an interleave of phases, a ×2 nearest
+/// upsampling by expand) walk blocks of the last two axes: the same bytes, for 4- and 2-byte
+/// elements, small and large enough to split across threads.
+#[test]
+fn interleaves_and_upsamplings_keep_the_bits() {
+    for (dtype, [c, h, w]) in [
+        (DType::F32, [3u64, 5, 7]),
+        (DType::F16, [3, 5, 7]),
+        (DType::F32, [24, 60, 80]),
+        (DType::BF16, [24, 60, 80]),
+        (DType::I64, [2, 3, 4]),
+    ] {
+        let g = GraphBuilder::new();
+        let x = g.input("x", dtype, &[1, 2, 2, c, h, w]);
+        let interleaved = x.permute(&[0, 3, 4, 1, 5, 2]);
+        let y = g.input("y", dtype, &[1, c, h, w]);
+        let up = y
+            .reshape(&[1, c as i64, h as i64, 1, w as i64, 1])
+            .expand(&[1, c, h, 2, w, 2])
+            .reshape(&[1, c as i64, 2 * h as i64, 2 * w as i64]);
+        let strided = x.permute(&[0, 3, 5, 4, 2, 1]);
+        let graph = g
+            .finish(&[("i", &interleaved), ("u", &up), ("s", &strided)])
+            .unwrap();
+        let (inputs, weights) = random_io(&graph, 5);
+        assert_same_everywhere(&graph, &inputs, &weights, 0);
     }
 }

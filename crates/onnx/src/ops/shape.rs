@@ -715,7 +715,25 @@ pub(crate) fn resize(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
                     Ok((j as i64).clamp(0, last))
                 })
                 .collect::<Result<_, String>>()?;
-            x = x.gather(&index_tensor(cx, &[out], &idx), a as i64);
+            let times = out / len;
+            if out % len == 0
+                && idx
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &j)| j == (i as u64 / times) as i64)
+            {
+                // Each input element repeated `times` times: a broadcast copy, not a gather.
+                let mut dims = cx.dims(&x)?;
+                dims.insert(a + 1, 1);
+                let mut wide = dims.clone();
+                wide[a + 1] = times;
+                let mut merged = signed(&dims);
+                merged.remove(a + 1);
+                merged[a] = out as i64;
+                x = x.reshape(&signed(&dims)).expand(&wide).reshape(&merged);
+            } else {
+                x = x.gather(&index_tensor(cx, &[out], &idx), a as i64);
+            }
             continue;
         }
         if x.dtype() != DType::F32 {
