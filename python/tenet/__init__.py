@@ -386,9 +386,7 @@ class GraphBuilder:
         if dtype is not None:
             a = a.astype(_NUMPY[dtype])
         elif a.dtype == np.float64:
-            a = a.astype(np.float32)
-        elif a.dtype == np.int64 and a.ndim == 0:
-            a = a.astype(np.int64)
+            a = a.astype(np.float32)  # a Python float or a float64 literal: tenet's f32
         data, dt, shape = _raw("constant", a)
         return Tensor(_located(self._b.constant, data, dt, shape), self)
 

@@ -97,6 +97,8 @@ class Session:
         self._count = 0
         self._epoch = 0
         self._ops: List[dict] = []  # puts and frees waiting for the next batch
+        # dtype and shape of every resident tensor, by its name on the node
+        self._inputs_type: Dict[str, tuple] = {}
         self._reset()
         self.batches = 0
 
@@ -124,7 +126,6 @@ class Session:
         blob = _native.tensor_blob((data, dt, shape))
         self._ops.append({"op": "put", "name": name, "blob": blob.hex()})
         t = RemoteTensor(self, res=name)
-        self._inputs_type = getattr(self, "_inputs_type", {})
         self._inputs_type[name] = (dt, shape)
         weakref.finalize(t, self._free, name)
         return t
