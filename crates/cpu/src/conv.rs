@@ -18,15 +18,15 @@
 //! and one-thread product (an im2col copied on one thread while the product used two left the
 //! second idle half the time).
 //! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
-//! depthwise convolution (one input and one output channel per group) runs directly: each
-//! in-bounds tap, in the chain's order, is one fused multiply-add over the run of output
-//! columns it reaches (`tenet_kernels::vmath::fma_assign`), so every output's chain is again
-//! exactly its valid taps in order.
+//! depthwise convolution (one input and one output channel per group) runs directly, a plane
+//! at a time (`tenet_kernels::vmath::depthwise_plane`): each in-bounds tap, in the chain's
+//! order, one fused multiply-add over the run of output columns it reaches, so every output's
+//! chain is again exactly its valid taps in order.
 
 use tenet_ir::{DType, HostTensor, Op, TensorType, Window2d};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::gemm::{Strided, sgemm, sgemm_then};
-use tenet_kernels::vmath::fma_assign;
+use tenet_kernels::vmath::{DepthwisePlane, depthwise_plane};
 use tenet_reference::math::canonical;
 
 use crate::fused::Poll;
@@ -503,54 +503,32 @@ fn depthwise(
     dst: &mut [f32],
     poll: Poll<'_>,
 ) {
-    let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
-    let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
-    let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
-    // For each kernel column, the run of output columns whose tap lands inside the row.
-    let runs: Vec<(usize, usize)> = (0..d.kw)
-        .map(|j| {
-            let inside = |ow: usize| {
-                let p = ow * sw + j * dw;
-                p >= pl && p - pl < d.w
-            };
-            let lo = (0..d.ow).find(|&ow| inside(ow)).unwrap_or(d.ow);
-            let hi = (lo..d.ow).find(|&ow| !inside(ow)).unwrap_or(d.ow);
-            (lo, hi)
-        })
-        .collect();
-    let mut strided = Vec::new();
-    for (oh, acc) in dst.chunks_mut(d.ow).enumerate() {
-        if oh % 64 == 63 && poll() {
+    // Bands of rows of at most about 2^18 multiply-adds, the run's stop function asked before
+    // each.
+    let band = ((1usize << 18) / (d.ow * d.kh * d.kw).max(1)).max(1);
+    for (b, rows) in dst.chunks_mut(band * d.ow).enumerate() {
+        if poll() {
             return;
         }
-        acc.fill(0.0);
-        for i in 0..d.kh {
-            let p = oh * sh + i * dh;
-            if p < pt || p - pt >= d.h {
-                continue;
-            }
-            let row = &plane[(p - pt) * d.w..][..d.w];
-            for (j, &(lo, hi)) in runs.iter().enumerate() {
-                if lo >= hi {
-                    continue;
-                }
-                let first = lo * sw + j * dw - pl;
-                let w = taps[i * d.kw + j];
-                if sw == 1 {
-                    fma_assign(level, &mut acc[lo..hi], &row[first..first + (hi - lo)], w);
-                } else {
-                    strided.clear();
-                    strided.extend((0..hi - lo).map(|q| row[first + q * sw]));
-                    fma_assign(level, &mut acc[lo..hi], &strided, w);
-                }
-            }
-        }
-        for v in acc.iter_mut() {
-            *v = canonical(match bias {
-                Some(b) => *v + b,
-                None => *v,
-            });
-        }
+        let geometry = DepthwisePlane {
+            h: d.h,
+            w: d.w,
+            kh: d.kh,
+            kw: d.kw,
+            row0: b * band,
+            oh: rows.len() / d.ow,
+            ow: d.ow,
+            stride: [win.stride[0] as usize, win.stride[1] as usize],
+            pad: [win.padding[0] as usize, win.padding[1] as usize],
+            dilation: [win.dilation[0] as usize, win.dilation[1] as usize],
+        };
+        depthwise_plane(level, &geometry, plane, taps, rows);
+    }
+    for v in dst.iter_mut() {
+        *v = canonical(match bias {
+            Some(b) => *v + b,
+            None => *v,
+        });
     }
 }
 

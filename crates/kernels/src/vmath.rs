@@ -194,6 +194,94 @@ fn relu_lanes(x: &[f32], out: &mut [f32]) {
     });
 }
 
+/// The geometry of one depthwise convolution plane (one input channel, one output channel).
+#[derive(Clone, Copy, Debug)]
+pub struct DepthwisePlane {
+    pub h: usize,
+    pub w: usize,
+    pub kh: usize,
+    pub kw: usize,
+    /// The first output row computed, and how many (`out` holds rows `row0..row0 + oh`).
+    pub row0: usize,
+    pub oh: usize,
+    pub ow: usize,
+    /// (rows, columns)
+    pub stride: [usize; 2],
+    /// Padding before: (top, left).
+    pub pad: [usize; 2],
+    pub dilation: [usize; 2],
+}
+
+/// One depthwise convolution plane: each output `out[r][c]` is the fma chain, from +0, over the
+/// in-bounds taps in order of kernel row then column — the reference's convolution for one
+/// channel, bias and NaN canonicalisation left to the caller. `taps` is `kh × kw`.
+pub fn depthwise_plane(
+    level: SimdLevel,
+    p: &DepthwisePlane,
+    plane: &[f32],
+    taps: &[f32],
+    out: &mut [f32],
+) {
+    assert!(plane.len() >= p.h * p.w && taps.len() >= p.kh * p.kw && out.len() >= p.oh * p.ow);
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::depthwise_avx512(p, plane, taps, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::depthwise_avx2(p, plane, taps, out) },
+        _ => depthwise_lanes(p, plane, taps, out),
+    }
+}
+
+#[inline(always)]
+fn depthwise_lanes(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f32]) {
+    let [sh, sw] = p.stride;
+    let [pt, pl] = p.pad;
+    let [dh, dw] = p.dilation;
+    for (r, acc) in out.chunks_mut(p.ow).take(p.oh).enumerate() {
+        let oh = p.row0 + r;
+        acc.fill(0.0);
+        for i in 0..p.kh {
+            let y = oh * sh + i * dh;
+            if y < pt || y - pt >= p.h {
+                continue;
+            }
+            let row = &plane[(y - pt) * p.w..][..p.w];
+            for j in 0..p.kw {
+                // The output columns whose tap j lands inside the row.
+                let off = j * dw;
+                let lo = if off >= pl {
+                    0
+                } else {
+                    (pl - off).div_ceil(sw)
+                };
+                let hi = if p.w + pl > off {
+                    ((p.w + pl - off - 1) / sw + 1).min(p.ow)
+                } else {
+                    0
+                };
+                if lo >= hi {
+                    continue;
+                }
+                let w = taps[i * p.kw + j];
+                let first = lo * sw + off - pl;
+                let a = &mut acc[lo..hi];
+                if sw == 1 {
+                    let x = &row[first..first + a.len()];
+                    a.iter_mut()
+                        .zip(x)
+                        .for_each(|(a, &v)| *a = v.mul_add(w, *a));
+                } else {
+                    a.iter_mut()
+                        .enumerate()
+                        .for_each(|(q, a)| *a = row[first + q * sw].mul_add(w, *a));
+                }
+            }
+        }
+    }
+}
+
 /// `acc[i] = fma(x[i], w, acc[i])`: one more link of each lane's fused multiply-add chain (a
 /// convolution tap applied to a row of outputs). NaNs are left as computed: the caller makes
 /// a chain's final NaN canonical.
@@ -313,6 +401,8 @@ pub(crate) mod x86 {
         (op: Arith, acc: &mut [f32], s: f32, side: ScalarSide));
     compiled_per_level!(fma_assign_lanes => fma_assign_avx512, fma_assign_avx2
         (acc: &mut [f32], x: &[f32], w: f32));
+    compiled_per_level!(depthwise_lanes => depthwise_avx512, depthwise_avx2
+        (p: &super::DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f32]));
     compiled_per_level!(minmax_lanes => minmax_avx512, minmax_avx2
         (max: bool, a: &[f32], b: &[f32], out: &mut [f32]));
     compiled_per_level!(relu_lanes => relu_avx512, relu_avx2 (x: &[f32], out: &mut [f32]));
