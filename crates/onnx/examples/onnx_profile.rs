@@ -1,5 +1,5 @@
 //! Where an imported ONNX model's time goes, warm: `cargo run --release -p tenet-onnx
-//! --example onnx_profile -- MODEL.onnx NAME=D0,D1,... [THREADS] [RUNS]` imports the model with
+//! --example onnx_profile -- MODEL.onnx NAME=D0,D1,... [THREADS] [RUNS] [INPUT.npy]` imports the model with
 //! that input shape, runs it once to warm up, then RUNS times, and prints the last run's time
 //! by kind of step and its slowest steps (a single `tenet run --profile` also counts faulting
 //! in the weights and fresh buffers).
@@ -11,7 +11,7 @@ use tenet_ir::HostTensor;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
-        eprintln!("usage: onnx_profile MODEL.onnx NAME=D0,D1,... [THREADS] [RUNS]");
+        eprintln!("usage: onnx_profile MODEL.onnx NAME=D0,D1,... [THREADS] [RUNS] [INPUT.npy]");
         std::process::exit(2);
     }
     let (name, dims) = args[2].split_once('=').expect("NAME=DIMS");
@@ -30,9 +30,21 @@ fn main() {
         ]),
         None => tenet_models::WeightSet(Vec::new()),
     };
-    let n: u64 = shape.iter().product();
-    let x: Vec<f32> = (0..n).map(|i| ((i % 251) as f32 / 125.0) - 1.0).collect();
-    let inputs = HashMap::from([(name.to_string(), HostTensor::from_f32(&shape, &x).unwrap())]);
+    // The input: an .npy file given as a fifth argument, else a fixed pattern in [-1, 1).
+    let x = match args.get(5) {
+        Some(path) => tenet_models::read_tensor(
+            std::path::Path::new(path),
+            name,
+            &tenet_ir::TensorType::new(tenet_ir::DType::F32, shape.clone()),
+        )
+        .expect("the input file"),
+        None => {
+            let n: u64 = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|i| ((i % 251) as f32 / 125.0) - 1.0).collect();
+            HostTensor::from_f32(&shape, &v).unwrap()
+        }
+    };
+    let inputs = HashMap::from([(name.to_string(), x)]);
     let device = tenet_devices::open(
         "cpu",
         &tenet_devices::Options {
