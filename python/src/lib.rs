@@ -506,6 +506,22 @@ fn generate(
     .map_err(err)
 }
 
+/// The signature headers of a request signed with the key file at `key_path` (what a
+/// coordinator or node that trusts the key checks): `[(name, value)]`.
+#[pyfunction]
+fn auth_headers(
+    key_path: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> PyResult<Vec<(String, String)>> {
+    let key = tenet_node::identity::read_key(Path::new(key_path)).map_err(err)?;
+    let client = tenet_node::NodeClient::new("http://127.0.0.1:1", key).map_err(err)?;
+    let method = tenet_node::Method::from_bytes(method.as_bytes())
+        .map_err(|_| err(format!("{method:?} is not an HTTP method")))?;
+    Ok(client.auth_headers(&method, path, body))
+}
+
 /// A lazy graph under construction. Ops never fail later than the call that made the mistake:
 /// each raises `TenetError` at once.
 #[pyclass(module = "tenet._native", unsendable)]
@@ -768,6 +784,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(content_hash, m)?)?;
     m.add_function(wrap_pyfunction!(verify_receipt, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_blob, m)?)?;
+    m.add_function(wrap_pyfunction!(auth_headers, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_from_blob, m)?)?;
     m.add_class::<NodeConnection>()?;
     m.add_function(wrap_pyfunction!(embed, m)?)?;

@@ -454,9 +454,13 @@ class Client:
     """A coordinator's REST API: ``deploy`` graphs, ``call`` them on several nodes, and get
     results whose receipt has been checked against the coordinator's key."""
 
-    def __init__(self, url: str, api_key: Optional[str] = None, timeout: float = 60.0):
+    def __init__(self, url: str, api_key: Optional[str] = None, key: Optional[PathLike] = None, timeout: float = 60.0):
+        """``api_key``: one of the coordinator's API keys (sent as a bearer token). ``key``: a
+        key file (``tenet key new``) whose public key the coordinator trusts; every request
+        is then signed with it."""
         self.url = url.rstrip("/")
         self.api_key = api_key
+        self.key = None if key is None else os.fspath(key)
         self.timeout = timeout
         self._key: Optional[str] = None
 
@@ -465,6 +469,9 @@ class Client:
         req.add_header("content-type", content_type)
         if self.api_key:
             req.add_header("authorization", f"Bearer {self.api_key}")
+        if self.key:
+            for name, value in _native.auth_headers(self.key, method, path, body or b""):
+                req.add_header(name, value)
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
                 data = r.read()

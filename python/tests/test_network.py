@@ -107,3 +107,28 @@ def test_errors_come_back_as_tenet_errors(network):
         client.call("0" * 64, {"x": np.zeros(1, np.float32)})
     with pytest.raises(tenet.TenetError, match="cannot reach"):
         tenet.Client("http://127.0.0.1:9").coordinator_key
+
+
+def test_a_client_signs_with_a_key_the_coordinator_trusts(tmp_path):
+    if not os.path.exists(TENET):
+        pytest.skip(f"no tenet binary at {TENET}")
+    keyfile = tmp_path / "client.key"
+    made = subprocess.run([TENET, "key", "new", str(keyfile)], capture_output=True, text=True, check=True)
+    public = made.stdout.split()[-1]
+    coord, line = spawn(["coordinator", "--trust", public, "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "c")])
+    try:
+        url = line.rsplit(" ", 1)[1]
+        g = tenet.GraphBuilder()
+        x = g.input("x", "f32", [2])
+        graph = g.finish({"y": x * 2.0})
+        with pytest.raises(tenet.TenetError, match="refused"):
+            tenet.Client(url).deploy(graph)
+        task = tenet.Client(url, key=keyfile).deploy(graph)
+        assert task == graph.id
+        other = tmp_path / "other.key"
+        subprocess.run([TENET, "key", "new", str(other)], capture_output=True, check=True)
+        with pytest.raises(tenet.TenetError, match="refused"):
+            tenet.Client(url, key=other).deploy(graph)
+    finally:
+        coord.terminate()
+        coord.wait(timeout=10)
