@@ -279,3 +279,26 @@ pub(crate) fn is_inf(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     };
     one(y)
 }
+
+/// Integer Mod: `fmod = 1` is C's remainder `a − trunc(a/b)·b`, `fmod = 0` Python's, which
+/// takes the divisor's sign (the remainder plus `b` where their signs differ). A zero divisor
+/// gives `a` (tenet's `a / 0 = 0`; ONNX leaves it undefined). Floats are refused: the exact
+/// `fmod` is not an op tenet has.
+pub(crate) fn modulo(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
+    let fmod = n.int("fmod", 0)? != 0;
+    let a = n.t(cx, 0)?;
+    let b = n.t(cx, 1)?;
+    if !matches!(a.dtype(), DType::I32 | DType::I64) {
+        return Err(format!(
+            "Mod of {} is not supported (i32 and i64 are)",
+            a.dtype()
+        ));
+    }
+    let r = &a - &(&(&a / &b) * &b);
+    if fmod {
+        return one(r);
+    }
+    let zero = scalar(cx, a.dtype(), 0.0);
+    let differ = r.ne(&zero).and(&r.lt(&zero).ne(&b.lt(&zero)));
+    one(differ.where_(&(&r + &b), &r))
+}

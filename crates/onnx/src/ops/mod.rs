@@ -64,6 +64,7 @@ const TABLE: &[(&str, Converter)] = &[
     ("Sum", elementwise::variadic),
     ("Mean", elementwise::variadic),
     ("Where", elementwise::where_),
+    ("Mod", elementwise::modulo),
     ("Cast", elementwise::cast),
     ("CastLike", elementwise::cast_like),
     ("Clip", elementwise::clip),
@@ -95,6 +96,7 @@ const TABLE: &[(&str, Converter)] = &[
     ("LpNormalization", nn::lp_norm),
     ("LRN", nn::lrn),
     ("Hardmax", nn::hardmax),
+    ("Attention", nn::attention),
     ("Softmax", nn::softmax),
     ("LogSoftmax", nn::softmax),
     // reduce.rs

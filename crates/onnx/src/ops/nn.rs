@@ -3,7 +3,7 @@
 //! normalisations (BatchNormalization folded into one scale and shift when its statistics are
 //! known, InstanceNormalization and LayerNormalization on tenet's `layer_norm`, Softmax).
 
-use tenet_ir::{GraphBuilder, PoolKind, Tensor, Window2d};
+use tenet_ir::{DType, GraphBuilder, PoolKind, Tensor, Window2d};
 
 use super::{axis, one, product, scalar, signed};
 use crate::convert::{Cx, NodeIn, Value};
@@ -737,4 +737,132 @@ pub(crate) fn softmax(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     }
     let flat = x.reshape(&[product(&s[..a]) as i64, product(&s[a..]) as i64]);
     one(apply(&flat, 1).reshape(&signed(&s)))
+}
+
+/// Attention (opset 23): `softmax((Q·√s)(K·√s)ᵀ [softcapped] + bias)·V` with numpy's and onnx's
+/// rules — heads split from 3-D inputs by `q_num_heads`/`kv_num_heads`, K and V heads repeated
+/// for grouped queries, the bias from a boolean or additive mask (padded with masked keys to the
+/// key length) and `is_causal`, a row with every key masked giving zeros. Past keys and values,
+/// sliding windows and the extra outputs are refused.
+pub(crate) fn attention(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
+    for unsupported in [4, 5, 6] {
+        if n.opt(unsupported).is_some() {
+            return Err(format!(
+                "input {unsupported} (past keys and values, or nonpad_kv_seqlen) is not supported"
+            ));
+        }
+    }
+    if n.int("qk_matmul_output_mode", 0)? != 0 {
+        return Err("qk_matmul_output_mode other than 0 is not supported".into());
+    }
+    if n.int("left_window_size", -1)? != -1 || n.int("right_window_size", -1)? != -1 {
+        return Err("sliding windows are not supported".into());
+    }
+    if !matches!(n.int("softmax_precision", 1)?, 1) {
+        return Err("softmax_precision other than float is not supported".into());
+    }
+    let causal = n.int("is_causal", 0)? != 0;
+    let softcap = n.float("softcap", 0.0)?;
+    let (mut q, mut k, mut v) = (n.t(cx, 0)?, n.t(cx, 1)?, n.t(cx, 2)?);
+    let three_d = q.rank() == 3;
+    let heads = |t: &Tensor, h: i64, what: &str| -> Result<Tensor, String> {
+        let s = t.shape();
+        if h <= 0 || !s[2].is_multiple_of(h as u64) {
+            return Err(format!("{what} {} does not split into {h} heads", t.ty()));
+        }
+        Ok(
+            t.reshape(&[s[0] as i64, s[1] as i64, h, (s[2] / h as u64) as i64])
+                .permute(&[0, 2, 1, 3]),
+        )
+    };
+    if three_d {
+        let hq = n.int("q_num_heads", 0)?;
+        let hkv = n.int("kv_num_heads", 0)?;
+        q = heads(&q, hq, "Q")?;
+        k = heads(&k, hkv, "K")?;
+        v = heads(&v, hkv, "V")?;
+    } else {
+        n.int("q_num_heads", 0)?;
+        n.int("kv_num_heads", 0)?;
+        if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+            return Err(format!("needs rank-3 or rank-4 Q, K, V, got {}", q.ty()));
+        }
+    }
+    let (qs, ks) = (cx.dims(&q)?, cx.dims(&k)?);
+    let (hq, hkv, sq, skv, d) = (qs[1], ks[1], qs[2], ks[2], qs[3]);
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(format!(
+            "{hq} query heads do not group over {hkv} key heads"
+        ));
+    }
+    if hq != hkv {
+        // Each key and value head serves `hq / hkv` consecutive query heads.
+        let rep = |t: &Tensor| -> Result<Tensor, String> {
+            let s = cx.dims(t)?;
+            Ok(t.reshape(&signed(&[s[0], s[1], 1, s[2], s[3]]))
+                .expand(&[s[0], s[1], hq / hkv, s[2], s[3]])
+                .reshape(&signed(&[s[0], hq, s[2], s[3]])))
+        };
+        k = rep(&k)?;
+        v = rep(&v)?;
+    }
+    let dt = q.dtype();
+    let scale = if n.has_attr("scale") {
+        n.float("scale", 0.0)? as f64
+    } else {
+        1.0 / (d as f64).sqrt()
+    };
+    let root = scalar(cx, dt, (scale.sqrt() as f32) as f64);
+    let mut scores = (&q * &root).matmul(&(&k * &root).transpose(-2, -1));
+    if softcap > 0.0 {
+        let cap = scalar(cx, dt, softcap as f64);
+        scores = &(&scores / &cap).tanh() * &cap;
+    }
+    let ninf = scalar(cx, dt, f64::NEG_INFINITY);
+    let zero = scalar(cx, dt, 0.0);
+    // The additive bias: the mask (bool: 0 where kept, -inf elsewhere), padded to the keys.
+    let mut bias: Option<Tensor> = match n.opt_t(cx, 3) {
+        None => None,
+        Some(mask) => {
+            let ms = cx.dims(&mask)?;
+            let last = *ms.last().ok_or("has a scalar mask")?;
+            let additive = if mask.dtype() == DType::Bool {
+                mask.where_(&zero, &ninf)
+            } else {
+                mask
+            };
+            Some(if last < skv {
+                let mut pads = vec![(0u64, 0u64); ms.len()];
+                pads[ms.len() - 1] = (0, skv - last);
+                additive.pad(&pads, f64::NEG_INFINITY)
+            } else {
+                additive
+            })
+        }
+    };
+    if causal {
+        let allowed = cx.g.tri_mask(&[sq, skv], false, 0);
+        let c = allowed.where_(&zero, &ninf);
+        bias = Some(match bias {
+            Some(b) => &b + &c,
+            None => c,
+        });
+    }
+    let probs = match &bias {
+        None => scores.softmax(-1),
+        Some(b) => {
+            let p = (&scores + b).softmax(-1);
+            // A row whose every key is masked attends to nothing: zeros, not NaN.
+            let masked = b.max(&[-1], true).eq(&ninf);
+            masked.where_(&zero, &p)
+        }
+    };
+    let mut y = probs.matmul(&v);
+    if three_d {
+        let s = cx.dims(&y)?;
+        y = y
+            .permute(&[0, 2, 1, 3])
+            .reshape(&signed(&[s[0], s[2], s[1] * s[3]]));
+    }
+    one(y)
 }
