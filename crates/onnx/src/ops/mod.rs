@@ -113,6 +113,8 @@ const TABLE: &[(&str, Converter)] = &[
     ("ArgMin", reduce::arg),
     // rnn.rs
     ("LSTM", rnn::lstm),
+    ("GRU", rnn::gru),
+    ("RNN", rnn::rnn),
     // loss.rs
     ("NegativeLogLikelihoodLoss", loss::nll_loss),
     ("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy),
