@@ -205,9 +205,15 @@ pub fn import(args: ImportArgs) -> Result<()> {
     } else {
         String::new()
     };
+    let input_args: Vec<String> = imported
+        .graph
+        .inputs()
+        .map(|(_, n, _)| format!(" --input {n}={n}.npy"))
+        .collect();
     println!(
-        "run it: tenet run {}{weights_arg} --input NAME=FILE.npy",
-        output.display()
+        "run it: tenet run {}{weights_arg}{}",
+        output.display(),
+        input_args.concat()
     );
     Ok(())
 }

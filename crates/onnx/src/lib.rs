@@ -223,7 +223,7 @@ impl<'m> Importer<'m> {
         let mut report = Report {
             producer: format!(
                 "{} {}",
-                self.model.producer_name.as_deref().unwrap_or("?"),
+                self.model.producer_name.as_deref().unwrap_or(""),
                 self.model.producer_version.as_deref().unwrap_or("")
             )
             .trim()
