@@ -113,6 +113,7 @@ class Graph:
 
     def __init__(self, native: "_native.Graph"):
         self._g = native
+        self._attached: set = set()  # weights files already given, by path
 
     @property
     def id(self) -> str:
@@ -152,8 +153,13 @@ class Graph:
         self._g.save_weights(os.fspath(path))
 
     def add_weights(self, path: PathLike) -> None:
-        """Attach a safetensors file the graph refers to; later runs use it."""
+        """Attach a safetensors file the graph refers to; later runs use it. A file already
+        attached is not read again."""
+        key = os.path.realpath(os.fspath(path))
+        if key in self._attached:
+            return
         self._g.add_weights(os.fspath(path))
+        self._attached.add(key)
 
     def run(
         self,

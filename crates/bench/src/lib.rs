@@ -9,6 +9,7 @@ pub mod load;
 pub mod node;
 mod numpy;
 pub mod onnx;
+mod peer;
 
 use std::collections::HashMap;
 use std::time::Instant;

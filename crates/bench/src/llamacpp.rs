@@ -109,30 +109,14 @@ pub(crate) fn parse(
     stdout: &[u8],
     stderr: &[u8],
 ) -> Result<Measured, String> {
-    if !success {
-        let err = String::from_utf8_lossy(stderr);
-        return Err(format!(
-            "llama-cpp-python failed under {python}: {}",
-            err.lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-        ));
-    }
-    let text = String::from_utf8_lossy(stdout);
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| "llama-cpp-python printed no result".to_string())?;
-    let v: serde_json::Value = serde_json::from_str(last)
-        .map_err(|e| format!("unreadable llama-cpp-python output: {e}"))?;
-    if let Some(why) = v["unavailable"].as_str() {
-        return Err(format!(
-            "llama-cpp-python is not importable by {python} ({why}; pip install llama-cpp-python, or set TENET_PYTHON)"
-        ));
-    }
+    let v = crate::peer::result(
+        "llama-cpp-python",
+        "pip install llama-cpp-python, or set TENET_PYTHON",
+        python,
+        success,
+        stdout,
+        stderr,
+    )?;
     let threads = v["threads"]
         .as_object()
         .ok_or_else(|| "llama-cpp-python output has no \"threads\"".to_string())?;

@@ -257,30 +257,14 @@ fn parse(
     stdout: &[u8],
     stderr: &[u8],
 ) -> Result<HashMap<usize, f64>, String> {
-    if !success {
-        let err = String::from_utf8_lossy(stderr);
-        return Err(format!(
-            "onnxruntime failed under {python}: {}",
-            err.lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-        ));
-    }
-    let text = String::from_utf8_lossy(stdout);
-    let last = text
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or("onnxruntime printed no result")?;
-    let v: serde_json::Value =
-        serde_json::from_str(last).map_err(|e| format!("unreadable onnxruntime output: {e}"))?;
-    if let Some(why) = v["unavailable"].as_str() {
-        return Err(format!(
-            "onnxruntime is not importable by {python} ({why}; pip install onnxruntime, or set TENET_ONNX_PYTHON)"
-        ));
-    }
+    let v = crate::peer::result(
+        "onnxruntime",
+        "pip install onnxruntime, or set TENET_ONNX_PYTHON",
+        python,
+        success,
+        stdout,
+        stderr,
+    )?;
     let mut by = HashMap::new();
     for (t, ms) in v["threads"]
         .as_object()

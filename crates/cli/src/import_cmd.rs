@@ -102,18 +102,22 @@ pub fn import(args: ImportArgs) -> Result<()> {
         let (name, dims) = parse_shape(s)?;
         opts.shapes.insert(name, dims);
     }
-    let description = describe_file(&args.model, &opts)?;
-    let declared: HashMap<String, (Option<DType>, Vec<Option<u64>>)> = description
-        .inputs
-        .iter()
-        .map(|(n, d, dims)| (n.clone(), (d.clone().ok(), dims.clone())))
-        .collect();
-    for f in &args.fixes {
-        let (name, t) = parse_fix(f, &declared)?;
-        opts.fixed.insert(name, t);
-    }
-    if args.opset_check {
-        return opset_check(&args, &description);
+    // The model's declared inputs and op types: read only when --fix or --opset-check needs
+    // them (the import reads the file again).
+    if args.opset_check || !args.fixes.is_empty() {
+        let description = describe_file(&args.model, &opts)?;
+        if args.opset_check {
+            return opset_check(&args, &description);
+        }
+        let declared: HashMap<String, (Option<DType>, Vec<Option<u64>>)> = description
+            .inputs
+            .iter()
+            .map(|(n, d, dims)| (n.clone(), (d.clone().ok(), dims.clone())))
+            .collect();
+        for f in &args.fixes {
+            let (name, t) = parse_fix(f, &declared)?;
+            opts.fixed.insert(name, t);
+        }
     }
     let imported = import_file(&args.model, &opts)?;
     let output = args

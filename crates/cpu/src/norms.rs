@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use half::{bf16, f16};
 use tenet_ir::{DType, HostTensor, NormOp, Op, TensorType};
 use tenet_reference::math::{self, canonical};
-use tenet_reference::sum_ordered;
+use tenet_reference::{fmax, sum_ordered};
 
 use crate::fused::{POLL_ELEMENTS, Poll};
 use crate::view::{Pool, f32s};
@@ -52,21 +52,6 @@ fn put(dtype: DType, out: &mut [u8], i: usize, v: f32) {
         DType::F16 => out[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
         DType::BF16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(v).to_le_bytes()),
         _ => out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
-    }
-}
-
-/// The reference's maximum: NaN if either is, +0 over -0.
-fn fmax(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else if a > b {
-        a
-    } else if b > a {
-        b
-    } else if a.is_sign_positive() {
-        a
-    } else {
-        b
     }
 }
 

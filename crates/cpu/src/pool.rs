@@ -5,24 +5,11 @@
 //! (`avg_pool2d`) or by the kernel's area (`avg_pool2d_include_pad`). NaN results canonical.
 
 use tenet_ir::{DType, HostTensor, Op, PoolKind, TensorType, Window2d};
+use tenet_reference::fmax;
 use tenet_reference::math::{NAN, canonical};
 
 use crate::fused::Poll;
 use crate::view::{Pool, f32s, make_f32};
-
-fn fmax(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        NAN
-    } else if a > b {
-        a
-    } else if b > a {
-        b
-    } else if a.is_sign_positive() {
-        a
-    } else {
-        b
-    }
-}
 
 /// For each output index along one axis, the input indices of its in-bounds taps, in order.
 fn taps(

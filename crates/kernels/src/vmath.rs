@@ -282,31 +282,6 @@ fn depthwise_lanes(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f
     }
 }
 
-/// `acc[i] = fma(x[i], w, acc[i])`: one more link of each lane's fused multiply-add chain (a
-/// convolution tap applied to a row of outputs). NaNs are left as computed: the caller makes
-/// a chain's final NaN canonical.
-pub fn fma_assign(level: SimdLevel, acc: &mut [f32], x: &[f32], w: f32) {
-    assert_eq!(acc.len(), x.len(), "operands differ in length");
-    match level.or_supported() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `or_supported` returned a level this CPU has.
-        SimdLevel::Avx512 => unsafe { x86::fma_assign_avx512(acc, x, w) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        SimdLevel::Avx2 => unsafe { x86::fma_assign_avx2(acc, x, w) },
-        _ => fma_assign_lanes(acc, x, w),
-    }
-}
-
-/// [`fma_assign`]'s loop; `mul_add` is one fused operation at every level (a library call
-/// where the target has no FMA instruction).
-#[inline(always)]
-fn fma_assign_lanes(acc: &mut [f32], x: &[f32], w: f32) {
-    acc.iter_mut()
-        .zip(x)
-        .for_each(|(a, &v)| *a = v.mul_add(w, *a));
-}
-
 /// The loop every level compiles: plain Rust the compiler vectorises for the enabled features.
 #[inline(always)]
 fn arith_lanes(op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -399,8 +374,6 @@ pub(crate) mod x86 {
         (op: Arith, acc: &mut [f32], b: &[f32], side: ScalarSide));
     compiled_per_level!(scalar_assign_lanes => scalar_assign_avx512, scalar_assign_avx2
         (op: Arith, acc: &mut [f32], s: f32, side: ScalarSide));
-    compiled_per_level!(fma_assign_lanes => fma_assign_avx512, fma_assign_avx2
-        (acc: &mut [f32], x: &[f32], w: f32));
     compiled_per_level!(depthwise_lanes => depthwise_avx512, depthwise_avx2
         (p: &super::DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f32]));
     compiled_per_level!(minmax_lanes => minmax_avx512, minmax_avx2

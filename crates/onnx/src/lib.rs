@@ -126,6 +126,19 @@ pub enum ImportError {
 
 /// Import the `.onnx` file at `path`; external data is read from its folder.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Imported, ImportError> {
+    let bytes = read_model(path, opts)?;
+    let dir = path.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    import_bytes(&bytes, dir, opts)
+}
+
+/// A model file's bytes, its size checked against the limit before it is read.
+fn read_model(path: &Path, opts: &ImportOptions) -> Result<Vec<u8>, ImportError> {
     let io = |source| ImportError::Io {
         path: path.display().to_string(),
         source,
@@ -138,15 +151,7 @@ pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Imported, Import
             limit: opts.max_model_bytes,
         });
     }
-    let bytes = std::fs::read(path).map_err(io)?;
-    let dir = path.parent().map(|p| {
-        if p.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            p
-        }
-    });
-    import_bytes(&bytes, dir, opts)
+    std::fs::read(path).map_err(io)
 }
 
 /// Import a model from its bytes; `dir` is where external data may be read from (`None`:
@@ -640,19 +645,7 @@ pub struct Description {
 
 /// Read a model's inputs and op types (bounded as `import_file` is).
 pub fn describe_file(path: &Path, opts: &ImportOptions) -> Result<Description, ImportError> {
-    let io = |source| ImportError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let size = std::fs::metadata(path).map_err(io)?.len();
-    if size > opts.max_model_bytes {
-        return Err(ImportError::TooLarge {
-            path: path.display().to_string(),
-            size,
-            limit: opts.max_model_bytes,
-        });
-    }
-    let bytes = std::fs::read(path).map_err(io)?;
+    let bytes = read_model(path, opts)?;
     let model = ModelProto::decode(&bytes[..]).map_err(|e| ImportError::Decode(e.to_string()))?;
     let external = External { dir: None };
     let importer = Importer::new(&model, &external, opts)?;

@@ -5,34 +5,12 @@
 
 use std::collections::HashMap;
 
+mod common;
+
+use common::value;
 use prost::Message;
 use tenet_ir::HostTensor;
-use tenet_onnx::onnx_proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
-};
-
-fn value(name: &str, dims: &[u64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| tensor_shape_proto::Dimension {
-                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+use tenet_onnx::onnx_proto::{AttributeProto, NodeProto, TensorProto};
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
@@ -202,21 +180,12 @@ fn conv_transpose_matches_its_definition() {
             ],
             ..Default::default()
         };
-        let model = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(17),
-            }],
-            graph: Some(GraphProto {
-                node: vec![node],
-                input: vec![value("x", &c.x)],
-                output: vec![value("y", &shape)],
-                initializer: inits,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let model = common::model(
+            vec![node],
+            vec![value("x", &c.x)],
+            vec![value("y", &shape)],
+            inits,
+        );
         let imported =
             tenet_onnx::import_bytes(&model.encode_to_vec(), None, &Default::default()).unwrap();
         let weights = match &imported.weights {

@@ -7,35 +7,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+mod common;
+
+use common::value;
 use prost::Message;
 use tenet_ir::HostTensor;
 use tenet_onnx::onnx_proto::{
-    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+    ModelProto, NodeProto, StringStringEntryProto, TensorProto, tensor_shape_proto, type_proto,
 };
 use tenet_onnx::{ImportOptions, import_bytes, import_file};
-
-fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| tensor_shape_proto::Dimension {
-                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
     NodeProto {
@@ -48,21 +28,12 @@ fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
 
 /// `y = relu(x) + w` with `x: f32[2,3]` and an initializer `w`.
 fn model(w: TensorProto, nodes: Vec<NodeProto>) -> ModelProto {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            node: nodes,
-            input: vec![value("x", &[2, 3])],
-            output: vec![value("y", &[2, 3])],
-            initializer: vec![w],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    common::model(
+        nodes,
+        vec![value("x", &[2, 3])],
+        vec![value("y", &[2, 3])],
+        vec![w],
+    )
 }
 
 fn weight(dims: &[i64], raw: Vec<u8>) -> TensorProto {

@@ -3,55 +3,25 @@
 
 use std::collections::HashMap;
 
+mod common;
+
+use common::value;
 use prost::Message;
 use tenet_ir::HostTensor;
-use tenet_onnx::onnx_proto::{
-    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-    ValueInfoProto, tensor_shape_proto, type_proto,
-};
-
-fn value(name: &str, dims: &[u64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| tensor_shape_proto::Dimension {
-                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+use tenet_onnx::onnx_proto::NodeProto;
 
 fn run_matmul(a: &[u64], b: &[u64], av: &[f32], bv: &[f32]) -> HostTensor {
-    let model = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            node: vec![NodeProto {
-                op_type: Some("MatMul".into()),
-                input: vec!["a".into(), "b".into()],
-                output: vec!["c".into()],
-                ..Default::default()
-            }],
-            input: vec![value("a", a), value("b", b)],
-            output: vec![value("c", &[])],
+    let model = common::model(
+        vec![NodeProto {
+            op_type: Some("MatMul".into()),
+            input: vec!["a".into(), "b".into()],
+            output: vec!["c".into()],
             ..Default::default()
-        }),
-        ..Default::default()
-    };
+        }],
+        vec![value("a", a), value("b", b)],
+        vec![value("c", &[])],
+        vec![],
+    );
     let imported =
         tenet_onnx::import_bytes(&model.encode_to_vec(), None, &Default::default()).unwrap();
     let inputs = HashMap::from([

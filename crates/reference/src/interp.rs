@@ -344,7 +344,9 @@ pub fn fold_lanes(mut acc: [f32; 16]) -> f32 {
     acc[0]
 }
 
-fn fmax(a: f32, b: f32) -> f32 {
+/// The op set's maximum: NaN if either is (the canonical NaN), `max(−0, +0) = +0`; the same
+/// whichever order its operands come in.
+pub fn fmax(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         NAN
     } else if a > b {
@@ -358,7 +360,8 @@ fn fmax(a: f32, b: f32) -> f32 {
     }
 }
 
-fn fmin(a: f32, b: f32) -> f32 {
+/// The op set's minimum: NaN if either is, `min(−0, +0) = −0`.
+pub fn fmin(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() {
         NAN
     } else if a < b {
