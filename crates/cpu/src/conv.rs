@@ -25,7 +25,7 @@
 
 use tenet_ir::{DType, HostTensor, Op, TensorType, Window2d};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::gemm::{Strided, sgemm, sgemm_then};
+use tenet_kernels::gemm::{Strided, sgemm, sgemm_packing_b, sgemm_then};
 use tenet_kernels::vmath::{DepthwisePlane, depthwise_plane};
 use tenet_reference::math::canonical;
 
@@ -47,6 +47,9 @@ pub(crate) fn chunk_cols(og: usize, k: usize, positions: usize) -> usize {
         .max(MIN_CHUNK_COLS)
         .min(positions.max(1))
 }
+
+/// Classes of at most this many positions run as a transposed product (see `block_product`).
+const FEW_POSITIONS: usize = 4;
 
 /// Shapes of one convolution.
 #[derive(Clone, Copy)]
@@ -338,26 +341,14 @@ fn block_product(
             });
         }
     }
-    // Jobs: a chunk of one class's positions each.
-    let mut jobs = Vec::new();
-    for (ci, c) in classes.iter().enumerate() {
-        let positions = c.ohs.len() * c.ows.len();
-        let per = chunk_cols(d.og, c.k, positions);
-        let mut start = 0;
-        while start < positions {
-            let end = (start + per).min(positions);
-            jobs.push((ci, start, end));
-            start = end;
-        }
-    }
     let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
     let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
     let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
-    // The chunk as runs along output rows: (oh, first and past-last index into the class's
-    // columns, offset in the chunk).
-    let segments = |c: &Class<'_>, start: usize, end: usize| {
+    // Positions `start..end` of a class as runs along output rows: (oh, first and past-last
+    // index into the class's columns, offset from `start`).
+    let segments = |c: &Class<'_>, start: usize, end: usize, segs: &mut Vec<_>| {
         let nw = c.ows.len();
-        let mut segs = Vec::new();
+        segs.clear();
         let mut pos = start;
         while pos < end {
             let (r, c0) = (pos / nw, pos % nw);
@@ -365,112 +356,107 @@ fn block_product(
             segs.push((c.ohs[r], c0, c1, pos - start));
             pos += c1 - c0;
         }
-        segs
     };
-    // One job: im2col of its chunk (row (c, i, j) holds the input under tap (i, j) for each
-    // position), then the product into `out` (`og × n`).
-    let run_job = |job: &(usize, usize, usize),
-                   threads: usize,
-                   b_buf: &mut Vec<f32>,
-                   out: &mut Vec<f32>|
-     -> Result<(), String> {
-        let (ci, start, end) = *job;
-        let c = &classes[ci];
-        let n = end - start;
+    let mut out = Vec::new();
+    let mut segs = Vec::new();
+    for c in &classes {
+        let n = c.ohs.len() * c.ows.len();
         let contiguous = c
             .ows
             .last()
             .is_some_and(|&l| l - c.ows[0] + 1 == c.ows.len());
-        b_buf.clear();
-        b_buf.resize(c.k * n, 0.0);
-        let segs = segments(c, start, end);
-        let mut row = 0;
-        for ch in 0..d.cg {
-            let plane = &image[ch * d.h * d.w..][..d.h * d.w];
-            for &i in c.rtaps {
-                for &j in c.ctaps {
-                    let dst_row = &mut b_buf[row * n..][..n];
-                    for &(oh, c0, c1, at) in &segs {
-                        let ih = oh * sh + i as usize * dh - pt;
-                        let line = &plane[ih * d.w..][..d.w];
-                        let to = &mut dst_row[at..at + (c1 - c0)];
-                        if contiguous {
-                            let first = c.ows[c0] * sw + j as usize * dw - pl;
-                            if sw == 1 {
-                                to.copy_from_slice(&line[first..first + (c1 - c0)]);
+        // One panel of the class's im2col matrix, straight into the GEMM's packed layout:
+        // step (channel, i, j) holds the input under tap (i, j) for each of the panel's
+        // positions.
+        let pack = |first: usize, cols: usize, nr: usize, panel: &mut [f32]| {
+            let mut segs = Vec::with_capacity(4);
+            segments(c, first, first + cols, &mut segs);
+            let mut row = 0;
+            for ch in 0..d.cg {
+                let plane = &image[ch * d.h * d.w..][..d.h * d.w];
+                for &i in c.rtaps {
+                    for &j in c.ctaps {
+                        let dst_row = &mut panel[row * nr..][..cols];
+                        for &(oh, c0, c1, at) in &segs {
+                            let ih = oh * sh + i as usize * dh - pt;
+                            let line = &plane[ih * d.w..][..d.w];
+                            let to = &mut dst_row[at..at + (c1 - c0)];
+                            if contiguous {
+                                let first = c.ows[c0] * sw + j as usize * dw - pl;
+                                if sw == 1 {
+                                    copy_run(to, &line[first..first + (c1 - c0)]);
+                                } else {
+                                    for (q, slot) in to.iter_mut().enumerate() {
+                                        *slot = line[first + q * sw];
+                                    }
+                                }
                             } else {
-                                for (q, slot) in to.iter_mut().enumerate() {
-                                    *slot = line[first + q * sw];
+                                for (slot, &ow) in to.iter_mut().zip(&c.ows[c0..c1]) {
+                                    *slot = line[ow * sw + j as usize * dw - pl];
                                 }
                             }
-                        } else {
-                            for (slot, &ow) in to.iter_mut().zip(&c.ows[c0..c1]) {
-                                *slot = line[ow * sw + j as usize * dw - pl];
-                            }
                         }
+                        row += 1;
                     }
-                    row += 1;
                 }
             }
-        }
+        };
         out.clear();
         out.resize(d.og * n, 0.0);
         let a = c.weights.as_deref().unwrap_or(weights);
-        sgemm(
-            level,
-            threads,
-            d.og,
-            n,
-            c.k,
-            Strided::row_major(a, c.k),
-            Strided::row_major(b_buf, n),
-            out,
-            n,
-        )
-        .map_err(|e| e.to_string())
-    };
-    // Jobs run on separate threads (each its own im2col and a one-thread product) when there
-    // are enough; the results are placed afterwards, bias added.
-    let mut results: Vec<Vec<f32>> = vec![Vec::new(); jobs.len()];
-    let failed = std::sync::Mutex::new(None::<String>);
-    if threads > 1 && jobs.len() >= 2 {
-        let ranges = tenet_sys::parallel::ranges(jobs.len(), threads, 1);
-        tenet_sys::parallel::for_each_piece(&mut results, &ranges, |range, outs| {
-            let mut b_buf = Vec::new();
-            for (job, out) in jobs[range].iter().zip(outs) {
-                if poll() {
-                    return;
-                }
-                if let Err(e) = run_job(job, 1, &mut b_buf, out) {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    return;
+        if n <= FEW_POSITIONS {
+            // A corner or the border of a narrow input: a panel of the GEMM's width would be
+            // mostly padding, so the product runs transposed, `outᵀ = im2colᵀ · Wᵀ`, on the
+            // GEMM's few-rows path (the same chains), and is transposed back.
+            let mut im2col = vec![0.0; c.k * n];
+            pack(0, n, n, &mut im2col);
+            let mut t = vec![0.0; n * d.og];
+            sgemm(
+                level,
+                1,
+                n,
+                d.og,
+                c.k,
+                Strided {
+                    data: &im2col,
+                    rs: 1,
+                    cs: n,
+                },
+                Strided {
+                    data: a,
+                    rs: 1,
+                    cs: c.k,
+                },
+                &mut t,
+                d.og,
+            )
+            .map_err(|e| e.to_string())?;
+            for (j, row) in t.chunks_exact(d.og).enumerate() {
+                for (o, &v) in row.iter().enumerate() {
+                    out[o * n + j] = v;
                 }
             }
-        });
-    } else {
-        let mut b_buf = Vec::new();
-        for (job, out) in jobs.iter().zip(results.iter_mut()) {
+        } else {
+            sgemm_packing_b(
+                level,
+                threads,
+                d.og,
+                n,
+                c.k,
+                Strided::row_major(a, c.k),
+                &pack,
+                poll,
+                &mut out,
+                n,
+            )
+            .map_err(|e| e.to_string())?;
             if poll() {
-                return Ok(());
+                return Ok(()); // stopped part way: the run gives up
             }
-            run_job(job, threads, &mut b_buf, out)?;
         }
-    }
-    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
-    }
-    for (job, out) in jobs.iter().zip(&results) {
-        let (ci, start, end) = *job;
-        let c = &classes[ci];
-        let n = end - start;
-        if out.len() != d.og * n {
-            return Ok(()); // stopped before this job ran: the run gives up
-        }
-        let contiguous = c
-            .ows
-            .last()
-            .is_some_and(|&l| l - c.ows[0] + 1 == c.ows.len());
-        for &(oh, c0, c1, at) in &segments(c, start, end) {
+        // The class's results into place, bias added.
+        segments(c, 0, n, &mut segs);
+        for &(oh, c0, c1, at) in &segs {
             for o in 0..d.og {
                 let from = &out[o * n + at..][..c1 - c0];
                 let plane = &mut dst[o * p..][..p];
@@ -488,6 +474,28 @@ fn block_product(
         }
     }
     Ok(())
+}
+
+/// `to.copy_from_slice(from)` for the short runs of a packed panel: whole panels of the
+/// widths the GEMM uses as fixed-size copies the compiler inlines (a `memcpy` call per run of
+/// 48 floats cost as much as the copy).
+#[inline]
+fn copy_run(to: &mut [f32], from: &[f32]) {
+    fn fixed<const N: usize>(to: &mut [f32], from: &[f32]) -> bool {
+        match (
+            <&mut [f32; N]>::try_from(&mut *to),
+            <&[f32; N]>::try_from(from),
+        ) {
+            (Ok(t), Ok(f)) => {
+                *t = *f;
+                true
+            }
+            _ => false,
+        }
+    }
+    if !(fixed::<48>(to, from) || fixed::<32>(to, from) || fixed::<16>(to, from)) {
+        to.copy_from_slice(from);
+    }
 }
 
 /// One channel of a depthwise convolution: `plane` is the input channel, `taps` its `kh × kw`

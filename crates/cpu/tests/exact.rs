@@ -458,7 +458,7 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
 fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
-    let cases: [Case; 12] = [
+    let cases: [Case; 15] = [
         (
             [1, 4, 4, 3],
             [4, 3, 5],
@@ -567,6 +567,33 @@ fn convolutions_on_the_gemm_keep_the_bits() {
             1,
             false,
         ), // long chains
+        (
+            [1, 6, 12, 70],
+            [24, 3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ), // rows wider than a packed panel, panels across rows
+        (
+            [1, 4, 9, 75],
+            [4, 3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            [1, 1],
+            4,
+            true,
+        ), // depthwise, stride 2: blocks of columns in registers
+        (
+            [1, 3, 7, 80],
+            [3, 5, 5],
+            [1, 3],
+            [2, 2, 2, 2],
+            [1, 2],
+            3,
+            false,
+        ), // depthwise, stride 3 and dilation 2
     ];
     for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
         cases.into_iter().enumerate()

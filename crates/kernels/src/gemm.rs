@@ -151,6 +151,54 @@ pub fn sgemm_then(
     Ok(())
 }
 
+/// Writes one panel of B in the packed layout: `pack(first, cols, nr, dst)` sets
+/// `dst[p * nr + j]` to `B(p, first + j)` for every step `p < k` and `j < cols` (`cols ≤ nr`;
+/// the rest of `dst` is already zero). B never exists as a matrix: a convolution writes its
+/// im2col straight into the panels, a panel at a time, while it is in cache.
+pub type PackB<'p> = &'p (dyn Fn(usize, usize, usize, &mut [f32]) + Sync);
+
+/// Asked before each panel; `true` abandons the product (C is then partly written).
+pub type Stop<'s> = &'s (dyn Fn() -> bool + Sync);
+
+/// `C[m × n] = A[m × k] · B[k × n]` where `pack` writes B's panels (see [`PackB`]): each thread
+/// packs a panel of columns into its own buffer and runs every row of C over it at once, so
+/// the panel is read from L1/L2 right after it was written. The same kernels and chains as
+/// [`sgemm`], so the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_packing_b(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    pack: PackB<'_>,
+    stop: Stop<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+) -> Result<(), GemmError> {
+    if !level.supported() {
+        return Err(GemmError::Unsupported(level.name()));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if c_rs < n {
+        return Err(GemmError::OverlappingRows { rs: c_rs, n });
+    }
+    check("A", span(m, k, a.rs, a.cs), a.data.len())?;
+    check("C", span(m, n, c_rs, 1), c.len())?;
+    if k == 0 {
+        for i in 0..m {
+            c[i * c_rs..i * c_rs + n].fill(0.0);
+        }
+        return Ok(());
+    }
+    let cfg = Config::for_level(level, n);
+    (cfg.run_packing)(&cfg, threads, m, n, k, a, pack, stop, c, c_rs);
+    Ok(())
+}
+
 /// Products with at most this many rows (one decoded token, say) skip packing: packing B would
 /// cost more than the product itself.
 const SMALL_M: usize = 4;
@@ -315,7 +363,12 @@ struct Config {
     pack_avx512: bool,
     /// `blocked::<MR, NR>` for this kernel's tile.
     run: Blocked,
+    /// `packing_b::<MR, NR>` for this kernel's tile.
+    run_packing: PackingB,
 }
+
+type PackingB =
+    fn(&Config, usize, usize, usize, usize, Strided<'_>, PackB<'_>, Stop<'_>, &mut [f32], usize);
 
 type Blocked = fn(
     &Config,
@@ -349,6 +402,7 @@ impl Config {
             direct: Some(x86::kernel_avx512_direct::<MR, NV>),
             pack_avx512: true,
             run: blocked::<MR, NR>,
+            run_packing: packing_b::<MR, NR>,
         }
     }
 
@@ -379,6 +433,7 @@ impl Config {
                 direct: None,
                 pack_avx512: false,
                 run: blocked::<6, 16>,
+                run_packing: packing_b::<6, 16>,
             },
             _ => Config {
                 kc: 256,
@@ -388,6 +443,7 @@ impl Config {
                 direct: None,
                 pack_avx512: false,
                 run: blocked::<PMR, PNR>,
+                run_packing: packing_b::<PMR, PNR>,
             },
         }
     }
@@ -739,6 +795,88 @@ fn blocked<const MR: usize, const NR: usize>(
                 }
             });
         }
+    });
+}
+
+/// [`sgemm_packing_b`] for one kernel's `MR × NR` tile: panels of columns, taken from the
+/// front of each thread's share (and stolen from the back of another's), each packed and
+/// then multiplied by every row block of A.
+#[allow(clippy::too_many_arguments)]
+fn packing_b<const MR: usize, const NR: usize>(
+    cfg: &Config,
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    pack: PackB<'_>,
+    stop: Stop<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+) {
+    let panels = n.div_ceil(NR);
+    // With fewer panels than threads (a convolution over a few positions), each panel's rows
+    // are split too; a thread packs the panel of each unit it takes unless it has it already.
+    let splits = if panels >= threads {
+        1
+    } else {
+        threads.div_ceil(panels).min(m.div_ceil(MR))
+    };
+    let rows_per = m.div_ceil(splits).div_ceil(MR) * MR;
+    let splits = m.div_ceil(rows_per);
+    let units = panels * splits;
+    let shared = SharedC::new(c);
+    let work = tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(units, threads, 1));
+    tenet_sys::parallel::run_parts(work.owners(), &|t| {
+        with_scratch(&SCRATCH_B, NR * k, |bp| {
+            let mut packed = None;
+            // Unit `u`: rows of split `u % splits` over panel `u / splits`; false once the
+            // caller asks to stop.
+            let mut unit = |u: usize| {
+                if stop() {
+                    return false;
+                }
+                let q = u / splits;
+                let (first, cols) = (q * NR, NR.min(n - q * NR));
+                if packed != Some(q) {
+                    if cols < NR {
+                        bp.fill(0.0);
+                    }
+                    pack(first, cols, NR, bp);
+                    packed = Some(q);
+                }
+                let split = (u % splits) * rows_per..((u % splits + 1) * rows_per).min(m);
+                for r0 in split.clone().step_by(cfg.mc) {
+                    let mc = cfg.mc.min(split.end - r0);
+                    let part = shared.from(r0 * c_rs);
+                    // This thread claimed the unit: these rows, columns first..first + cols.
+                    block_of_chunk::<MR, NR>(
+                        cfg,
+                        mc,
+                        first,
+                        cols,
+                        k,
+                        a.offset_rows(r0),
+                        bp,
+                        part,
+                        c_rs,
+                    );
+                }
+                true
+            };
+            while let Some(r) = work.take_front(t, 1) {
+                if !r.into_iter().all(&mut unit) {
+                    return;
+                }
+            }
+            for v in (1..work.owners()).map(|d| (t + d) % work.owners()) {
+                while let Some(u) = work.steal_back(v) {
+                    if !unit(u) {
+                        return;
+                    }
+                }
+            }
+        })
     });
 }
 

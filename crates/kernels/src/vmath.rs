@@ -234,11 +234,40 @@ pub fn depthwise_plane(
     }
 }
 
+/// Output columns of one row that the depthwise kernel's interior keeps in registers at once.
+const DW_BLOCK: usize = 16;
+
 #[inline(always)]
 fn depthwise_lanes(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f32]) {
     let [sh, sw] = p.stride;
     let [pt, pl] = p.pad;
     let [dh, dw] = p.dilation;
+    // The output columns whose tap at column offset `off` lands inside the row.
+    let reach = |off: usize| {
+        let lo = if off >= pl {
+            0
+        } else {
+            (pl - off).div_ceil(sw)
+        };
+        let hi = if p.w + pl > off {
+            ((p.w + pl - off - 1) / sw + 1).min(p.ow)
+        } else {
+            0
+        };
+        (lo, hi)
+    };
+    // With a column stride, columns every kernel column reaches, in whole blocks, are computed
+    // in registers, all taps of a block before its one store (a strided run per tap cost 3×
+    // as much); the rest one tap at a time over a run of columns (at stride 1 that is faster
+    // than blocks: 17 vs 22 µs for a 3×3 over 120×160). Each output's chain is its valid
+    // taps in order either way.
+    let b_lo = reach(0).0.min(p.ow);
+    let all_hi = reach(p.kw.saturating_sub(1) * dw).1;
+    let b_hi = if sw == 1 {
+        b_lo
+    } else {
+        b_lo + all_hi.saturating_sub(b_lo) / DW_BLOCK * DW_BLOCK
+    };
     for (r, acc) in out.chunks_mut(p.ow).take(p.oh).enumerate() {
         let oh = p.row0 + r;
         acc.fill(0.0);
@@ -249,36 +278,69 @@ fn depthwise_lanes(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f
             }
             let row = &plane[(y - pt) * p.w..][..p.w];
             for j in 0..p.kw {
-                // The output columns whose tap j lands inside the row.
                 let off = j * dw;
-                let lo = if off >= pl {
-                    0
-                } else {
-                    (pl - off).div_ceil(sw)
-                };
-                let hi = if p.w + pl > off {
-                    ((p.w + pl - off - 1) / sw + 1).min(p.ow)
-                } else {
-                    0
-                };
-                if lo >= hi {
-                    continue;
-                }
+                let (lo, hi) = reach(off);
                 let w = taps[i * p.kw + j];
-                let first = lo * sw + off - pl;
-                let a = &mut acc[lo..hi];
-                if sw == 1 {
-                    let x = &row[first..first + a.len()];
-                    a.iter_mut()
-                        .zip(x)
-                        .for_each(|(a, &v)| *a = v.mul_add(w, *a));
-                } else {
-                    a.iter_mut()
-                        .enumerate()
-                        .for_each(|(q, a)| *a = row[first + q * sw].mul_add(w, *a));
+                for (lo, hi) in [(lo, hi.min(b_lo)), (lo.max(b_hi), hi)] {
+                    if lo >= hi {
+                        continue;
+                    }
+                    let first = lo * sw + off - pl;
+                    let a = &mut acc[lo..hi];
+                    if sw == 1 {
+                        let x = &row[first..first + a.len()];
+                        a.iter_mut()
+                            .zip(x)
+                            .for_each(|(a, &v)| *a = v.mul_add(w, *a));
+                    } else {
+                        a.iter_mut()
+                            .enumerate()
+                            .for_each(|(q, a)| *a = row[first + q * sw].mul_add(w, *a));
+                    }
                 }
             }
         }
+        match sw {
+            2 => depthwise_blocks(p, plane, taps, oh, 2, b_lo..b_hi, acc),
+            _ => depthwise_blocks(p, plane, taps, oh, sw, b_lo..b_hi, acc),
+        }
+    }
+}
+
+/// Output row `oh`'s columns `cols` (whole blocks, every tap in bounds) at column stride `s`
+/// (a constant where the caller passes one, so the loads below compile to vector loads and
+/// shuffles): each block's accumulators stay in registers across all taps.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn depthwise_blocks(
+    p: &DepthwisePlane,
+    plane: &[f32],
+    taps: &[f32],
+    oh: usize,
+    s: usize,
+    cols: std::ops::Range<usize>,
+    acc: &mut [f32],
+) {
+    let [sh, _] = p.stride;
+    let [pt, pl] = p.pad;
+    let [dh, dw] = p.dilation;
+    for c0 in cols.step_by(DW_BLOCK) {
+        let mut v = [0.0f32; DW_BLOCK];
+        for i in 0..p.kh {
+            let y = oh * sh + i * dh;
+            if y < pt || y - pt >= p.h {
+                continue;
+            }
+            let row = &plane[(y - pt) * p.w..][..p.w];
+            for j in 0..p.kw {
+                let w = taps[i * p.kw + j];
+                let x = &row[c0 * s + j * dw - pl..][..(DW_BLOCK - 1) * s + 1];
+                for (t, v) in v.iter_mut().enumerate() {
+                    *v = x[t * s].mul_add(w, *v);
+                }
+            }
+        }
+        acc[c0..c0 + DW_BLOCK].copy_from_slice(&v);
     }
 }
 

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights, TensorType};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::gemm::{Strided, sgemm};
+use tenet_kernels::gemm::{Strided, sgemm, sgemm_packing_b};
 
 fn reference(m: u64, n: u64, k: u64, a: &HostTensor, b: &HostTensor) -> Vec<u32> {
     let g = GraphBuilder::new();
@@ -118,6 +118,26 @@ fn check_values(m: usize, n: usize, k: usize, a: &HostTensor, b: &HostTensor) {
                     (a.rs, a.cs)
                 );
             }
+            // B written panel by panel by a callback (a convolution's im2col).
+            let pack = |first: usize, cols: usize, nr: usize, dst: &mut [f32]| {
+                assert!(cols <= nr && first + cols <= n, "panel inside B");
+                for p in 0..k {
+                    dst[p * nr..p * nr + cols].copy_from_slice(&bv[p * n + first..][..cols]);
+                }
+            };
+            let c_rs = n + 3;
+            let mut c = vec![f32::from_bits(0x7f80_0001); m.max(1) * c_rs];
+            sgemm_packing_b(level, threads, m, n, k, a, &pack, &|| false, &mut c, c_rs).unwrap();
+            let got: Vec<u32> = (0..m)
+                .flat_map(|i| c[i * c_rs..i * c_rs + n].to_vec())
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(
+                got,
+                want,
+                "packing B: {level:?} threads={threads} a={:?} m={m} n={n} k={k}",
+                (a.rs, a.cs)
+            );
         }
     }
 }

@@ -85,8 +85,10 @@ fn main() {
         let operand = nd
             .op
             .operands()
-            .first()
-            .map(|o| imported.graph.node(*o).ty.to_string());
+            .iter()
+            .take(2)
+            .map(|o| imported.graph.node(*o).ty.to_string())
+            .reduce(|a, b| format!("{a} {b}"));
         println!(
             "  {node:<7} {kind:<9} {:>8.3} ms  {} {} -> {}",
             nanos as f64 / 1e6,

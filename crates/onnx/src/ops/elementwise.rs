@@ -101,6 +101,20 @@ pub(crate) fn binary(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     if n.op_type() == "Pow" && b.dtype() != a.dtype() {
         b = b.cast(a.dtype());
     }
+    // Squaring (layer norms written out as `Pow(x - mean, 2)`) as a product: a correctly
+    // rounded power of two is the rounded square, and a multiply costs a fraction of `pow`.
+    if n.op_type() == "Pow"
+        && a.dtype().is_float()
+        && b.rank() <= a.rank()
+        && b.shape().iter().all(|&d| d == 1)
+        && matches!(n.get(1)?, Value::Known(k) if k.t.numel() == 1 && match k.t.dtype() {
+            d if d.is_float() => k.t.get_f32(0) == 2.0,
+            DType::I64 | DType::I32 => k.t.to_i64_vec()[0] == 2,
+            _ => false,
+        })
+    {
+        return one(&a * &a);
+    }
     let y = match n.op_type() {
         "Add" => &a + &b,
         "Sub" => &a - &b,
