@@ -21,8 +21,9 @@
 //! (`tenet_kernels::qgemm::scratch_bytes`: a step-major copy of A's rows and a padded last tile
 //! of the weight, or for many rows a bounded chunk of dequantised weight rows) plus, for many
 //! rows, the f32 GEMM's packing per thread; `dequantize`, none; an f32 convolution
-//! (`conv.rs`), per block computed at once, its largest im2col chunk, the class's weights and
-//! the chunk's products, plus the GEMM's packing; an f32 sum over listed
+//! (`conv.rs`), per block computed at once, the class's weights and products, per thread a
+//! packed panel (bounded by an im2col chunk of `conv::chunk_cols` columns), plus the GEMM's
+//! packing; an f32 sum over listed
 //! positions, 8 bytes each; a
 //! gather, 16 bytes per index; an op with no fast path
 //! (computed by the reference's code), [`REFERENCE_BYTES_PER_ELEMENT`] per element of its

@@ -11,12 +11,13 @@
 //! the interior (every tap valid) is one large product, the borders a few small ones. Every
 //! chain is then exactly the reference's, at every SIMD level and thread count.
 //!
-//! A class's positions are taken in chunks whose im2col matrix stays near
-//! [`CHUNK_FLOATS`]; each chunk's product lands in a scratch block that is copied, bias added,
-//! into place. Blocks of (image, group) run on separate threads when there are enough of them
-//! (depthwise convolutions); otherwise the chunks of a block do, each thread its own im2col
-//! and one-thread product (an im2col copied on one thread while the product used two left the
-//! second idle half the time).
+//! A class's im2col matrix never exists whole: the GEMM asks for one panel of its columns at
+//! a time in its packed layout (`sgemm_packing_b`), which the class writes straight from the
+//! input while the panel stays in cache (an im2col matrix written first and packed after
+//! crossed memory twice). A class of a few positions (a corner) runs transposed on the GEMM's
+//! few-rows path. Each class's product lands in a scratch block that is copied, bias added,
+//! into place. Blocks of (image, group) run on separate threads when there are enough of them;
+//! otherwise the panels of a block do.
 //! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
 //! depthwise convolution (one input and one output channel per group) runs directly, a plane
 //! at a time (`tenet_kernels::vmath::depthwise_plane`): each in-bounds tap, in the chain's
@@ -25,7 +26,7 @@
 
 use tenet_ir::{DType, HostTensor, Op, TensorType, Window2d};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::gemm::{Strided, sgemm, sgemm_packing_b, sgemm_then};
+use tenet_kernels::gemm::{Strided, sgemm, sgemm_packing_b};
 use tenet_kernels::vmath::{DepthwisePlane, depthwise_plane};
 use tenet_reference::math::canonical;
 
@@ -252,44 +253,32 @@ fn block_product(
         && d.oh == d.h
         && d.ow == d.w;
     if pointwise {
-        let a = Strided::row_major(weights, d.cg);
-        let b = Strided::row_major(image, p);
-        // In column chunks, each a product with its own stop question.
-        let per = chunk_cols(d.og, d.cg, p);
-        let mut start = 0;
-        while start < p {
-            if poll() {
-                return Ok(());
+        // Panels packed straight from the input rows; the bias added to each finished part
+        // of a row while it is in cache.
+        let pack = |first: usize, cols: usize, nr: usize, panel: &mut [f32]| {
+            for (ch, dst) in panel.chunks_exact_mut(nr).take(d.cg).enumerate() {
+                copy_run(&mut dst[..cols], &image[ch * p + first..][..cols]);
             }
-            let n = per.min(p - start);
-            let b = Strided {
-                data: &image[start..],
-                ..b
-            };
-            let epilogue = |first: usize, rows: &mut [f32]| {
-                if bias.is_some() {
-                    for (r, row) in rows.chunks_mut(p).enumerate() {
-                        for v in row.iter_mut().take(n) {
-                            *v = add_bias(first + r, *v);
-                        }
-                    }
-                }
-            };
-            sgemm_then(
-                level,
-                threads,
-                d.og,
-                n,
-                d.cg,
-                a,
-                b,
-                &mut dst[start..],
-                p,
-                Some(&epilogue),
-            )
-            .map_err(|e| e.to_string())?;
-            start += n;
-        }
+        };
+        let then = |o: usize, _first: usize, values: &mut [f32]| {
+            for v in values {
+                *v = add_bias(o, *v);
+            }
+        };
+        sgemm_packing_b(
+            level,
+            threads,
+            d.og,
+            p,
+            d.cg,
+            Strided::row_major(weights, d.cg),
+            &pack,
+            poll,
+            dst,
+            p,
+            bias.is_some().then_some(&then as _),
+        )
+        .map_err(|e| e.to_string())?;
         return Ok(());
     }
     // The classes (a set of valid kernel rows × a set of valid kernel columns), each with its
@@ -448,6 +437,7 @@ fn block_product(
                 poll,
                 &mut out,
                 n,
+                None,
             )
             .map_err(|e| e.to_string())?;
             if poll() {

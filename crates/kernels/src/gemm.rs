@@ -160,6 +160,11 @@ pub type PackB<'p> = &'p (dyn Fn(usize, usize, usize, &mut [f32]) + Sync);
 /// Asked before each panel; `true` abandons the product (C is then partly written).
 pub type Stop<'s> = &'s (dyn Fn() -> bool + Sync);
 
+/// Work on a finished part of one row of C (a bias): `f(row, first, values)` gets columns
+/// `first..first + values.len()` of that row, on the thread that computed them, while they
+/// are in cache. Every element is passed exactly once.
+pub type RowPart<'r> = &'r (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
 /// `C[m × n] = A[m × k] · B[k × n]` where `pack` writes B's panels (see [`PackB`]): each thread
 /// packs a panel of columns into its own buffer and runs every row of C over it at once, so
 /// the panel is read from L1/L2 right after it was written. The same kernels and chains as
@@ -176,6 +181,7 @@ pub fn sgemm_packing_b(
     stop: Stop<'_>,
     c: &mut [f32],
     c_rs: usize,
+    then: Option<RowPart<'_>>,
 ) -> Result<(), GemmError> {
     if !level.supported() {
         return Err(GemmError::Unsupported(level.name()));
@@ -190,12 +196,16 @@ pub fn sgemm_packing_b(
     check("C", span(m, n, c_rs, 1), c.len())?;
     if k == 0 {
         for i in 0..m {
-            c[i * c_rs..i * c_rs + n].fill(0.0);
+            let row = &mut c[i * c_rs..i * c_rs + n];
+            row.fill(0.0);
+            if let Some(f) = then {
+                f(i, 0, row);
+            }
         }
         return Ok(());
     }
     let cfg = Config::for_level(level, n);
-    (cfg.run_packing)(&cfg, threads, m, n, k, a, pack, stop, c, c_rs);
+    (cfg.run_packing)(&cfg, threads, m, n, k, a, pack, stop, c, c_rs, then);
     Ok(())
 }
 
@@ -367,8 +377,19 @@ struct Config {
     run_packing: PackingB,
 }
 
-type PackingB =
-    fn(&Config, usize, usize, usize, usize, Strided<'_>, PackB<'_>, Stop<'_>, &mut [f32], usize);
+type PackingB = fn(
+    &Config,
+    usize,
+    usize,
+    usize,
+    usize,
+    Strided<'_>,
+    PackB<'_>,
+    Stop<'_>,
+    &mut [f32],
+    usize,
+    Option<RowPart<'_>>,
+);
 
 type Blocked = fn(
     &Config,
@@ -813,6 +834,7 @@ fn packing_b<const MR: usize, const NR: usize>(
     stop: Stop<'_>,
     c: &mut [f32],
     c_rs: usize,
+    then: Option<RowPart<'_>>,
 ) {
     let panels = n.div_ceil(NR);
     // With fewer panels than threads (a convolution over a few positions), each panel's rows
@@ -861,6 +883,15 @@ fn packing_b<const MR: usize, const NR: usize>(
                         part,
                         c_rs,
                     );
+                }
+                if let Some(f) = then {
+                    for i in split {
+                        // SAFETY: this thread claimed the unit and has finished its tiles; no
+                        // other unit touches these elements.
+                        f(i, first, unsafe {
+                            shared.from(i * c_rs + first).rows(1, cols, 0)
+                        });
+                    }
                 }
                 true
             };

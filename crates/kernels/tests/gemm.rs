@@ -127,10 +127,34 @@ fn check_values(m: usize, n: usize, k: usize, a: &HostTensor, b: &HostTensor) {
             };
             let c_rs = n + 3;
             let mut c = vec![f32::from_bits(0x7f80_0001); m.max(1) * c_rs];
-            sgemm_packing_b(level, threads, m, n, k, a, &pack, &|| false, &mut c, c_rs).unwrap();
+            // Every finished part of a row is handed over once: count what it sees, and mark
+            // it (the bits are checked after undoing the mark).
+            let seen = std::sync::Mutex::new(vec![0u8; m * n]);
+            let then = |i: usize, first: usize, values: &mut [f32]| {
+                let mut seen = seen.lock().unwrap();
+                for (j, v) in values.iter_mut().enumerate() {
+                    seen[i * n + first + j] += 1;
+                    *v = -*v;
+                }
+            };
+            sgemm_packing_b(
+                level,
+                threads,
+                m,
+                n,
+                k,
+                a,
+                &pack,
+                &|| false,
+                &mut c,
+                c_rs,
+                Some(&then),
+            )
+            .unwrap();
+            assert!(seen.into_inner().unwrap().iter().all(|&s| s == 1));
             let got: Vec<u32> = (0..m)
                 .flat_map(|i| c[i * c_rs..i * c_rs + n].to_vec())
-                .map(|v| v.to_bits())
+                .map(|v| (-v).to_bits())
                 .collect();
             assert_eq!(
                 got,
