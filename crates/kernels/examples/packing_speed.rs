@@ -54,6 +54,7 @@ fn main() {
                         &|| false,
                         &mut c,
                         n,
+                        None,
                     )
                     .unwrap();
                     best[1] = best[1].min(t.elapsed().as_secs_f64());
