@@ -37,6 +37,13 @@ fn strided_copy_par(
     step: &[usize],
     out: &mut [u8],
 ) {
+    // Leading axes of extent 1 (a batch of one) do not split: the first longer one does.
+    let ones = shape
+        .iter()
+        .take_while(|&&d| d == 1)
+        .count()
+        .min(shape.len().saturating_sub(1));
+    let (shape, step) = (&shape[ones..], &step[ones..]);
     let lead = shape.first().map_or(0, |&d| d as usize);
     if threads < 2 || lead < 2 || out.len() < PARALLEL_COPY_BYTES {
         return strided_copy(src, size, base, shape, step, out);
@@ -136,6 +143,17 @@ fn copy_block<const S: usize>(
     inner_step: usize,
     dst: &mut [u8],
 ) {
+    if inner_step == 0 && row_step == 1 {
+        // Each element repeated `inner` times (nearest-neighbour upsampling along the last
+        // axis).
+        let from = &src[offset * S..(offset + rows) * S];
+        for (d, v) in dst.chunks_exact_mut(inner * S).zip(from.chunks_exact(S)) {
+            for e in d.chunks_exact_mut(S) {
+                e.copy_from_slice(v);
+            }
+        }
+        return;
+    }
     let mut at = 0;
     for r in 0..rows {
         let row = offset + r * row_step;
