@@ -458,7 +458,7 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
 fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
-    let cases: [Case; 15] = [
+    let cases: [Case; 17] = [
         (
             [1, 4, 4, 3],
             [4, 3, 5],
@@ -594,6 +594,24 @@ fn convolutions_on_the_gemm_keep_the_bits() {
             3,
             false,
         ), // depthwise, stride 3 and dilation 2
+        (
+            [1, 3, 10, 40],
+            [3, 5, 5],
+            [1, 1],
+            [4, 4, 4, 4],
+            [2, 2],
+            3,
+            true,
+        ), // depthwise, rows as wide as the input: one run per tap, row ends kept
+        (
+            [2, 4, 3, 33],
+            [4, 3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            4,
+            false,
+        ), // the same, 3×3 on a plane of three rows
     ];
     for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
         cases.into_iter().enumerate()

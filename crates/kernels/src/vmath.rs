@@ -242,6 +242,11 @@ fn depthwise_lanes(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f
     let [sh, sw] = p.stride;
     let [pt, pl] = p.pad;
     let [dh, dw] = p.dilation;
+    // Flattened at stride 1 over rows of 32 or more (on 15×20 planes the saved row ends cost
+    // more than the calls: 2.3 vs 1.8 µs; 30×40: 5.1 vs 6.2 µs, 120×160: 18.5 vs 19.7).
+    if sh == 1 && sw == 1 && p.ow == p.w && p.w >= 32 {
+        return depthwise_flat(p, plane, taps, out);
+    }
     // The output columns whose tap at column offset `off` lands inside the row.
     let reach = |off: usize| {
         let lo = if off >= pl {
@@ -304,6 +309,97 @@ fn depthwise_lanes(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f
             2 => depthwise_blocks(p, plane, taps, oh, 2, b_lo..b_hi, acc),
             _ => depthwise_blocks(p, plane, taps, oh, sw, b_lo..b_hi, acc),
         }
+    }
+}
+
+/// [`depthwise_lanes`] at stride 1 where output rows are as wide as input rows: output `t`
+/// (flattened) reads input `t + d` for a tap with offset `d`, so each tap is one fused
+/// multiply-add over the whole band of rows it reaches — except the few columns at the ends
+/// of each row where it falls outside the row, which keep their value: saved before the run
+/// and put back after it, so every output's chain is still exactly its valid taps in order.
+/// (One run per tap and row cost a call and a scalar tail per row: 5×5 over 30×40 planes ran
+/// at a tenth of the fma rate.)
+#[inline(always)]
+fn depthwise_flat(p: &DepthwisePlane, plane: &[f32], taps: &[f32], out: &mut [f32]) {
+    let [pt, pl] = p.pad;
+    let [dh, dw] = p.dilation;
+    let w = p.w;
+    let out = &mut out[..p.oh * w];
+    out.fill(0.0);
+    let mut saved: Vec<f32> = Vec::new();
+    for i in 0..p.kh {
+        // Output rows (of the band) whose input row y = row + i·dh − pt is inside the plane.
+        let shift = i * dh;
+        let r_lo = pt.saturating_sub(shift).max(p.row0) - p.row0;
+        let r_hi = ((p.h + pt).saturating_sub(shift)).min(p.row0 + p.oh);
+        if r_hi <= p.row0 + r_lo {
+            continue;
+        }
+        let r_hi = r_hi - p.row0;
+        for j in 0..p.kw {
+            let off = j * dw;
+            // Columns c with c + off − pl outside 0..w: the first `lead`, the last `tail`.
+            let lead = pl.saturating_sub(off).min(w);
+            let tail = (off + w).saturating_sub(pl + w).min(w - lead);
+            // Flattened: output t = (row − row0)·w + c reads input t + d.
+            let base = (p.row0 as isize + shift as isize - pt as isize) * w as isize;
+            let d = base + off as isize - pl as isize;
+            let (mut t0, mut t1) = (r_lo * w, r_hi * w);
+            // Clip to the plane: only row-end columns lie beyond it.
+            if (t0 as isize) + d < 0 {
+                t0 = (-d) as usize;
+            }
+            let end = (p.h * w) as isize - d;
+            if (t1 as isize) > end {
+                t1 = end.max(t0 as isize) as usize;
+            }
+            if t0 >= t1 {
+                continue;
+            }
+            saved.clear();
+            if lead + tail > 0 {
+                saved.resize((r_hi - r_lo) * (lead + tail), 0.0);
+                let mut at = 0;
+                for r in r_lo..r_hi {
+                    let row = &out[r * w..(r + 1) * w];
+                    copy_few(&mut saved[at..at + lead], &row[..lead]);
+                    at += lead;
+                    copy_few(&mut saved[at..at + tail], &row[w - tail..]);
+                    at += tail;
+                }
+            }
+            let wt = taps[i * p.kw + j];
+            let x0 = (t0 as isize + d) as usize;
+            let x = &plane[x0..x0 + (t1 - t0)];
+            out[t0..t1]
+                .iter_mut()
+                .zip(x)
+                .for_each(|(a, &v)| *a = v.mul_add(wt, *a));
+            if lead + tail > 0 {
+                let mut at = 0;
+                for r in r_lo..r_hi {
+                    let row = &mut out[r * w..(r + 1) * w];
+                    copy_few(&mut row[..lead], &saved[at..at + lead]);
+                    at += lead;
+                    copy_few(&mut row[w - tail..], &saved[at..at + tail]);
+                    at += tail;
+                }
+            }
+        }
+    }
+}
+
+/// `to.copy_from_slice(from)` for the one to four values a tap misses at a row's ends,
+/// without a `memcpy` call each (which cost more than the taps' whole run).
+#[inline(always)]
+fn copy_few(to: &mut [f32], from: &[f32]) {
+    match (to, from) {
+        ([], []) => {}
+        ([a], [x]) => *a = *x,
+        ([a, b], [x, y]) => (*a, *b) = (*x, *y),
+        ([a, b, c], [x, y, z]) => (*a, *b, *c) = (*x, *y, *z),
+        ([a, b, c, d], [x, y, z, u]) => (*a, *b, *c, *d) = (*x, *y, *z, *u),
+        (to, from) => to.copy_from_slice(from),
     }
 }
 
