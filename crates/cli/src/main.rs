@@ -11,6 +11,7 @@ mod progress;
 mod receipt_cmd;
 mod report;
 mod run;
+mod split_cmd;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -289,6 +290,17 @@ enum Command {
         #[command(flatten)]
         device: DeviceArgs,
     },
+    /// Split a graph into stages that each fit a node's memory, for models larger than one
+    /// machine: a folder with one graph and one weights file per stage and a manifest.
+    ///
+    /// Cuts go where little crosses (between transformer layers, not inside attention); each
+    /// stage's weights file holds only the tensors it reads. `tenet run DIR` runs the stages
+    /// one after another, with the same outputs, bit for bit, as the whole graph.
+    #[command(after_help = "Examples:\n  tenet export minilm -o minilm.tnt\n  \
+        tenet split minilm.tnt --weights model.safetensors --stages 3 -o minilm-split\n  \
+        tenet split model.tnt --weights model.safetensors --memory 300M -o model-split\n  \
+        tenet run minilm-split -i input_ids=ids.npy -i token_type_ids=types.npy -i attention_mask=mask.npy")]
+    Split(split_cmd::SplitArgs),
     /// Import an ONNX model as a tenet graph plus a safetensors file of its weights.
     ///
     /// Dynamic dimensions must be fixed with --shape; shape arithmetic and everything else
@@ -551,6 +563,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run::run(&args),
+        Command::Split(args) => split_cmd::split(&args),
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
         Command::Coordinator(args) => coord_cmd::run_coordinator(&args),

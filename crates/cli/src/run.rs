@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use tenet_ir::{Graph, HostTensor};
+use tenet_ir::{Graph, HostTensor, TensorType};
 use tenet_models::{
     WeightSet, WeightsFile, check_bindings, outputs_json, read_tensor, write_outputs,
 };
@@ -20,15 +20,25 @@ fn split_assignment(arg: &str, what: &str) -> Result<(String, PathBuf)> {
 }
 
 fn read_inputs(graph: &Graph, args: &[String]) -> Result<HashMap<String, HostTensor>> {
-    let expected: HashMap<&str, _> = graph.inputs().map(|(_, n, t)| (n, t)).collect();
+    let declared: Vec<(String, TensorType)> = graph
+        .inputs()
+        .map(|(_, n, t)| (n.to_string(), t.clone()))
+        .collect();
+    read_declared(&declared, args)
+}
+
+/// Read `--input` arguments for the inputs `declared`, each exactly once.
+fn read_declared(
+    declared: &[(String, TensorType)],
+    args: &[String],
+) -> Result<HashMap<String, HostTensor>> {
+    let expected: HashMap<&str, &TensorType> =
+        declared.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let mut inputs = HashMap::new();
     for arg in args {
         let (name, path) = split_assignment(arg, "--input")?;
         let Some(ty) = expected.get(name.as_str()) else {
-            let known: Vec<String> = graph
-                .inputs()
-                .map(|(_, n, t)| format!("{n} ({t})"))
-                .collect();
+            let known: Vec<String> = declared.iter().map(|(n, t)| format!("{n} ({t})")).collect();
             bail!(
                 "the graph has no input {name:?}; its inputs are: {}",
                 known.join(", ")
@@ -39,10 +49,10 @@ fn read_inputs(graph: &Graph, args: &[String]) -> Result<HashMap<String, HostTen
         }
         inputs.insert(name.clone(), read_tensor(&path, &name, ty)?);
     }
-    let missing: Vec<String> = graph
-        .inputs()
-        .filter(|(_, n, _)| !inputs.contains_key(*n))
-        .map(|(_, n, t)| format!("{n} ({t})"))
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|(n, _)| !inputs.contains_key(n))
+        .map(|(n, t)| format!("{n} ({t})"))
         .collect();
     if !missing.is_empty() {
         bail!(
@@ -98,7 +108,8 @@ fn summary(outputs: &[(String, HostTensor)]) -> String {
 /// The arguments of `tenet run`.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// The graph: text form (.tg) or binary (.tnt).
+    /// The graph: text form (.tg) or binary (.tnt), or a split's folder (`tenet split`), whose
+    /// stages run one after another.
     pub graph: PathBuf,
     /// A graph input, NAME=PATH (.npy, .json, or .safetensors holding NAME or one tensor).
     #[arg(long = "input", short = 'i', value_name = "NAME=PATH")]
@@ -171,6 +182,15 @@ fn profile(graph: &Graph, backend: &str, total_ms: f64, stats: &tenet_exec::RunS
 }
 
 pub fn run(o: &RunArgs) -> Result<()> {
+    if tenet_pipeline::is_split_dir(&o.graph) {
+        return run_split(o);
+    }
+    if o.graph.is_dir() {
+        bail!(
+            "{} is a folder without a manifest.json: give a graph file, or a folder written by `tenet split`",
+            o.graph.display()
+        );
+    }
     let graph = crate::load_graph(&o.graph)?;
     // A wrong `--device` is said before any file is read; the device compiles the graph
     // before inputs are read, so a graph over its memory is refused first too.
@@ -217,6 +237,66 @@ pub fn run(o: &RunArgs) -> Result<()> {
     } else {
         tenet_reference::run(&graph, &inputs, &weights, o.seed).with_context(context)?
     };
+    write_requested(&outputs, &o.outputs)?;
+    if o.json {
+        println!("{}", outputs_json(&outputs));
+    } else if o.outputs.is_empty() {
+        print!("{}", summary(&outputs));
+    }
+    Ok(())
+}
+
+/// `tenet run DIR`: a split's stages one after another, each stage's boundary tensors fed to
+/// the next; `--profile` prints each stage's time and what crossed after it.
+fn run_split(o: &RunArgs) -> Result<()> {
+    if !o.weights.is_empty() {
+        bail!(
+            "{} is a split's folder, which carries each stage's weights: drop --weights",
+            o.graph.display()
+        );
+    }
+    let model = tenet_pipeline::load(&o.graph)
+        .with_context(|| format!("loading the split in {}", o.graph.display()))?;
+    let device = if o.reference {
+        None
+    } else {
+        Some(o.device.open()?)
+    };
+    let declared: Vec<(String, TensorType)> = model
+        .manifest
+        .inputs
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), p.ty()?)))
+        .collect();
+    let inputs = read_declared(&declared, &o.inputs)?;
+    let stages = model.stages.len();
+    let outputs = tenet_pipeline::run_stages_with(&model, &inputs, |k, graph, inputs, weights| {
+        let started = std::time::Instant::now();
+        let outputs = match &device {
+            Some(device) => device
+                .compile(graph)
+                .and_then(|p| p.run(inputs, weights, o.seed))
+                .map_err(|e| e.to_string())?,
+            None => {
+                tenet_reference::run(graph, inputs, weights, o.seed).map_err(|e| e.to_string())?
+            }
+        };
+        if o.profile {
+            let crossing: u64 = outputs
+                .iter()
+                .filter(|(n, _)| n.starts_with('%'))
+                .map(|(_, t)| t.bytes().len() as u64)
+                .sum();
+            eprintln!(
+                "stage {}/{stages} (graph {}): {:.2} ms, {} bytes to the next stage",
+                k + 1,
+                graph.id().short(),
+                started.elapsed().as_secs_f64() * 1e3,
+                crossing
+            );
+        }
+        Ok(outputs)
+    })?;
     write_requested(&outputs, &o.outputs)?;
     if o.json {
         println!("{}", outputs_json(&outputs));

@@ -928,3 +928,111 @@ fn import_an_onnx_model_then_run_it() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("fixed to 5"), "{err}");
 }
+
+#[test]
+fn split_then_run_the_folder_like_the_whole_graph() {
+    let x = tmp("split-x.json");
+    let rows: Vec<String> = (0..8)
+        .map(|r| {
+            let v: Vec<String> = (0..64)
+                .map(|c| (((r * 31 + c) % 13) as f32 / 8.0 - 0.7).to_string())
+                .collect();
+            format!("[{}]", v.join(","))
+        })
+        .collect();
+    std::fs::write(&x, format!("[{}]", rows.join(","))).unwrap();
+    let input = format!("x={}", x.display());
+    let whole = stdout(&tenet(&[
+        "run",
+        "examples/mlp.tg",
+        "--weights",
+        "examples/mlp.safetensors",
+        "-i",
+        &input,
+        "--json",
+    ]));
+    let dir = tmp("mlp-split");
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = stdout(&tenet(&[
+        "split",
+        "examples/mlp.tg",
+        "--weights",
+        "examples/mlp.safetensors",
+        "--stages",
+        "2",
+        "-o",
+        dir.to_str().unwrap(),
+    ]));
+    assert!(o.contains("into 2 stages"), "{o}");
+    assert!(
+        o.contains(&format!("run it: tenet run {}", dir.display())),
+        "{o}"
+    );
+    for f in [
+        "manifest.json",
+        "stage-1.tnt",
+        "stage-2.tnt",
+        "stage-1.safetensors",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} written");
+    }
+    let staged = stdout(&tenet(&[
+        "run",
+        dir.to_str().unwrap(),
+        "-i",
+        &input,
+        "--json",
+    ]));
+    assert_eq!(staged, whole, "the split and the whole graph disagree");
+    // The same on the reference interpreter.
+    let reference = stdout(&tenet(&[
+        "run",
+        dir.to_str().unwrap(),
+        "-i",
+        &input,
+        "--json",
+        "--reference",
+    ]));
+    assert_eq!(reference, whole);
+    // Mistakes a user makes say what to do.
+    let e = stderr_of_failure(&[
+        "run",
+        dir.to_str().unwrap(),
+        "-i",
+        &input,
+        "--weights",
+        "examples/mlp.safetensors",
+    ]);
+    assert!(e.contains("drop --weights"), "{e}");
+    let e = stderr_of_failure(&[
+        "split",
+        "examples/mlp.tg",
+        "--weights",
+        "examples/mlp.safetensors",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(e.contains("--stages") || e.contains("--memory"), "{e}");
+    let e = stderr_of_failure(&[
+        "split",
+        "examples/mlp.tg",
+        "--weights",
+        "examples/mlp.safetensors",
+        "--memory",
+        "1K",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(e.contains("raise the limit"), "{e}");
+    let e = stderr_of_failure(&[
+        "split",
+        "examples/mlp.tg",
+        "--memory",
+        "1G",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(e.contains("--weights"), "{e}");
+    let e = stderr_of_failure(&["run", repo().join("examples").to_str().unwrap()]);
+    assert!(e.contains("without a manifest.json"), "{e}");
+}

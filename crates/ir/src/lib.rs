@@ -19,6 +19,7 @@ mod id;
 mod infer;
 mod op;
 pub mod recycle;
+pub mod split;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;
