@@ -124,3 +124,21 @@ fn plans_respect_their_limit_and_stage_count() {
         }
     }
 }
+
+/// The split of the example MLP (`examples/mlp.tg`) in two: where the cut goes, what crosses
+/// it and the stage graphs' ids. A change here changes what deployed pipelines are called:
+/// it must be deliberate.
+#[test]
+fn the_example_split_is_stable() {
+    let (graph, _) = tenet_models::examples::mlp().unwrap();
+    let stages = split(&graph, SplitTarget::Stages(2)).unwrap();
+    let got: Vec<(std::ops::Range<usize>, Vec<String>, String)> = stages
+        .iter()
+        .map(|s| (s.nodes.clone(), s.boundary_out.clone(), s.graph.id().short()))
+        .collect();
+    let want = vec![
+        (0..4, vec!["%2".to_string()], "11c2a5c17223".to_string()),
+        (4..11, vec![], "1a61180b02fe".to_string()),
+    ];
+    assert_eq!(got, want);
+}
