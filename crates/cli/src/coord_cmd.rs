@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tenet_coordinator::{CoordinatorConfig, ServiceConfig};
 use tenet_ir::TensorType;
 use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
+use tenet_proto::pipeline_receipt::PipelineReceipt;
 use tenet_proto::receipt::Receipt;
 use tenet_proto::{ApiError, Hash};
 
@@ -396,6 +397,15 @@ pub fn deploy(
     weights: Option<&Path>,
     as_json: bool,
 ) -> Result<()> {
+    if tenet_pipeline::is_split_dir(graph_path) {
+        if weights.is_some() {
+            bail!(
+                "{} is a split's folder, which carries each stage's weights: drop --weights",
+                graph_path.display()
+            );
+        }
+        return deploy_split(remote, graph_path, as_json);
+    }
     let graph = crate::load_graph(graph_path)?;
     let client = Client::new(remote)?;
     let weights = weights
@@ -421,6 +431,65 @@ pub fn deploy(
                 task["id"].as_str().unwrap_or("?")
             );
         }
+        Ok(())
+    })
+}
+
+/// `tenet deploy DIR` for a split model: every stage's weights and graph as a task, then the
+/// manifest as one pipeline.
+fn deploy_split(remote: &Remote, dir: &Path, as_json: bool) -> Result<()> {
+    let model = tenet_pipeline::load(dir)
+        .with_context(|| format!("loading the split in {}", dir.display()))?;
+    let manifest_bytes = std::fs::read(dir.join(tenet_pipeline::folder::MANIFEST))?;
+    let client = Client::new(remote)?;
+    runtime()?.block_on(async {
+        let n = model.stages.len();
+        for (k, (entry, stage)) in model.manifest.stages.iter().zip(&model.stages).enumerate() {
+            let weights = match entry.weights.first() {
+                Some(w) => {
+                    let path = dir.join(&w.file);
+                    let bytes = std::fs::read(&path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    Some((format!("stage {} of {n} ({})", k + 1, w.file), bytes))
+                }
+                None => None,
+            };
+            let task = client.deploy(&stage.graph, weights.as_ref()).await?;
+            if !as_json {
+                eprintln!(
+                    "deployed stage {} of {n}: task {}",
+                    k + 1,
+                    task["id"].as_str().unwrap_or("?")
+                );
+            }
+        }
+        let p = client
+            .call(
+                Method::POST,
+                "/v1/pipelines",
+                manifest_bytes,
+                "application/json",
+            )
+            .await?;
+        if as_json {
+            println!("{p}");
+            return Ok(());
+        }
+        let id = p["id"].as_str().unwrap_or("?");
+        println!("deployed pipeline {id} ({n} stages)");
+        if let Some(able) = p["nodes_able"].as_array() {
+            let counts: Vec<String> = able.iter().map(|v| v.to_string()).collect();
+            println!(
+                "  nodes whose limits take each stage: {}",
+                counts.join(", ")
+            );
+        }
+        println!(
+            "  call it: POST {}{}",
+            remote.coordinator.trim_end_matches('/'),
+            p["endpoint"].as_str().unwrap_or("")
+        );
+        println!("  or: tenet call {id} -i NAME=FILE ...");
         Ok(())
     })
 }
@@ -472,6 +541,17 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
         let info = client
             .call(Method::GET, "/v1/info", Vec::new(), "application/json")
             .await?;
+        if let Ok(p) = client
+            .call(
+                Method::GET,
+                &format!("/v1/pipelines/{}", a.task),
+                Vec::new(),
+                "application/json",
+            )
+            .await
+        {
+            return call_pipeline(&client, &info, &p, a).await;
+        }
         let task = client
             .call(
                 Method::GET,
@@ -480,27 +560,7 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
                 "application/json",
             )
             .await?;
-        let mut given = Vec::new();
-        for spec in a.inputs {
-            let (name, path) = spec
-                .split_once('=')
-                .with_context(|| format!("`{spec}` should be NAME=FILE"))?;
-            let decl = task["inputs"]
-                .as_array()
-                .and_then(|v| v.iter().find(|i| i["name"] == name))
-                .with_context(|| format!("task {} has no input {name}", a.task))?;
-            let dtype = tenet_ir::DType::from_name(decl["dtype"].as_str().unwrap_or(""))
-                .context("the task declares an unknown dtype")?;
-            let shape: Vec<u64> = decl["shape"]
-                .as_array()
-                .map(|s| s.iter().filter_map(Value::as_u64).collect())
-                .unwrap_or_default();
-            let t =
-                tenet_models::read_tensor(Path::new(path), name, &TensorType::new(dtype, shape))?;
-            given.push((name.to_string(), t));
-        }
-        let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))?;
-        let body = serde_json::to_vec(&json!({"inputs": inputs, "tier": a.tier, "seed": a.seed}))?;
+        let body = call_body(&task, &a)?;
         let t = Instant::now();
         let path = format!("/v1/tasks/{}/run?async=true", a.task);
         let submitted = if body.len() > 4 << 20 {
@@ -535,14 +595,7 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
         if let Some(p) = a.receipt {
             tenet_models::write_atomically(p, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
         }
-        let mut outputs = Vec::new();
-        if let Some(map) = r["outputs"].as_object() {
-            for (name, v) in map {
-                let fallback = TensorType::new(tenet_ir::DType::F32, Vec::<u64>::new());
-                let t = tenet_models::tensor_from_json(v, &fallback).map_err(anyhow::Error::msg)?;
-                outputs.push((name.clone(), t));
-            }
-        }
+        let outputs = answer_outputs(&r)?;
         if let Some(p) = a.output {
             tenet_models::write_outputs(p, &outputs)?;
         }
@@ -578,6 +631,122 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The JSON body of a call: each `-i NAME=FILE` read as the task (or pipeline) declares it.
+fn call_body(task: &Value, a: &CallArgs<'_>) -> Result<Vec<u8>> {
+    let mut given = Vec::new();
+    for spec in a.inputs {
+        let (name, path) = spec
+            .split_once('=')
+            .with_context(|| format!("`{spec}` should be NAME=FILE"))?;
+        let decl = task["inputs"]
+            .as_array()
+            .and_then(|v| v.iter().find(|i| i["name"] == name))
+            .with_context(|| format!("{} has no input {name}", a.task))?;
+        let dtype = tenet_ir::DType::from_name(decl["dtype"].as_str().unwrap_or(""))
+            .context("the task declares an unknown dtype")?;
+        let shape: Vec<u64> = decl["shape"]
+            .as_array()
+            .map(|s| s.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        let t = tenet_models::read_tensor(Path::new(path), name, &TensorType::new(dtype, shape))?;
+        given.push((name.to_string(), t));
+    }
+    let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))?;
+    Ok(serde_json::to_vec(
+        &json!({"inputs": inputs, "tier": a.tier, "seed": a.seed}),
+    )?)
+}
+
+/// Outputs of a call's answer, as tensors.
+fn answer_outputs(r: &Value) -> Result<Vec<(String, tenet_ir::HostTensor)>> {
+    let mut outputs = Vec::new();
+    if let Some(map) = r["outputs"].as_object() {
+        for (name, v) in map {
+            let fallback = TensorType::new(tenet_ir::DType::F32, Vec::<u64>::new());
+            let t = tenet_models::tensor_from_json(v, &fallback).map_err(anyhow::Error::msg)?;
+            outputs.push((name.clone(), t));
+        }
+    }
+    Ok(outputs)
+}
+
+/// `tenet call` on a pipeline: the stages run in turn on the coordinator; the answer's
+/// pipeline receipt is checked (every stage, the chain) before anything is printed.
+async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>) -> Result<()> {
+    let body = call_body(p, &a)?;
+    let t = Instant::now();
+    let r = client
+        .call(
+            Method::POST,
+            &format!("/v1/pipelines/{}/run", a.task),
+            body,
+            "application/json",
+        )
+        .await?;
+    let took = t.elapsed();
+    let receipt: PipelineReceipt =
+        serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;
+    let coordinator =
+        tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
+            .context("the coordinator's /v1/info has no key")?;
+    receipt
+        .verify_from(&coordinator)
+        .context("the pipeline receipt does NOT verify")?;
+    if let Some(path) = a.receipt {
+        tenet_models::write_atomically(path, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
+    }
+    let outputs = answer_outputs(&r)?;
+    if let Some(path) = a.output {
+        tenet_models::write_outputs(path, &outputs)?;
+    }
+    if a.json {
+        println!("{r}");
+        return Ok(());
+    }
+    println!(
+        "pipeline {} verified in {} stage(s) in {:.1} ms; receipt signed by {}",
+        &a.task[..12.min(a.task.len())],
+        receipt.stages.len(),
+        took.as_secs_f64() * 1e3,
+        &receipt.coordinator.to_hex()[..12]
+    );
+    for (k, s) in r["stages"].as_array().into_iter().flatten().enumerate() {
+        println!(
+            "  stage {}: job {} agreed by {} of {} node(s) in {:.1} ms, {} bytes to the next stage{}",
+            k + 1,
+            s["job_id"].as_str().unwrap_or("?"),
+            s["agreeing"],
+            s["replicas"],
+            s["ms"].as_f64().unwrap_or(0.0),
+            s["boundary_bytes"],
+            if s["refereed"].as_bool() == Some(true) {
+                " (refereed)"
+            } else {
+                ""
+            }
+        );
+        for x in s["slashed"].as_array().into_iter().flatten() {
+            let node = x["node"].as_str().unwrap_or("?");
+            println!(
+                "    node {} disagreed and was slashed {}",
+                &node[..12.min(node.len())],
+                x["amount"]
+            );
+        }
+    }
+    if let Some(path) = a.receipt {
+        println!(
+            "  receipt written to {} (check it: tenet receipt verify {})",
+            path.display(),
+            path.display()
+        );
+    }
+    if a.output.is_none() {
+        println!("{}", tenet_models::outputs_json(&outputs));
+    }
+    Ok(())
 }
 
 pub fn register(remote: &Remote, url: &str, stake: Option<i64>) -> Result<()> {

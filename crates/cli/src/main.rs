@@ -440,7 +440,8 @@ enum Command {
     /// Deploy a graph (and its weights) to a coordinator, printing the task id and endpoint;
     /// or, with --model, a bundled LLM served by its OpenAI-compatible API.
     Deploy {
-        /// The graph: text (.tg) or binary (.tnt).
+        /// The graph: text (.tg) or binary (.tnt); or a split's folder (`tenet split`),
+        /// deployed as one pipeline whose stages run as verified jobs in turn.
         #[arg(required_unless_present = "model", conflicts_with = "model")]
         graph: Option<PathBuf>,
         /// The safetensors file its weights come from.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::{Tier, output_hash, output_refs};
+use tenet_proto::pipeline_receipt::PipelineReceipt;
 use tenet_proto::receipt::Receipt;
 use tenet_proto::{Hash, tensor};
 
@@ -40,6 +41,9 @@ pub struct VerifyArgs<'a> {
 pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
     let text = std::fs::read_to_string(a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
+    if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.get("stages").is_some()) {
+        return verify_pipeline(&a, &text);
+    }
     let receipt: Receipt = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a tenet receipt", a.file.display()))?;
     match a.coordinator {
@@ -92,6 +96,80 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
             println!("  {msg}");
         }
     }
+    Ok(())
+}
+
+/// A pipeline call's receipt: every stage's receipt, the chain between them, the signature.
+fn verify_pipeline(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
+    let receipt: PipelineReceipt = serde_json::from_str(text)
+        .with_context(|| format!("{} is not a tenet pipeline receipt", a.file.display()))?;
+    if a.replay.is_some() {
+        bail!(
+            "--replay replays one job's receipt; replay a pipeline's stages from their own receipts"
+        );
+    }
+    match a.coordinator {
+        Some(k) => {
+            let key = PublicKey::parse(k)
+                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))?;
+            receipt.verify_from(&key)
+        }
+        None => receipt.verify(),
+    }
+    .with_context(|| format!("{} does NOT verify", a.file.display()))?;
+    let pinned = a.coordinator.is_some();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "verified": true, "pipeline": receipt.pipeline, "stages": receipt.stages.len(),
+                "jobs": receipt.stages.iter().map(|s| &s.job.job_id).collect::<Vec<_>>(),
+                "outputs": receipt.outputs(),
+                "coordinator": receipt.coordinator, "coordinator_pinned": pinned,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "pipeline receipt verified: pipeline {}, {} stage(s) chained",
+        receipt.pipeline.short(),
+        receipt.stages.len()
+    );
+    for (k, s) in receipt.stages.iter().enumerate() {
+        let boundary: Vec<String> = s
+            .outputs
+            .iter()
+            .filter(|o| o.name.starts_with('%'))
+            .map(|o| format!("{} {}", o.name, o.hash.short()))
+            .collect();
+        println!(
+            "  stage {}: job {} on task {}, {} of {} node(s) agreed{}",
+            k + 1,
+            s.job.job_id,
+            s.job.task.short(),
+            s.nodes.len(),
+            s.replicas,
+            if boundary.is_empty() {
+                String::new()
+            } else {
+                format!("; passed on {}", boundary.join(", "))
+            }
+        );
+    }
+    println!(
+        "  each stage read exactly what the stage before agreed on; {}",
+        if pinned {
+            format!(
+                "signed by coordinator {}, the key you gave",
+                receipt.coordinator
+            )
+        } else {
+            format!(
+                "signed by {}, the key the receipt names: UNPINNED — pass --coordinator KEY to check it is the coordinator you trust",
+                receipt.coordinator
+            )
+        }
+    );
     Ok(())
 }
 

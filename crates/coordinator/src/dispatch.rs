@@ -78,6 +78,8 @@ pub enum DispatchError {
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
     Internal(String),
 }
 

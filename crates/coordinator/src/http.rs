@@ -141,8 +141,12 @@ fn dispatch_error(e: DispatchError) -> ApiError {
     if let DispatchError::Ledger(l) = e {
         return ledger_error(l);
     }
+    if let DispatchError::NotFound(m) = e {
+        return not_found(m);
+    }
     let code = match &e {
         DispatchError::BadRequest(_) => ErrorCode::BadInputs,
+        DispatchError::NotFound(_) => unreachable!("answered above"),
         DispatchError::NotEnoughNodes { .. } | DispatchError::Nodes(_) => ErrorCode::Busy,
         DispatchError::Undecided(_) => ErrorCode::Conflict,
         DispatchError::ExceedsLimits(_) => ErrorCode::ExceedsLimits,
@@ -338,20 +342,33 @@ impl<L: Ledger + 'static> Service<L> {
             }
             _ => None,
         };
-        let limit = match &task {
-            Some((_, graph)) => {
-                let types = graph.inputs().map(|(_, _, t)| t);
+        let pipeline = match (method.as_str(), parts.as_slice()) {
+            ("POST", ["v1", "pipelines", id, "run"]) => {
+                let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
+                Some((id, self.core.pipeline(&id).map_err(dispatch_error)?))
+            }
+            _ => None,
+        };
+        let declared: Option<Vec<tenet_ir::TensorType>> = match (&task, &pipeline) {
+            (Some((_, graph)), _) => Some(graph.inputs().map(|(_, _, t)| t.clone()).collect()),
+            (_, Some((_, m))) => Some(m.inputs.iter().filter_map(|p| p.ty()).collect()),
+            _ => None,
+        };
+        let limit = match &declared {
+            Some(types) => {
                 let need = if content_type.as_deref() == Some("application/octet-stream") {
                     types
+                        .iter()
                         .map(|t| t.bytes().unwrap_or(u64::MAX))
                         .fold(SAFETENSORS_SLACK_BYTES, u64::saturating_add)
                 } else {
-                    tenet_proto::run_body::max_json_body(types)
+                    tenet_proto::run_body::max_json_body(types.iter())
                 };
                 need.min(self.access.max_request_bytes)
             }
             None => match (method.as_str(), parts.as_slice()) {
                 ("POST", ["v1", "tasks"]) => MAX_GRAPH_BODY_BYTES,
+                ("POST", ["v1", "pipelines"]) => tenet_pipeline::manifest::MAX_MANIFEST_BYTES,
                 ("POST", ["v1", "chat", "completions"] | ["v1", "completions"]) => {
                     MAX_COMPLETION_BODY_BYTES
                 }
@@ -376,6 +393,7 @@ impl<L: Ledger + 'static> Service<L> {
             body,
             content_type: content_type.as_deref(),
             task,
+            pipeline,
         };
         self.route(request).await
     }
@@ -407,6 +425,7 @@ impl<L: Ledger + 'static> Service<L> {
             body,
             content_type,
             task,
+            pipeline,
         } = r;
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let ledger = &self.core.ledger;
@@ -552,6 +571,67 @@ impl<L: Ledger + 'static> Service<L> {
                     "receipt": out.receipt,
                     "slashed": out.slashed.iter().map(|(n, a)| json!({"node": n, "amount": a})).collect::<Vec<_>>(),
                     "refereed": out.refereed,
+                }))
+            }
+            ("POST", ["v1", "pipelines"]) => {
+                let (id, m) = self.core.deploy_pipeline(&body).map_err(dispatch_error)?;
+                let mut v = pipeline_json(&id, &m);
+                let mut able = Vec::new();
+                for s in &m.stages {
+                    let cost = tenet_ir::Cost {
+                        peak_bytes: s.peak_bytes,
+                        flops: s.flops,
+                        ..Default::default()
+                    };
+                    able.push(self.core.nodes_able(&cost).await.map_err(dispatch_error)?);
+                }
+                v["nodes_able"] = json!(able);
+                json_reply(&v)
+            }
+            ("GET", ["v1", "pipelines", id]) => {
+                let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
+                let m = self.core.pipeline(&id).map_err(dispatch_error)?;
+                json_reply(&pipeline_json(&id, &m))
+            }
+            ("POST", ["v1", "pipelines", _, "run"]) => {
+                let (id, m) =
+                    pipeline.ok_or_else(|| internal("the call's pipeline was not loaded"))?;
+                let declared: Vec<(String, tenet_ir::TensorType)> = m
+                    .inputs
+                    .iter()
+                    .filter_map(|p| Some((p.name.clone(), p.ty()?)))
+                    .collect();
+                let (inputs, tier, seed) = run_inputs(&declared, &body, content_type, query)?;
+                let out = self
+                    .core
+                    .run_pipeline(id, &m, inputs, tier, seed)
+                    .await
+                    .map_err(dispatch_error)?;
+                let outputs: Value =
+                    serde_json::from_str(&tenet_models::outputs_json(&out.outputs))
+                        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+                let stages: Vec<Value> = out
+                    .stages
+                    .iter()
+                    .map(|s| {
+                        json!({
+                            "job_id": s.job_id,
+                            "task": s.task,
+                            "replicas": s.replicas,
+                            "agreeing": s.agreeing,
+                            "slashed": s.slashed.iter().map(|(n, a)| json!({"node": n, "amount": a})).collect::<Vec<_>>(),
+                            "refereed": s.refereed,
+                            "ms": s.ms,
+                            "boundary_bytes": s.boundary_bytes,
+                        })
+                    })
+                    .collect();
+                json_reply(&json!({
+                    "pipeline": id,
+                    "state": "decided",
+                    "outputs": outputs,
+                    "stages": stages,
+                    "receipt": out.receipt,
                 }))
             }
             ("GET", ["v1", "models"]) => crate::openai::models(&self.llms),
@@ -706,53 +786,11 @@ impl<L: Ledger + 'static> Service<L> {
         content_type: Option<&str>,
         query: &str,
     ) -> Result<JobRequest, ApiError> {
-        let param = |k: &str| query_param(query, k);
-        let parse_tier = |t: &str| {
-            Tier::parse(t).ok_or_else(|| bad(format!("tier `{t}` is not exact or tolerant")))
-        };
-        let (inputs, tier, seed) = if content_type == Some("application/octet-stream") {
-            let file = tenet_models::WeightsFile::from_bytes(body.to_vec(), "request body")
-                .map_err(|e| weights_error(e, ErrorCode::BadRequest))?;
-            let mut inputs = BTreeMap::new();
-            for (_, name, ty) in graph.inputs() {
-                let t = file.tensor(name).ok_or_else(|| {
-                    ApiError::new(
-                        ErrorCode::BadInputs,
-                        format!("the safetensors body has no tensor {name}"),
-                    )
-                })?;
-                if t.ty() != ty {
-                    return Err(ApiError::new(
-                        ErrorCode::BadInputs,
-                        format!("input {name} is {}, the task needs {ty}", t.ty()),
-                    ));
-                }
-                inputs.insert(name.to_string(), t.clone());
-            }
-            let seed = param("seed")
-                .map(|s| {
-                    s.parse::<u64>().map_err(|_| {
-                        bad(format!(
-                            "seed={s}: a seed is a whole number from 0 to 18446744073709551615"
-                        ))
-                    })
-                })
-                .transpose()?;
-            let tier = param("tier").map(parse_tier).transpose()?;
-            (inputs, tier, seed)
-        } else {
-            let declared: Vec<(&str, &tenet_ir::TensorType)> =
-                graph.inputs().map(|(_, n, t)| (n, t)).collect();
-            let run = tenet_proto::run_body::decode_run_json(body, &declared).map_err(|e| {
-                let code = match e {
-                    tenet_proto::run_body::RunBodyError::TooLarge { .. } => ErrorCode::TooLarge,
-                    tenet_proto::run_body::RunBodyError::Invalid(_) => ErrorCode::BadInputs,
-                };
-                ApiError::new(code, e.to_string())
-            })?;
-            (run.inputs, run.tier, run.seed)
-        };
-        let (tier, seed) = (tier.unwrap_or_default(), seed.unwrap_or(0));
+        let declared: Vec<(String, tenet_ir::TensorType)> = graph
+            .inputs()
+            .map(|(_, n, t)| (n.to_string(), t.clone()))
+            .collect();
+        let (inputs, tier, seed) = run_inputs(&declared, body, content_type, query)?;
         Ok(JobRequest {
             task: *task,
             weights: weights_of(graph),
@@ -761,6 +799,81 @@ impl<L: Ledger + 'static> Service<L> {
             seed,
         })
     }
+}
+
+type RunInputs = (BTreeMap<String, tenet_ir::HostTensor>, Tier, u64);
+
+/// A call's inputs (each declared one, with its declared type), tier and seed: from a JSON
+/// body, or from a safetensors body with the tier and seed in the query.
+fn run_inputs(
+    declared: &[(String, tenet_ir::TensorType)],
+    body: &[u8],
+    content_type: Option<&str>,
+    query: &str,
+) -> Result<RunInputs, ApiError> {
+    let param = |k: &str| query_param(query, k);
+    let parse_tier =
+        |t: &str| Tier::parse(t).ok_or_else(|| bad(format!("tier `{t}` is not exact or tolerant")));
+    let (inputs, tier, seed) = if content_type == Some("application/octet-stream") {
+        let file = tenet_models::WeightsFile::from_bytes(body.to_vec(), "request body")
+            .map_err(|e| weights_error(e, ErrorCode::BadRequest))?;
+        let mut inputs = BTreeMap::new();
+        for (name, ty) in declared {
+            let t = file.tensor(name).ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::BadInputs,
+                    format!("the safetensors body has no tensor {name}"),
+                )
+            })?;
+            if t.ty() != ty {
+                return Err(ApiError::new(
+                    ErrorCode::BadInputs,
+                    format!("input {name} is {}, the task needs {ty}", t.ty()),
+                ));
+            }
+            inputs.insert(name.to_string(), t.clone());
+        }
+        let seed = param("seed")
+            .map(|s| {
+                s.parse::<u64>().map_err(|_| {
+                    bad(format!(
+                        "seed={s}: a seed is a whole number from 0 to 18446744073709551615"
+                    ))
+                })
+            })
+            .transpose()?;
+        let tier = param("tier").map(parse_tier).transpose()?;
+        (inputs, tier, seed)
+    } else {
+        let declared: Vec<(&str, &tenet_ir::TensorType)> =
+            declared.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let run = tenet_proto::run_body::decode_run_json(body, &declared).map_err(|e| {
+            let code = match e {
+                tenet_proto::run_body::RunBodyError::TooLarge { .. } => ErrorCode::TooLarge,
+                tenet_proto::run_body::RunBodyError::Invalid(_) => ErrorCode::BadInputs,
+            };
+            ApiError::new(code, e.to_string())
+        })?;
+        (run.inputs, run.tier, run.seed)
+    };
+    Ok((inputs, tier.unwrap_or_default(), seed.unwrap_or(0)))
+}
+
+/// A deployed pipeline as its API describes it.
+fn pipeline_json(id: &Hash, m: &tenet_pipeline::Manifest) -> Value {
+    json!({
+        "id": id,
+        "endpoint": format!("/v1/pipelines/{id}/run"),
+        "inputs": m.inputs,
+        "outputs": m.outputs,
+        "stages": m.stages.iter().map(|s| json!({
+            "task": s.graph,
+            "weights": s.weights.first().map(|w| &w.id),
+            "peak_bytes": s.peak_bytes,
+            "flops": s.flops,
+            "boundary_out": s.boundary_out,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// The longest a `GET /v1/jobs/{id}?wait=` holds the request.
@@ -820,6 +933,8 @@ struct Routed<'a> {
     content_type: Option<&'a str>,
     /// The task a call names, loaded before its body was read.
     task: Option<(Hash, Graph)>,
+    /// The pipeline a call names, loaded before its body was read.
+    pipeline: Option<(Hash, tenet_pipeline::Manifest)>,
 }
 
 /// Serve until `shutdown` resolves; in-flight calls get ten seconds to finish.

@@ -13,6 +13,7 @@ pub mod http;
 pub mod local;
 pub mod openai;
 mod phases;
+pub mod pipeline;
 pub mod registry;
 
 pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};

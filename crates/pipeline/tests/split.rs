@@ -134,7 +134,13 @@ fn the_example_split_is_stable() {
     let stages = split(&graph, SplitTarget::Stages(2)).unwrap();
     let got: Vec<(std::ops::Range<usize>, Vec<String>, String)> = stages
         .iter()
-        .map(|s| (s.nodes.clone(), s.boundary_out.clone(), s.graph.id().short()))
+        .map(|s| {
+            (
+                s.nodes.clone(),
+                s.boundary_out.clone(),
+                s.graph.id().short(),
+            )
+        })
         .collect();
     let want = vec![
         (0..4, vec!["%2".to_string()], "11c2a5c17223".to_string()),

@@ -11,6 +11,7 @@ pub mod commit;
 pub mod error;
 mod hash;
 mod nonces;
+pub mod pipeline_receipt;
 pub mod receipt;
 pub mod run_body;
 pub mod tensor;

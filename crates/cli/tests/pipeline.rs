@@ -1,0 +1,256 @@
+//! A model larger than any one node, through the CLI with a coordinator and nodes as real
+//! processes on 127.0.0.1: MiniLM split in three stages (`tenet split`), deployed as one
+//! pipeline (`tenet deploy DIR`) to nodes whose `--memory-limit` is below the whole model's
+//! certificate (the whole task is refused: no node could run it) and above each stage's; one
+//! node lies. The call's outputs are the local run's, bit for bit; the liar is caught and
+//! slashed in every stage; the pipeline receipt verifies offline, and one whose boundary hash
+//! was changed does not. Needs MiniLM in the cache (`.ci/run` fetches it).
+
+use std::path::PathBuf;
+use std::process::Output;
+
+mod common;
+
+use common::{spawn_tenet as spawn, tenet};
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn tmp() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tenet-pipeline-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn minilm_split_over_nodes_smaller_than_the_model() {
+    let Ok(minilm) = tenet_models::fetch::cached(&tenet_models::fetch::MINILM) else {
+        eprintln!("SKIPPED: MiniLM is not in the cache (tenet models fetch minilm)");
+        return;
+    };
+    let weights = tenet_models::fetch::find_file(&minilm, "model.safetensors").unwrap();
+    let dir = tmp();
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    ok(tenet()
+        .args(["export", "minilm", "-o", &d("minilm.tnt"), "--seq", "8"])
+        .output()
+        .unwrap());
+    let split = ok(tenet()
+        .args([
+            "split",
+            &d("minilm.tnt"),
+            "--stages",
+            "3",
+            "-o",
+            &d("split"),
+        ])
+        .args(["--weights", weights.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap());
+    let manifest: serde_json::Value = serde_json::from_str(&split).unwrap();
+    let stage_peak = manifest["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["peak_bytes"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let whole = tenet_ir::decode_any(&std::fs::read(d("minilm.tnt")).unwrap())
+        .unwrap()
+        .cost()
+        .peak_bytes;
+    // Nodes that take every stage but not the whole model.
+    let limit = (stage_peak + whole) / 2;
+    assert!(stage_peak < limit && limit < whole);
+    let (_coord, line) = spawn([
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d("coord"),
+        "--api-key",
+        "secret",
+        "--admin-key",
+        "admin",
+    ]);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (ckey, curl) = (words[2].to_string(), words.last().unwrap().to_string());
+    let limit_arg = limit.to_string();
+    let mut nodes = Vec::new();
+    for (i, cheat) in [None, Some("flip"), None].into_iter().enumerate() {
+        let mut extra = vec!["--memory-limit", limit_arg.as_str()];
+        if let Some(c) = cheat {
+            extra.extend(["--cheat", c]);
+        }
+        let (p, url) = common::spawn_node(&d(&format!("node{i}")), &ckey, &extra);
+        ok(tenet()
+            .args(["register", &url, "--stake", "1000", "--coordinator", &curl])
+            .args(["--admin-key", "admin"])
+            .output()
+            .unwrap());
+        nodes.push(p);
+    }
+    let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
+    // Inputs: one sentence of eight tokens.
+    std::fs::write(
+        d("ids.json"),
+        "[[101, 1037, 13117, 1997, 5711, 2006, 3674, 102]]",
+    )
+    .unwrap();
+    std::fs::write(d("types.json"), "[[0, 0, 0, 0, 0, 0, 0, 0]]").unwrap();
+    std::fs::write(d("mask.json"), "[[1, 1, 1, 1, 1, 1, 1, 1]]").unwrap();
+    let inputs = [
+        "-i",
+        &format!("input_ids={}", d("ids.json")),
+        "-i",
+        &format!("token_type_ids={}", d("types.json")),
+        "-i",
+        &format!("attention_mask={}", d("mask.json")),
+    ]
+    .map(|s| s.to_string());
+    // The whole model: deployable, but no node's limits take it.
+    let whole_task: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args([
+            "deploy",
+            &d("minilm.tnt"),
+            "--weights",
+            weights.to_str().unwrap(),
+            "--json",
+        ])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(whole_task["nodes_able"], 0, "{whole_task}");
+    let refused = tenet()
+        .args(["call", whole_task["id"].as_str().unwrap()])
+        .args(&inputs)
+        .args(remote)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("memory"), "{err}");
+    // The split: deployed as one pipeline; every stage fits every node.
+    let deployed: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args(["deploy", &d("split"), "--json"])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(
+        deployed["nodes_able"],
+        serde_json::json!([3, 3, 3]),
+        "{deployed}"
+    );
+    let pipeline = deployed["id"].as_str().unwrap().to_string();
+    let out = ok(tenet()
+        .args(["call", &pipeline])
+        .args(&inputs)
+        .args(["-o", &d("y.json"), "--receipt", &d("receipt.json")])
+        .args(remote)
+        .output()
+        .unwrap());
+    eprintln!("{out}");
+    assert!(out.contains("verified in 3 stage(s)"), "{out}");
+    assert_eq!(
+        out.matches("agreed by 2 of 3 node(s)").count(),
+        3,
+        "every stage decided by the two honest nodes: {out}"
+    );
+    assert_eq!(out.matches("disagreed and was slashed").count(), 3, "{out}");
+    // The verified result is the whole model's local result, byte for byte.
+    ok(tenet()
+        .args([
+            "run",
+            &d("minilm.tnt"),
+            "--weights",
+            weights.to_str().unwrap(),
+        ])
+        .args(&inputs)
+        .args(["-o", &d("local.json")])
+        .output()
+        .unwrap());
+    assert_eq!(
+        std::fs::read(d("y.json")).unwrap(),
+        std::fs::read(d("local.json")).unwrap()
+    );
+    // The receipt verifies offline against the coordinator's key; a changed boundary hash
+    // does not.
+    let verified = ok(tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &ckey,
+        ])
+        .output()
+        .unwrap());
+    assert!(verified.contains("3 stage(s) chained"), "{verified}");
+    let mut r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d("receipt.json")).unwrap()).unwrap();
+    let inputs1 = r["stages"][1]["job"]["inputs"].as_object_mut().unwrap();
+    let boundary = inputs1.keys().find(|k| k.starts_with('%')).unwrap().clone();
+    inputs1.insert(boundary, serde_json::json!("00".repeat(32)));
+    std::fs::write(d("tampered.json"), r.to_string()).unwrap();
+    let tampered = tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("tampered.json"),
+            "--coordinator",
+            &ckey,
+        ])
+        .output()
+        .unwrap();
+    assert!(!tampered.status.success());
+    assert!(
+        String::from_utf8_lossy(&tampered.stderr).contains("does NOT verify"),
+        "{}",
+        String::from_utf8_lossy(&tampered.stderr)
+    );
+    // Manifests that do not chain, or name stages that are not deployed, are refused at
+    // deploy with a message that says so.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = tenet_node::NodeClient::new(&curl, tenet_node::identity::generate()).unwrap();
+    let post = |body: String| {
+        let req = tenet_node::RawRequest {
+            method: tenet_node::Method::POST,
+            path: "/v1/pipelines".into(),
+            headers: vec![
+                ("authorization".into(), "Bearer secret".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: tenet_node::Bytes::from(body),
+        };
+        let r = rt.block_on(http.send(req)).unwrap();
+        (r.status, String::from_utf8_lossy(&r.body).to_string())
+    };
+    let good: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d("split/manifest.json")).unwrap()).unwrap();
+    let mut types = good.clone();
+    types["stages"][1]["boundary_in"][0]["dtype"] = "f16".into();
+    let (status, body) = post(types.to_string());
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("does not chain"), "{body}");
+    let mut missing = good.clone();
+    missing["stages"].as_array_mut().unwrap().remove(1);
+    let (status, body) = post(missing.to_string());
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("does not chain"), "{body}");
+    let mut undeployed = good.clone();
+    undeployed["stages"][0]["graph"] = "ab".repeat(32).into();
+    let (status, body) = post(undeployed.to_string());
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("not deployed"), "{body}");
+    let (status, body) = post(good.to_string());
+    assert_eq!(status, 200, "{body}");
+    drop(nodes);
+}
