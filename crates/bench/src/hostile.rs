@@ -1889,6 +1889,7 @@ async fn weights(ctx: &Ctx, r: &mut ClassReport) -> Result<(), String> {
                     },
                     timeout_ms: None,
                     blobs: BTreeMap::new(),
+                    pulls: Default::default(),
                 };
                 let raw = node.signed(
                     Method::POST,

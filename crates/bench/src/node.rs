@@ -470,6 +470,7 @@ async fn measure(
             ),
             timeout_ms: None,
             blobs: blobs.clone(),
+            pulls: Default::default(),
         };
         let t = Instant::now();
         let committed = c.run_job(&req).await.map_err(err)?;
@@ -616,6 +617,7 @@ async fn measure(
             ),
             timeout_ms: None,
             blobs: Default::default(),
+            pulls: Default::default(),
         };
         let t = Instant::now();
         let committed = c.run_job(&req).await.map_err(err)?;

@@ -91,6 +91,7 @@ fn job(id: &str, task: Hash, inputs: &[(&str, &HostTensor)], timeout_ms: Option<
             seed: 0,
         },
         timeout_ms,
+        pulls: Default::default(),
         blobs: inputs
             .iter()
             .map(|(_, t)| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))

@@ -145,6 +145,7 @@ fn job(id: &str, task: Hash, weights: Option<Hash>, inputs: &[(&str, &HostTensor
             seed: 0,
         },
         timeout_ms: None,
+        pulls: Default::default(),
         blobs: inputs
             .iter()
             .map(|(_, t)| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))

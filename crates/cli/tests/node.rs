@@ -109,6 +109,7 @@ fn job(id: &str, task: Hash, inputs: &[(&str, &HostTensor)]) -> RunJob {
             seed: 0,
         },
         timeout_ms: None,
+        pulls: Default::default(),
         blobs: inputs
             .iter()
             .map(|(_, t)| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))

@@ -80,6 +80,7 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     let (ckey, curl) = (words[2].to_string(), words.last().unwrap().to_string());
     let limit_arg = limit.to_string();
     let mut nodes = Vec::new();
+    let mut urls = Vec::new();
     for (i, cheat) in [None, Some("flip"), None].into_iter().enumerate() {
         let mut extra = vec!["--memory-limit", limit_arg.as_str()];
         if let Some(c) = cheat {
@@ -92,6 +93,7 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
             .output()
             .unwrap());
         nodes.push(p);
+        urls.push(url);
     }
     let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
     // Inputs: one sentence of eight tokens.
@@ -213,12 +215,65 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
         "{}",
         String::from_utf8_lossy(&tampered.stderr)
     );
-    // Manifests that do not chain, or name stages that are not deployed, are refused at
-    // deploy with a message that says so.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    // The later stages' nodes fetched the boundary tensors from the nodes that agreed on
+    // them, each with the coordinator's grant (no node trusts another): the coordinator
+    // relayed none of them.
+    let served: u64 = urls
+        .iter()
+        .map(|u| {
+            let c = tenet_node::NodeClient::new(u, tenet_node::identity::generate()).unwrap();
+            let req = tenet_node::RawRequest {
+                method: tenet_node::Method::GET,
+                path: "/metrics".into(),
+                headers: vec![],
+                body: tenet_node::Bytes::new(),
+            };
+            let text = String::from_utf8(rt.block_on(c.send(req)).unwrap().body.to_vec()).unwrap();
+            text.lines()
+                .find(|l| {
+                    l.starts_with("tenet_requests_total{route=\"tensor_by_hash\",status=\"200\"}")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(served >= 6, "boundary tensors served to peers: {served}");
+    // Without a grant from the coordinator a node serves no tensor to a stranger; a grant
+    // signed by another key, or for another tensor, opens nothing.
+    let boundary = r["stages"][0]["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"].as_str().unwrap().starts_with('%'))
+        .unwrap()["hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hash = tenet_proto::Hash::parse(&boundary).unwrap();
+    let fetch = |grant: Option<tenet_proto::grant::PullGrant>| {
+        let c = tenet_node::NodeClient::new(&urls[0], tenet_node::identity::generate()).unwrap();
+        let mut req = c.signed(
+            tenet_node::Method::GET,
+            &format!("/v1/tensors/{boundary}"),
+            tenet_node::Bytes::new(),
+        );
+        if let Some(g) = grant {
+            req.headers
+                .push((tenet_proto::grant::GRANT_HEADER.into(), g.to_header()));
+        }
+        rt.block_on(c.send(req)).unwrap().status
+    };
+    let now = tenet_proto::unix_now();
+    let stranger = tenet_proto::auth::KeyPair::from_seed([3; 32]);
+    assert_eq!(fetch(None), 403);
+    let forged = tenet_proto::grant::PullGrant::sign(hash, now, &stranger);
+    assert_eq!(fetch(Some(forged)), 403);
+    // Manifests that do not chain, or name stages that are not deployed, are refused at
+    // deploy with a message that says so.
     let http = tenet_node::NodeClient::new(&curl, tenet_node::identity::generate()).unwrap();
     let post = |body: String| {
         let req = tenet_node::RawRequest {

@@ -13,6 +13,7 @@ use tenet_node::NodeClient;
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::receipt::Receipt;
+use tenet_proto::wire::PullFrom;
 use tenet_proto::{Hash, tensor};
 use tenet_store::Store;
 use tokio::sync::watch;
@@ -119,6 +120,10 @@ pub struct Coordinator<L: Ledger> {
     /// Work whose memory grows with a task — a weights file loaded to check a deploy, a
     /// referee run — one at a time, so the coordinator holds at most one task's worth.
     heavy: tokio::sync::Semaphore,
+    /// Inputs the nodes of a running job fetch from other nodes (a pipeline's boundary
+    /// tensors), by job id. Kept in memory only: a job resumed after a restart has its inputs
+    /// uploaded from this coordinator's store instead.
+    pub(crate) pulls: Mutex<HashMap<String, BTreeMap<Hash, PullFrom>>>,
 }
 
 /// What the coordinator keeps of a deployed task to schedule and check its jobs.
@@ -186,6 +191,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             running: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
             heavy: tokio::sync::Semaphore::new(1),
+            pulls: Mutex::new(HashMap::new()),
         }
     }
 
@@ -485,6 +491,22 @@ impl<L: Ledger + 'static> Coordinator<L> {
         self.start(job_id)
             .await
             .map_err(|e| DispatchError::Internal(format!("the job's task failed: {e}")))?
+    }
+
+    /// [`Coordinator::run`], the nodes fetching the inputs in `pulls` from the peers named
+    /// there instead of from this coordinator.
+    pub async fn run_pulling(
+        self: &Arc<Self>,
+        req: JobRequest,
+        pulls: BTreeMap<Hash, PullFrom>,
+    ) -> Result<JobOutcome, DispatchError> {
+        let job_id = self.admit(req).await?;
+        if !pulls.is_empty() {
+            lock(&self.pulls).insert(job_id.clone(), pulls);
+        }
+        let outcome = self.start(job_id.clone()).await;
+        lock(&self.pulls).remove(&job_id);
+        outcome.map_err(|e| DispatchError::Internal(format!("the job's task failed: {e}")))?
     }
 
     /// Admit and start `req` without waiting; its id, to wait on or read later.

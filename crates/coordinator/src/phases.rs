@@ -33,7 +33,7 @@ use tenet_proto::{ErrorCode, Hash, tensor};
 use tenet_store::Store;
 
 use crate::compare::{self, Decision, Replica};
-use crate::dispatch::{Coordinator, DispatchError, JobOutcome, now};
+use crate::dispatch::{Coordinator, DispatchError, JobOutcome, lock, now};
 
 /// A replica that committed.
 struct Committed {
@@ -111,10 +111,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 DispatchError::Internal(format!("job {job_id} is not in the ledger"))
             })?;
         let spec = self.spec_of(&job)?;
+        let pulls = lock(&self.pulls).get(job_id).cloned().unwrap_or_default();
+        let mut blobs = self.inline_inputs(&spec)?;
+        blobs.retain(|h, _| !pulls.contains_key(h));
         let run = RunJob {
             job: spec.clone(),
             timeout_ms: Some(self.config.node_timeout.as_millis() as u64),
-            blobs: self.inline_inputs(&spec)?,
+            blobs,
+            pulls,
         };
         let replicas = job.replicas.max(1) as usize;
         let mut state = job.state;
@@ -278,7 +282,12 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let spec = &run.job;
         let mut hashes = vec![spec.task];
         hashes.extend(spec.weights);
-        hashes.extend(spec.inputs.values().filter(|h| !run.blobs.contains_key(h)));
+        // Pulled inputs the node fetches from its peers itself.
+        hashes.extend(
+            spec.inputs
+                .values()
+                .filter(|h| !run.blobs.contains_key(h) && !run.pulls.contains_key(h)),
+        );
         for h in hashes {
             if client.has_blob(&h).await?.is_none() {
                 let bytes = self.store.get(&h).map_err(|e| ClientError::Unexpected {

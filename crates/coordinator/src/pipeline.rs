@@ -19,7 +19,9 @@ use tenet_ledger::Ledger;
 use tenet_pipeline::Manifest;
 use tenet_proto::Hash;
 use tenet_proto::commit::Tier;
+use tenet_proto::grant::PullGrant;
 use tenet_proto::pipeline_receipt::PipelineReceipt;
+use tenet_proto::wire::PullFrom;
 
 use crate::dispatch::{Coordinator, DispatchError, JobRequest};
 
@@ -123,6 +125,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let mut results: BTreeMap<String, HostTensor> = BTreeMap::new();
         let mut receipts = Vec::new();
         let mut stages = Vec::new();
+        let mut pulls = BTreeMap::new();
         for (k, s) in manifest.stages.iter().enumerate() {
             let task = Hash::parse(&s.graph).map_err(|e| DispatchError::Internal(e.to_string()))?;
             let weights = s
@@ -140,13 +143,16 @@ impl<L: Ledger + 'static> Coordinator<L> {
             }
             let started = Instant::now();
             let out = self
-                .run(JobRequest {
-                    task,
-                    weights,
-                    inputs: stage_inputs,
-                    tier,
-                    seed,
-                })
+                .run_pulling(
+                    JobRequest {
+                        task,
+                        weights,
+                        inputs: stage_inputs,
+                        tier,
+                        seed,
+                    },
+                    std::mem::take(&mut pulls),
+                )
                 .await
                 .map_err(|e| match e {
                     DispatchError::BadRequest(m) => {
@@ -161,6 +167,24 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     carried.insert(name, t);
                 } else {
                     results.insert(name, t);
+                }
+            }
+            // The next stage's nodes fetch these from the nodes that agreed on them.
+            let mut peers = Vec::new();
+            for a in &out.receipt.nodes {
+                if let Some(n) = self.ledger.node(&a.commitment.node.to_hex()).await? {
+                    peers.push(n.url);
+                }
+            }
+            for o in &out.receipt.outputs {
+                if s.boundary_out.iter().any(|p| p.name == o.name) {
+                    pulls.insert(
+                        o.hash,
+                        PullFrom {
+                            peers: peers.clone(),
+                            grant: PullGrant::sign(o.hash, tenet_proto::unix_now(), &self.key),
+                        },
+                    );
                 }
             }
             stages.push(StageOutcome {

@@ -47,6 +47,11 @@ impl Gate {
         self.open
     }
 
+    /// Whether `key` is one the node trusts (in open mode, any).
+    pub fn trusts(&self, key: &PublicKey) -> bool {
+        self.open || self.trusted.contains_key(key)
+    }
+
     /// Check a request's signature headers (`get` looks one up by name) over `method` and
     /// `path_and_query`. The caller still checks the body against `body_hash`.
     pub fn admit<'a>(

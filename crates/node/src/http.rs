@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tenet_ir::recycle::{self, Recycled};
-use tenet_proto::auth::AuthHeaders;
+use tenet_proto::auth::{AuthHeaders, PublicKey};
 use tenet_proto::wire::{Batch, BlobStored, RunJob};
 use tenet_proto::{ApiError, ErrorCode, Hash, tensor};
 use tokio::net::TcpListener;
@@ -815,11 +815,29 @@ async fn dispatch(
         .path_and_query()
         .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
     let headers = req.headers();
-    let auth = node.gate.admit(
-        |name| headers.get(name).and_then(|v| v.to_str().ok()),
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let now = tenet_proto::unix_now();
+    // A peer the node does not know may fetch one tensor with a grant for it from a
+    // coordinator the node trusts (a pipeline's next stage pulling a boundary tensor).
+    let granted = match (route, parts) {
+        ("tensor_by_hash", [_, _, h]) => {
+            let grant = header(tenet_proto::grant::GRANT_HEADER)
+                .and_then(tenet_proto::grant::PullGrant::from_header);
+            match (grant, Hash::parse(h)) {
+                (Some(g), Ok(hash)) if g.allows(&hash, now) && node.gate.trusts(&g.coordinator) => {
+                    header(tenet_proto::auth::KEY_HEADER).and_then(PublicKey::parse)
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let auth = node.gate.admit_also(
+        header,
         req.method().as_str(),
         &path_q,
-        tenet_proto::unix_now(),
+        now,
+        granted.as_ref(),
     )?;
     *key = Some(auth.key);
     let max = node.config().max_request_bytes;

@@ -16,6 +16,8 @@ use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{
     Commitment, JobSpec, OutputRef, Reveal, Tier, output_hash, valid_job_id,
 };
+use tenet_proto::grant::PullGrant;
+use tenet_proto::wire::PullFrom;
 use tenet_proto::wire::{
     Batch, BatchError, BatchResults, Committed, DeviceAd, JobState, JobStatus, NodeInfo, OpResult,
     Resident, Revealed, RunJob, SessionCreated, SessionOp,
@@ -73,6 +75,9 @@ const MAX_SESSIONS: usize = 4096;
 /// Outputs up to this many bytes in all travel inline in the reveal; larger ones are stored as
 /// blobs and fetched with `GET /v1/blobs/{hash}`.
 pub const INLINE_OUTPUT_BYTES: usize = 256 << 10;
+
+/// The most peers a job's pull tries for one input.
+const MAX_PULL_PEERS: usize = 8;
 
 /// Jobs at most this costly run on the request's own thread (the event loop): their work
 /// figure (`tenet_exec::work`: flops, bytes and 1,024 a node, so a long chain of ops on a
@@ -424,6 +429,7 @@ impl Node {
             }
             inline.insert(*hash, bytes);
         }
+        self.pull_job_inputs(&spec, &req.pulls, &inline).await?;
         let cancel = Arc::new(AtomicBool::new(false));
         {
             let mut t = lock(&self.jobs);
@@ -1056,6 +1062,16 @@ impl Node {
                 return Ok(payload(tensor::encode(&*self.engine.host(&b)?)));
             }
         }
+        // A small output of a job this node committed to (revealed inline, never stored).
+        let inline = lock(&self.jobs).jobs.values().find_map(|j| match j {
+            JobEntry::Committed { revealed, .. } => revealed.blobs.get(hash).cloned(),
+            _ => None,
+        });
+        if let Some(hex) = inline {
+            let bytes = tenet_proto::from_hex(&hex)
+                .ok_or_else(|| internal("a kept output is not hex".to_string()))?;
+            return Ok(payload(bytes));
+        }
         self.blob(hash)
     }
 
@@ -1262,6 +1278,81 @@ impl Node {
         let b = self.engine.upload(t)?;
         let mut s = lock(session);
         self.keep_hashed(&mut s, name, b, *hash, inbound.held)
+    }
+
+    /// Fetch the job's inputs this node has neither stored nor inline from the peers the job
+    /// names (a pipeline's boundary tensors, from nodes of the stage before), presenting the
+    /// coordinator's grant; each peer in turn until one answers with bytes of that hash.
+    async fn pull_job_inputs(
+        &self,
+        spec: &JobSpec,
+        pulls: &std::collections::BTreeMap<Hash, PullFrom>,
+        inline: &HashMap<Hash, Vec<u8>>,
+    ) -> Result<(), ApiError> {
+        for hash in spec.inputs.values() {
+            if inline.contains_key(hash) || self.store.contains(hash).is_some() {
+                continue;
+            }
+            let Some(from) = pulls.get(hash) else {
+                continue; // the engine says it is missing
+            };
+            let mut errors = Vec::new();
+            for peer in from.peers.iter().take(MAX_PULL_PEERS) {
+                match self.pull_blob(hash, peer, &from.grant).await {
+                    Ok(()) => {
+                        errors.clear();
+                        break;
+                    }
+                    Err(e) => errors.push(e.message),
+                }
+            }
+            if !errors.is_empty() || from.peers.is_empty() {
+                return Err(ApiError::new(
+                    ErrorCode::PeerFailed,
+                    format!(
+                        "input {} could not be pulled from any of its {} peer(s): {}",
+                        hash.short(),
+                        from.peers.len(),
+                        errors.join("; ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetch blob `hash` from `peer` with `grant` and store it: within `pull_timeout_ms`, no
+    /// more than a blob may weigh, and only bytes that hash to it.
+    async fn pull_blob(&self, hash: &Hash, peer: &str, grant: &PullGrant) -> Result<(), ApiError> {
+        let failed = |what: String| ApiError::new(ErrorCode::PeerFailed, what);
+        if crate::client::authority(peer).is_none() {
+            return Err(bad_request(format!(
+                "pull peer `{peer}` is not a node address: expected http://HOST:PORT"
+            )));
+        }
+        let client = crate::client::NodeClient::new(peer, self.key.clone())
+            .map_err(|e| bad_request(e.to_string()))?;
+        let timeout = Duration::from_millis(self.config.pull_timeout_ms);
+        let limit = self
+            .config
+            .max_blob_bytes
+            .saturating_add(tensor::MAX_TYPE_TEXT as u64 + 1);
+        let bounds = crate::client::Bounds::new(timeout, limit);
+        let mut raw = client.signed(Method::GET, &format!("/v1/tensors/{hash}"), Bytes::new());
+        raw.headers
+            .push((tenet_proto::grant::GRANT_HEADER.into(), grant.to_header()));
+        let bytes = client
+            .exchange(raw, None, bounds, &mut |_| true)
+            .await
+            .and_then(|r| r.into_result())
+            .map_err(|e| failed(format!("pulling {} from {peer}: {e}", hash.short())))?;
+        if crate::digest::hash(&bytes) != *hash {
+            return Err(failed(format!(
+                "peer {peer} sent bytes that do not hash to {hash}"
+            )));
+        }
+        self.store.put(hash, &bytes).map_err(store_error)?;
+        Ok(())
     }
 
     /// The Prometheus text.

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod commit;
 pub mod error;
+pub mod grant;
 mod hash;
 mod nonces;
 pub mod pipeline_receipt;

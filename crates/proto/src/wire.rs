@@ -11,7 +11,7 @@
 //! | `POST /sessions` | → [`SessionCreated`]; `DELETE /sessions/{id}` frees it |
 //! | `PUT /sessions/{id}/tensors/{name}` | tensor blob → [`Resident`]; `GET`, `DELETE` |
 //! | `POST /sessions/{id}/batch` | [`Batch`] → [`BatchResults`] |
-//! | `GET /tensors/{hash}` | → a resident tensor's blob, for peer nodes |
+//! | `GET /tensors/{hash}` | → a resident tensor's or stored blob, for peer nodes (an untrusted key with a coordinator's pull grant for that hash, too) |
 //! | `GET /metrics` | → Prometheus text |
 
 use std::collections::BTreeMap;
@@ -80,6 +80,18 @@ pub struct RunJob {
     /// Small blobs carried inline (hex), stored as if uploaded: saves a round trip per input.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub blobs: BTreeMap<Hash, String>,
+    /// Inputs to fetch from other nodes (a pipeline's boundary tensors, from the nodes of the
+    /// stage before that agreed on them) when the node does not have them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pulls: BTreeMap<Hash, PullFrom>,
+}
+
+/// Where to fetch one input: the peers to try, in order, and the coordinator's grant that
+/// lets this node fetch it from them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PullFrom {
+    pub peers: Vec<String>,
+    pub grant: crate::grant::PullGrant,
 }
 
 /// A finished job's commitment and what the run measured.
