@@ -1890,6 +1890,7 @@ async fn weights(ctx: &Ctx, r: &mut ClassReport) -> Result<(), String> {
                     timeout_ms: None,
                     blobs: BTreeMap::new(),
                     pulls: Default::default(),
+                    stage: None,
                 };
                 let raw = node.signed(
                     Method::POST,

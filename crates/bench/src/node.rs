@@ -471,6 +471,7 @@ async fn measure(
             timeout_ms: None,
             blobs: blobs.clone(),
             pulls: Default::default(),
+            stage: None,
         };
         let t = Instant::now();
         let committed = c.run_job(&req).await.map_err(err)?;
@@ -618,6 +619,7 @@ async fn measure(
             timeout_ms: None,
             blobs: Default::default(),
             pulls: Default::default(),
+            stage: None,
         };
         let t = Instant::now();
         let committed = c.run_job(&req).await.map_err(err)?;

@@ -412,6 +412,7 @@ async fn commit_by_hand(
         timeout_ms: None,
         blobs,
         pulls: Default::default(),
+        stage: None,
     };
     let asg = l.assignments(job_id).await.unwrap();
     for (i, a) in asg.iter().enumerate() {

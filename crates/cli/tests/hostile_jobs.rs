@@ -92,6 +92,7 @@ fn job(id: &str, task: Hash, inputs: &[(&str, &HostTensor)], timeout_ms: Option<
         },
         timeout_ms,
         pulls: Default::default(),
+        stage: None,
         blobs: inputs
             .iter()
             .map(|(_, t)| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))

@@ -146,6 +146,7 @@ fn job(id: &str, task: Hash, weights: Option<Hash>, inputs: &[(&str, &HostTensor
         },
         timeout_ms: None,
         pulls: Default::default(),
+        stage: None,
         blobs: inputs
             .iter()
             .map(|(_, t)| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))

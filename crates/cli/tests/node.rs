@@ -110,6 +110,7 @@ fn job(id: &str, task: Hash, inputs: &[(&str, &HostTensor)]) -> RunJob {
         },
         timeout_ms: None,
         pulls: Default::default(),
+        stage: None,
         blobs: inputs
             .iter()
             .map(|(_, t)| (tensor::hash(t), tenet_proto::to_hex(&tensor::encode(t))))

@@ -82,7 +82,8 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     let mut nodes = Vec::new();
     let mut urls = Vec::new();
     for (i, cheat) in [None, Some("flip"), None].into_iter().enumerate() {
-        let mut extra = vec!["--memory-limit", limit_arg.as_str()];
+        let events = d(&format!("events{i}.jsonl"));
+        let mut extra = vec!["--memory-limit", limit_arg.as_str(), "--event-log", &events];
         if let Some(c) = cheat {
             extra.extend(["--cheat", c]);
         }
@@ -222,7 +223,13 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     // The later stages' nodes fetched the boundary tensors from the nodes that agreed on
     // them, each with the coordinator's grant (no node trusts another): the coordinator
     // relayed none of them.
-    let served: u64 = urls
+    let metric = |text: &str, line: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(line))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let metrics: Vec<String> = urls
         .iter()
         .map(|u| {
             let c = tenet_node::NodeClient::new(u, tenet_node::identity::generate()).unwrap();
@@ -232,16 +239,31 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
                 headers: vec![],
                 body: tenet_node::Bytes::new(),
             };
-            let text = String::from_utf8(rt.block_on(c.send(req)).unwrap().body.to_vec()).unwrap();
-            text.lines()
-                .find(|l| {
-                    l.starts_with("tenet_requests_total{route=\"tensor_by_hash\",status=\"200\"}")
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-                .unwrap_or(0)
+            String::from_utf8(rt.block_on(c.send(req)).unwrap().body.to_vec()).unwrap()
+        })
+        .collect();
+    let served: u64 = metrics
+        .iter()
+        .map(|t| {
+            metric(
+                t,
+                "tenet_requests_total{route=\"tensor_by_hash\",status=\"200\"}",
+            )
         })
         .sum();
     assert!(served >= 6, "boundary tensors served to peers: {served}");
+    // Each node's metrics and event log say which stage each of its jobs was.
+    for stage in 1..=3 {
+        let line = format!("tenet_stage_jobs_total{{stage=\"{stage}\"}}");
+        let jobs: u64 = metrics.iter().map(|t| metric(t, &line)).sum();
+        assert_eq!(jobs, 3, "stage {stage} ran on three nodes");
+    }
+    let log = std::fs::read_to_string(d("events0.jsonl")).unwrap();
+    assert!(
+        log.contains(&format!("\"pipeline\":\"{pipeline}\"")),
+        "{log}"
+    );
+    assert!(log.contains("\"stage\":\"2/3\""), "{log}");
     // Without a grant from the coordinator a node serves no tensor to a stranger; a grant
     // signed by another key, or for another tensor, opens nothing.
     let boundary = r["stages"][0]["outputs"]

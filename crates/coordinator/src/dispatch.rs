@@ -13,7 +13,7 @@ use tenet_node::NodeClient;
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::receipt::Receipt;
-use tenet_proto::wire::PullFrom;
+use tenet_proto::wire::{PullFrom, StageLabel};
 use tenet_proto::{Hash, tensor};
 use tenet_store::Store;
 use tokio::sync::watch;
@@ -120,10 +120,18 @@ pub struct Coordinator<L: Ledger> {
     /// Work whose memory grows with a task — a weights file loaded to check a deploy, a
     /// referee run — one at a time, so the coordinator holds at most one task's worth.
     heavy: tokio::sync::Semaphore,
-    /// Inputs the nodes of a running job fetch from other nodes (a pipeline's boundary
-    /// tensors), by job id. Kept in memory only: a job resumed after a restart has its inputs
-    /// uploaded from this coordinator's store instead.
-    pub(crate) pulls: Mutex<HashMap<String, BTreeMap<Hash, PullFrom>>>,
+    /// What a running pipeline stage's job tells its nodes beyond the job, by job id: the
+    /// inputs they fetch from other nodes (the boundary tensors) and which stage it is. Kept
+    /// in memory only: a job resumed after a restart has its inputs uploaded from this
+    /// coordinator's store instead.
+    pub(crate) stage_jobs: Mutex<HashMap<String, StageJob>>,
+}
+
+/// A pipeline stage's job, as its nodes are told.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StageJob {
+    pub pulls: BTreeMap<Hash, PullFrom>,
+    pub label: Option<StageLabel>,
 }
 
 /// What the coordinator keeps of a deployed task to schedule and check its jobs.
@@ -191,7 +199,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             running: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
             heavy: tokio::sync::Semaphore::new(1),
-            pulls: Mutex::new(HashMap::new()),
+            stage_jobs: Mutex::new(HashMap::new()),
         }
     }
 
@@ -493,19 +501,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .map_err(|e| DispatchError::Internal(format!("the job's task failed: {e}")))?
     }
 
-    /// [`Coordinator::run`], the nodes fetching the inputs in `pulls` from the peers named
-    /// there instead of from this coordinator.
-    pub async fn run_pulling(
+    /// [`Coordinator::run`] for one stage of a pipeline: its nodes fetch the inputs in
+    /// `pulls` from the peers named there instead of from this coordinator, and are told
+    /// which stage they run.
+    pub(crate) async fn run_stage(
         self: &Arc<Self>,
         req: JobRequest,
-        pulls: BTreeMap<Hash, PullFrom>,
+        stage: StageJob,
     ) -> Result<JobOutcome, DispatchError> {
         let job_id = self.admit(req).await?;
-        if !pulls.is_empty() {
-            lock(&self.pulls).insert(job_id.clone(), pulls);
-        }
+        lock(&self.stage_jobs).insert(job_id.clone(), stage);
         let outcome = self.start(job_id.clone()).await;
-        lock(&self.pulls).remove(&job_id);
+        lock(&self.stage_jobs).remove(&job_id);
         outcome.map_err(|e| DispatchError::Internal(format!("the job's task failed: {e}")))?
     }
 

@@ -111,14 +111,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 DispatchError::Internal(format!("job {job_id} is not in the ledger"))
             })?;
         let spec = self.spec_of(&job)?;
-        let pulls = lock(&self.pulls).get(job_id).cloned().unwrap_or_default();
+        let stage = lock(&self.stage_jobs)
+            .get(job_id)
+            .cloned()
+            .unwrap_or_default();
         let mut blobs = self.inline_inputs(&spec)?;
-        blobs.retain(|h, _| !pulls.contains_key(h));
+        blobs.retain(|h, _| !stage.pulls.contains_key(h));
         let run = RunJob {
             job: spec.clone(),
             timeout_ms: Some(self.config.node_timeout.as_millis() as u64),
             blobs,
-            pulls,
+            pulls: stage.pulls,
+            stage: stage.label,
         };
         let replicas = job.replicas.max(1) as usize;
         let mut state = job.state;

@@ -21,9 +21,9 @@ use tenet_proto::Hash;
 use tenet_proto::commit::Tier;
 use tenet_proto::grant::PullGrant;
 use tenet_proto::pipeline_receipt::PipelineReceipt;
-use tenet_proto::wire::PullFrom;
+use tenet_proto::wire::{PullFrom, StageLabel};
 
-use crate::dispatch::{Coordinator, DispatchError, JobRequest};
+use crate::dispatch::{Coordinator, DispatchError, JobRequest, StageJob};
 
 /// One stage of a decided pipeline call.
 #[derive(Clone, Debug)]
@@ -142,8 +142,13 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 stage_inputs.insert(name.clone(), t.clone());
             }
             let started = Instant::now();
+            let label = StageLabel {
+                pipeline: id,
+                stage: k as u32 + 1,
+                stages: manifest.stages.len() as u32,
+            };
             let out = self
-                .run_pulling(
+                .run_stage(
                     JobRequest {
                         task,
                         weights,
@@ -151,7 +156,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
                         tier,
                         seed,
                     },
-                    std::mem::take(&mut pulls),
+                    StageJob {
+                        pulls: std::mem::take(&mut pulls),
+                        label: Some(label),
+                    },
                 )
                 .await
                 .map_err(|e| match e {

@@ -111,6 +111,8 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     latency: Mutex<BTreeMap<&'static str, Histogram>>,
     jobs: Mutex<BTreeMap<&'static str, u64>>,
+    /// Pipeline stage jobs by stage number (1-based).
+    stage_jobs: Mutex<BTreeMap<u32, u64>>,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
 }
@@ -136,6 +138,13 @@ impl Metrics {
     pub fn job(&self, outcome: &'static str) {
         if let Ok(mut j) = self.jobs.lock() {
             *j.entry(outcome).or_default() += 1;
+        }
+    }
+
+    /// Count a job that is stage `stage` of a pipeline.
+    pub fn stage_job(&self, stage: u32) {
+        if let Ok(mut j) = self.stage_jobs.lock() {
+            *j.entry(stage).or_default() += 1;
         }
     }
 
@@ -187,6 +196,14 @@ impl Metrics {
         if let Ok(j) = self.jobs.lock() {
             for (outcome, n) in j.iter() {
                 let _ = writeln!(out, "tenet_jobs_total{{outcome=\"{outcome}\"}} {n}");
+            }
+        }
+        out.push_str(
+            "# HELP tenet_stage_jobs_total Pipeline stage jobs run, by stage.\n# TYPE tenet_stage_jobs_total counter\n",
+        );
+        if let Ok(j) = self.stage_jobs.lock() {
+            for (stage, n) in j.iter() {
+                let _ = writeln!(out, "tenet_stage_jobs_total{{stage=\"{stage}\"}} {n}");
             }
         }
         let counters = [

@@ -449,11 +449,13 @@ impl Node {
                 },
             );
         }
-        self.job_event(
-            &spec.job_id,
-            "accepted",
-            serde_json::json!({"task": spec.task}),
-        );
+        let mut fields = serde_json::json!({"task": spec.task});
+        if let Some(l) = &req.stage {
+            self.metrics.stage_job(l.stage);
+            fields["pipeline"] = serde_json::json!(l.pipeline);
+            fields["stage"] = serde_json::json!(format!("{}/{}", l.stage, l.stages));
+        }
+        self.job_event(&spec.job_id, "accepted", fields);
         let limit = Duration::from_millis(
             req.timeout_ms
                 .unwrap_or(self.config.job_timeout_ms)

@@ -38,6 +38,7 @@ fn job(id: &str, weights: Hash, ids: &[u32], params: &GenerationParams, seed: u6
         timeout_ms: Some(600_000),
         blobs,
         pulls: Default::default(),
+        stage: None,
     }
 }
 

@@ -84,6 +84,18 @@ pub struct RunJob {
     /// stage before that agreed on them) when the node does not have them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pulls: BTreeMap<Hash, PullFrom>,
+    /// The pipeline stage this job is, for the node's event log and metrics (not part of the
+    /// job: a commitment does not bind it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<StageLabel>,
+}
+
+/// Which stage of which pipeline a job runs (1-based `stage` of `stages`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StageLabel {
+    pub pipeline: Hash,
+    pub stage: u32,
+    pub stages: u32,
 }
 
 /// Where to fetch one input: the peers to try, in order, and the coordinator's grant that

@@ -64,6 +64,7 @@ fn seeds() -> Vec<Vec<u8>> {
         timeout_ms: Some(5),
         blobs: [(tensor::hash(&t), tenet_proto::to_hex(&tensor::encode(&t)))].into(),
         pulls: Default::default(),
+        stage: None,
     };
     let batch = Batch {
         ops: vec![
