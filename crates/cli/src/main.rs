@@ -495,7 +495,8 @@ enum Command {
     },
     /// Show a graph's id, inputs, outputs, weights, op histogram and cost certificate.
     Inspect {
-        /// The graph: text form (.tg) or binary (.tnt).
+        /// The graph: text form (.tg) or binary (.tnt); or a split's folder (`tenet split`),
+        /// checked file by file against its manifest.
         file: PathBuf,
         /// Print the graph's canonical text form instead of a summary.
         #[arg(long, conflicts_with = "json")]
@@ -870,6 +871,15 @@ fn run(cli: Cli) -> Result<()> {
             json,
             weights,
         } => {
+            if tenet_pipeline::is_split_dir(&file) {
+                if as_text {
+                    bail!(
+                        "{} is a split's folder, one graph per stage: inspect a stage's graph (stage-K.tnt) with --text",
+                        file.display()
+                    );
+                }
+                return split_cmd::inspect(&file, json);
+            }
             let graph = load_graph(&file)?;
             let bound = bind(&graph, &weights)?;
             let out = if as_text {

@@ -80,6 +80,22 @@ pub fn split(o: &SplitArgs) -> Result<()> {
         manifest.stages.len(),
         o.output.display()
     );
+    print_stages(&manifest);
+    let inputs: Vec<String> = manifest
+        .inputs
+        .iter()
+        .map(|p| format!("-i {}=...", p.name))
+        .collect();
+    println!(
+        "run it: tenet run {} {}",
+        o.output.display(),
+        inputs.join(" ")
+    );
+    Ok(())
+}
+
+/// The stages of a split as a table: id, peak, weights, nodes, and what crosses to the next.
+pub fn print_stages(manifest: &tenet_pipeline::Manifest) {
     println!(
         "{:<6} {:<14} {:>11} {:>11} {:>12}  boundary to the next stage",
         "stage", "id", "peak", "weights", "nodes"
@@ -108,15 +124,35 @@ pub fn split(o: &SplitArgs) -> Result<()> {
             }
         );
     }
-    let inputs: Vec<String> = manifest
-        .inputs
-        .iter()
-        .map(|p| format!("-i {}=...", p.name))
-        .collect();
+}
+
+/// `tenet inspect DIR`: a split's folder, loaded and checked file by file.
+pub fn inspect(dir: &std::path::Path, json: bool) -> Result<()> {
+    let model = tenet_pipeline::load(dir)
+        .with_context(|| format!("loading the split in {}", dir.display()))?;
+    let m = &model.manifest;
+    if json {
+        println!("{}", m.to_json());
+        return Ok(());
+    }
+    let io = |ports: &[tenet_pipeline::Port]| {
+        ports
+            .iter()
+            .map(|p| {
+                let dims: Vec<String> = p.shape.iter().map(u64::to_string).collect();
+                format!("{} {}[{}]", p.name, p.dtype, dims.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!(
-        "run it: tenet run {} {}",
-        o.output.display(),
-        inputs.join(" ")
+        "split of graph {} in {} stages ({}): every stage graph and weights file matches the manifest, and the stages chain",
+        &m.whole[..12],
+        m.stages.len(),
+        dir.display()
     );
+    println!("inputs:  {}", io(&m.inputs));
+    println!("outputs: {}", io(&m.outputs));
+    print_stages(m);
     Ok(())
 }

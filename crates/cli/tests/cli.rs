@@ -994,6 +994,8 @@ fn split_then_run_the_folder_like_the_whole_graph() {
         "--reference",
     ]));
     assert_eq!(reference, whole);
+    let inspected = stdout(&tenet(&["inspect", dir.to_str().unwrap()]));
+    assert!(inspected.contains("the stages chain"), "{inspected}");
     // Mistakes a user makes say what to do.
     let e = stderr_of_failure(&[
         "run",
