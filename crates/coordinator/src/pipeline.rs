@@ -58,6 +58,17 @@ impl<L: Ledger + 'static> Coordinator<L> {
     ) -> Result<(Hash, Manifest), DispatchError> {
         let manifest = Manifest::parse(manifest_bytes)
             .map_err(|e| DispatchError::BadRequest(format!("manifest: {e}")))?;
+        self.check_stages(&manifest)?;
+        let id = self
+            .store
+            .put_bytes(manifest_bytes)
+            .map_err(|e| DispatchError::Internal(e.to_string()))?;
+        Ok((id, manifest))
+    }
+
+    /// Each stage's task is deployed here and is exactly what the manifest lists: its id,
+    /// inputs, outputs, certificate and weights file.
+    fn check_stages(&self, manifest: &Manifest) -> Result<(), DispatchError> {
         for (k, s) in manifest.stages.iter().enumerate() {
             let task = Hash::parse(&s.graph)
                 .map_err(|e| DispatchError::BadRequest(format!("stage {k}: {e}")))?;
@@ -94,22 +105,22 @@ impl<L: Ledger + 'static> Coordinator<L> {
             }
             self.check_deployable(graph.cost())?;
         }
-        let id = self
-            .store
-            .put_bytes(manifest_bytes)
-            .map_err(|e| DispatchError::Internal(e.to_string()))?;
-        Ok((id, manifest))
+        Ok(())
     }
 
-    /// A deployed pipeline's manifest.
+    /// A deployed pipeline's manifest, its stages checked again against their tasks (a
+    /// manifest uploaded as a plain blob is not a pipeline until it passes them).
     pub fn pipeline(&self, id: &Hash) -> Result<Manifest, DispatchError> {
         let bytes = self.store.get(id).map_err(|_| {
             DispatchError::NotFound(format!(
                 "no pipeline {id}: deploy it with POST /v1/pipelines"
             ))
         })?;
-        Manifest::parse(&bytes)
-            .map_err(|e| DispatchError::NotFound(format!("{} is not a pipeline: {e}", id.short())))
+        let manifest = Manifest::parse(&bytes).map_err(|e| {
+            DispatchError::NotFound(format!("{} is not a pipeline: {e}", id.short()))
+        })?;
+        self.check_stages(&manifest)?;
+        Ok(manifest)
     }
 
     /// Run a pipeline call: every stage as a verified job, in order.
