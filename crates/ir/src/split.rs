@@ -81,12 +81,24 @@ pub fn boundary_name(id: usize) -> String {
     format!("%{id}")
 }
 
-/// Sources a stage repeats rather than receives: they cost nothing to declare again.
-fn repeated(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } | Op::Iota { .. }
-    ) || matches!(op, Op::TriMask { .. })
+/// Values a stage repeats rather than receives, by node: the model's inputs (declared again),
+/// and everything computed from weights and constants alone (an imported model's reshaped
+/// norm parameters, a rotary table): each stage that reads one declares or recomputes it, so
+/// it never crosses a cut and never makes a stage of its own.
+fn repeats(graph: &Graph) -> Vec<bool> {
+    let mut fixed = Vec::with_capacity(graph.nodes().len());
+    let mut out = Vec::with_capacity(graph.nodes().len());
+    for node in graph.nodes() {
+        let operands = node.op.operands();
+        let f = match &node.op {
+            Op::Weight { .. } | Op::Constant { .. } | Op::Iota { .. } | Op::TriMask { .. } => true,
+            Op::Input { .. } | Op::Random { .. } => false,
+            _ => !operands.is_empty() && operands.iter().all(|o| fixed[o.index()]),
+        };
+        fixed.push(f);
+        out.push(f || matches!(node.op, Op::Input { .. }));
+    }
+    out
 }
 
 /// The last node (index) that reads each node, if any.
@@ -108,12 +120,11 @@ pub fn cut_points(graph: &Graph) -> Vec<usize> {
 
 fn candidates(graph: &Graph) -> Vec<usize> {
     let n = graph.nodes().len();
+    let rep = repeats(graph);
     // The first stage must compute something too: no cut up to the first computed node.
-    let first = (0..n)
-        .find(|&i| !repeated(&graph.nodes()[i].op))
-        .unwrap_or(n);
+    let first = (0..n).find(|&i| !rep[i]).unwrap_or(n);
     (first + 1..n)
-        .filter(|&i| !repeated(&graph.nodes()[i].op))
+        .filter(|&i| !rep[i])
         .chain(std::iter::once(n))
         .collect()
 }
@@ -122,10 +133,11 @@ fn candidates(graph: &Graph) -> Vec<usize> {
 /// defined before `i` and read at or after it.
 pub fn crossing_bytes(graph: &Graph) -> Vec<u64> {
     let n = graph.nodes().len();
+    let rep = repeats(graph);
     let mut diff = vec![0i128; n + 2];
     for (v, last) in last_uses(graph).into_iter().enumerate() {
         let node = &graph.nodes()[v];
-        if let (Some(u), false) = (last, repeated(&node.op)) {
+        if let (Some(u), false) = (last, rep[v]) {
             let b = node.ty.bytes().unwrap_or(u64::MAX) as i128;
             diff[v + 1] += b;
             diff[u + 1] -= b;
@@ -142,8 +154,9 @@ pub fn crossing_bytes(graph: &Graph) -> Vec<u64> {
 
 /// The computed values crossing a cut before `i`, in node order.
 fn crossing(graph: &Graph, last: &[Option<usize>], i: usize) -> Vec<usize> {
+    let rep = repeats(graph);
     (0..i.min(graph.nodes().len()))
-        .filter(|&v| !repeated(&graph.nodes()[v].op) && last[v].is_some_and(|u| u >= i))
+        .filter(|&v| !rep[v] && last[v].is_some_and(|u| u >= i))
         .collect()
 }
 
@@ -212,35 +225,53 @@ fn build_stage(
             ty: whole[v].ty.clone(),
         });
     }
-    // A source used here is declared at its first use, in node order.
-    fn bring(
-        whole: &[Node],
-        v: usize,
-        nodes: &mut Vec<Node>,
-        map: &mut HashMap<usize, NodeId>,
-        inputs: &mut Vec<String>,
-    ) -> NodeId {
+    let rep = repeats(graph);
+    // A repeated value used here is declared (an input, a weight, a constant) or recomputed
+    // (from weights and constants alone) at its first use, its own operands first.
+    let bring = |v: usize,
+                 nodes: &mut Vec<Node>,
+                 map: &mut HashMap<usize, NodeId>,
+                 inputs: &mut Vec<String>|
+     -> NodeId {
         if let Some(&id) = map.get(&v) {
             return id;
         }
-        let id = NodeId(nodes.len() as u32);
-        if let Op::Input { name } = &whole[v].op {
-            inputs.push(name.clone());
+        // Every node this one needs that is not declared yet, in node order.
+        let mut need = vec![v];
+        let mut stack = vec![v];
+        while let Some(u) = stack.pop() {
+            for o in whole[u].op.operands() {
+                let o = o.index();
+                if !map.contains_key(&o) && !need.contains(&o) {
+                    need.push(o);
+                    stack.push(o);
+                }
+            }
         }
-        nodes.push(whole[v].clone());
-        map.insert(v, id);
-        id
-    }
+        need.sort_unstable();
+        for u in need {
+            if let Op::Input { name } = &whole[u].op {
+                inputs.push(name.clone());
+            }
+            let op = whole[u].op.map_operands(|o| map[&o.index()]);
+            map.insert(u, NodeId(nodes.len() as u32));
+            nodes.push(Node {
+                op,
+                ty: whole[u].ty.clone(),
+            });
+        }
+        map[&v]
+    };
     for i in range.clone() {
         let node = &whole[i];
-        if repeated(&node.op) {
+        if rep[i] {
             continue;
         }
         for o in node.op.operands() {
             let o = o.index();
             if !map.contains_key(&o) {
-                // Not computed here and not crossing: a source (planning guarantees it).
-                bring(whole, o, &mut nodes, &mut map, &mut inputs);
+                // Not computed here and not crossing: repeated (planning guarantees it).
+                bring(o, &mut nodes, &mut map, &mut inputs);
             }
         }
         let op = node.op.map_operands(|o| map[&o.index()]);
@@ -254,10 +285,10 @@ fn build_stage(
     let mut produced = Vec::new();
     for o in graph.outputs() {
         let v = o.node.index();
-        let here = range.contains(&v) && !repeated(&whole[v].op);
-        let source_at_end = last_stage && repeated(&whole[v].op);
+        let here = range.contains(&v) && !rep[v];
+        let source_at_end = last_stage && rep[v];
         if here || source_at_end {
-            let id = bring(whole, v, &mut nodes, &mut map, &mut inputs);
+            let id = bring(v, &mut nodes, &mut map, &mut inputs);
             outputs.push(Output {
                 name: o.name.clone(),
                 node: id,
@@ -314,9 +345,8 @@ fn cuts_for_memory(
         let first = cands.partition_point(|&c| c <= a);
         let after = &cands[first..];
         if stage_peak(graph, last, a, after[0])? > limit {
-            let node = (a..after[0])
-                .find(|&i| !repeated(&graph.nodes()[i].op))
-                .unwrap_or(a);
+            let rep = repeats(graph);
+            let node = (a..after[0]).find(|&i| !rep[i]).unwrap_or(a);
             return Err(SplitError::TooBig {
                 node: NodeId(node as u32),
                 op: graph.nodes()[node].op.name(),
