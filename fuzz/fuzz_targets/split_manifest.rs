@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tenet_pipeline::Manifest;
+use tenet_proto::manifest::Manifest;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(m) = Manifest::parse(data) {

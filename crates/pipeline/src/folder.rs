@@ -12,7 +12,7 @@ use tenet_ir::{Graph, Node, Op, WeightsId};
 use tenet_models::{WeightSet, WeightsFile, check_bindings, write_atomically, write_safetensors};
 
 use crate::PipelineError;
-use crate::manifest::{FORMAT, MAX_MANIFEST_BYTES, Manifest, Port, StageEntry, WeightsEntry};
+use tenet_proto::manifest::{FORMAT, MAX_MANIFEST_BYTES, Manifest, Port, StageEntry, WeightsEntry};
 
 /// The manifest's file name in a split's folder.
 pub const MANIFEST: &str = "manifest.json";

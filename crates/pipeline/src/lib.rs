@@ -10,8 +10,10 @@
 //! same outputs, bit for bit, as the whole graph ([`run`]).
 
 pub mod folder;
-pub mod manifest;
 pub mod run;
+
+/// The manifest is a wire format too (a pipeline's deploy body): it lives in `tenet-proto`.
+pub use tenet_proto::manifest;
 
 pub use folder::{SplitModel, StageFiles, is_split_dir, load, write_split};
 pub use manifest::{Manifest, ManifestError, Port, StageEntry, WeightsEntry};

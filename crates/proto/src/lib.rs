@@ -11,6 +11,7 @@ pub mod commit;
 pub mod error;
 pub mod grant;
 mod hash;
+pub mod manifest;
 mod nonces;
 pub mod pipeline_receipt;
 pub mod receipt;

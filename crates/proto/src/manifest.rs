@@ -3,7 +3,8 @@
 //! handles, and the boundary tensors it reads from the stage before and writes for the stage
 //! after.
 //!
-//! A manifest may come from a stranger (a pipeline task deployed to a coordinator), so reading
+//! It is a file (a split's folder, `tenet-pipeline`) and a wire format (the body of a
+//! pipeline's deploy, `POST /v1/pipelines`). A manifest may come from a stranger, so reading
 //! one is bounded ([`MAX_MANIFEST_BYTES`], [`MAX_STAGES`]) and [`Manifest::check`] refuses
 //! any that does not chain: stage k must read exactly the boundary tensors (names and types)
 //! stage k−1 writes, the first reads none and the last writes none, every output of the whole
