@@ -99,6 +99,24 @@ pub(crate) struct Cx<'s> {
     /// Known values already in the builder, by address; each entry holds its tensor alive so
     /// that the address cannot be reused by another value.
     materialized: HashMap<*const HostTensor, (Rc<HostTensor>, Tensor)>,
+    /// How many nodes and graph outputs read each value, by name (the main graph's).
+    pub readers: HashMap<String, usize>,
+    /// 2-D convolutions with known weights whose output only one node reads, by output name:
+    /// a BatchNormalization reading one rebuilds it with the normalisation folded into its
+    /// weights and bias (the original is then read by nothing and dropped).
+    pub convs: HashMap<String, ConvFold>,
+}
+
+/// What rebuilding a convolution takes.
+#[derive(Clone)]
+pub(crate) struct ConvFold {
+    pub x: Tensor,
+    pub w: Rc<HostTensor>,
+    pub b: Option<Rc<HostTensor>>,
+    pub strides: [u32; 2],
+    pub pads: [u32; 4],
+    pub dilations: [u32; 2],
+    pub groups: u32,
 }
 
 impl<'s> Cx<'s> {
@@ -107,6 +125,8 @@ impl<'s> Cx<'s> {
             g: GraphBuilder::new(),
             sink: Some(sink),
             materialized: HashMap::new(),
+            readers: HashMap::new(),
+            convs: HashMap::new(),
         }
     }
 
@@ -119,6 +139,8 @@ impl<'s> Cx<'s> {
             }),
             sink: None,
             materialized: HashMap::new(),
+            readers: HashMap::new(),
+            convs: HashMap::new(),
         }
     }
 

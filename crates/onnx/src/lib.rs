@@ -263,6 +263,14 @@ impl<'m> Importer<'m> {
         }
         let mut sink = WeightSink::default();
         let mut cx = Cx::main(&mut sink);
+        for name in graph
+            .node
+            .iter()
+            .flat_map(|n| &n.input)
+            .chain(graph.output.iter().filter_map(|o| o.name.as_ref()))
+        {
+            *cx.readers.entry(name.clone()).or_default() += 1;
+        }
         for input in &graph.input {
             let name = input.name.clone().unwrap_or_default();
             if values.contains_key(&name) {

@@ -6,7 +6,7 @@
 use tenet_ir::{DType, GraphBuilder, PoolKind, Tensor, Window2d};
 
 use super::{axis, one, product, scalar, signed};
-use crate::convert::{Cx, NodeIn, Value};
+use crate::convert::{ConvFold, Cx, NodeIn, Value};
 
 pub(crate) fn matmul(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     let a = n.t(cx, 0)?;
@@ -197,14 +197,37 @@ pub(crate) fn conv(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> {
     } else {
         (x.clone(), w, win)
     };
-    let y = x2.conv2d(
-        &w2,
-        bias.as_ref(),
+    let (strides, pads, dilations) = (
         u32s(&win.strides)?,
         u32s(&[win.begin[0], win.begin[1], win.end[0], win.end[1]])?,
         u32s(&win.dilations)?,
-        groups,
     );
+    let y = x2.conv2d(&w2, bias.as_ref(), strides, pads, dilations, groups);
+    // A convolution a BatchNormalization alone reads may be rebuilt with it folded in.
+    let known = |i: usize| match n.inputs.get(i) {
+        Some(Some(Value::Known(k))) => Some(k.t.clone()),
+        _ => None,
+    };
+    let out = n.out_name(0).to_string();
+    if r == 2
+        && cx.readers.get(&out) == Some(&1)
+        && x.dtype() == tenet_ir::DType::F32
+        && let Some(w) = known(1)
+        && (n.inputs.get(2).is_none_or(Option::is_none) || known(2).is_some())
+    {
+        cx.convs.insert(
+            out,
+            ConvFold {
+                x: x2.clone(),
+                w,
+                b: known(2),
+                strides,
+                pads,
+                dilations,
+                groups,
+            },
+        );
+    }
     let y = if r == 1 {
         let s = cx.dims(&y)?;
         y.reshape(&[s[0] as i64, s[1] as i64, s[3] as i64])
@@ -587,11 +610,44 @@ pub(crate) fn batch_norm(cx: &mut Cx, n: &NodeIn) -> Result<Vec<Value>, String> 
         let name = n.out_name(0).to_string();
         let a = cx.eval_known(&format!("{name}.scale"), &known, |g, ts| ab(g, ts).0)?;
         let b = cx.eval_known(&format!("{name}.shift"), &known, |g, ts| ab(g, ts).1)?;
-        (cx.tensor(&a), cx.tensor(&b))
+        (a, b)
     } else {
         let ts: Vec<Tensor> = params.iter().map(|p| cx.tensor(p)).collect();
-        ab(&cx.g, &ts)
+        let (a, b) = ab(&cx.g, &ts);
+        (Value::Sym(a), Value::Sym(b))
     };
+    let (a_value, b_value) = (a.clone(), b.clone());
+    let (a, b) = (cx.tensor(&a), cx.tensor(&b));
+    // After a convolution only it reads: the convolution again, its weights scaled by `a`
+    // per output channel and its bias `bias·a + b` (as onnxruntime folds them), instead of a
+    // pass over the result.
+    let input = n.proto.input.first().cloned().unwrap_or_default();
+    if let (Some(c), Value::Known(ka), Value::Known(kb)) = (
+        cx.convs.get(&input).cloned(),
+        a_value.clone(),
+        b_value.clone(),
+    ) {
+        let o = c.w.shape()[0] as i64;
+        let name = n.out_name(0).to_string();
+        let w = cx.eval_known(&format!("{name}.folded_weight"), &[&c.w, &ka.t], |_, ts| {
+            &ts[0] * &ts[1].reshape(&[o, 1, 1, 1])
+        });
+        let bias = match &c.b {
+            Some(cb) => cx.eval_known(
+                &format!("{name}.folded_bias"),
+                &[cb, &ka.t, &kb.t],
+                |_, ts| &(&ts[0] * &ts[1]) + &ts[2],
+            ),
+            None => Ok(b_value.clone()),
+        };
+        // Beyond the import's folding budget: the normalisation as a pass of its own.
+        if let (Ok(w), Ok(bias)) = (w, bias) {
+            let (w, bias) = (cx.tensor(&w), cx.tensor(&bias));
+            return one(c
+                .x
+                .conv2d(&w, Some(&bias), c.strides, c.pads, c.dilations, c.groups));
+        }
+    }
     let rank = x.rank();
     one(&(&x * &per_channel(&a, rank)) + &per_channel(&b, rank))
 }
