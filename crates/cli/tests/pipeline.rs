@@ -4,7 +4,8 @@
 //! certificate (the whole task is refused: no node could run it) and above each stage's; one
 //! node lies. The call's outputs are the local run's, bit for bit; the liar is caught and
 //! slashed in every stage; the pipeline receipt verifies offline, and one whose boundary hash
-//! was changed does not. Needs MiniLM in the cache (`.ci/run` fetches it).
+//! was changed does not. SmolLM2's prompt pass likewise over nodes of 300 MiB. Needs the models
+//! in the cache (`.ci/run` fetches them).
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -18,8 +19,8 @@ fn ok(o: Output) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-fn tmp() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tenet-pipeline-{}", std::process::id()));
+fn tmp(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tenet-pipeline-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -32,7 +33,7 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
         return;
     };
     let weights = tenet_models::fetch::find_file(&minilm, "model.safetensors").unwrap();
-    let dir = tmp();
+    let dir = tmp("minilm");
     let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
     ok(tenet()
         .args(["export", "minilm", "-o", &d("minilm.tnt"), "--seq", "8"])
@@ -329,5 +330,123 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     assert!(body.contains("not deployed"), "{body}");
     let (status, body) = post(good.to_string());
     assert_eq!(status, 200, "{body}");
+    drop(nodes);
+}
+
+/// SmolLM2's prompt pass (the f32 weights, 514 MiB by its certificate) over three nodes that
+/// each take 300 MiB: split in three, deployed as one pipeline, its logits and KV rows are the
+/// whole graph's local run, byte for byte. Needs SmolLM2 in the cache.
+#[test]
+fn smollm2_prompt_split_over_nodes_smaller_than_the_model() {
+    let Ok(dir) = tenet_models::fetch::cached(&tenet_models::fetch::SMOLLM2) else {
+        eprintln!("SKIPPED: SmolLM2 is not in the cache (tenet models fetch smollm2)");
+        return;
+    };
+    let gguf = tenet_models::fetch::find_file(&dir, tenet_models::smollm2::GGUF_FILE).unwrap();
+    let gguf = gguf.to_str().unwrap();
+    let root = tmp("smollm2");
+    let d = |p: &str| root.join(p).to_str().unwrap().to_string();
+    ok(tenet()
+        .args([
+            "export",
+            "smollm2-prefill",
+            "-o",
+            &d("sm.tnt"),
+            "--seq",
+            "6",
+        ])
+        .output()
+        .unwrap());
+    let split: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args(["split", &d("sm.tnt"), "--stages", "3", "-o", &d("split")])
+        .args(["--weights", gguf, "--json"])
+        .output()
+        .unwrap()))
+    .unwrap();
+    let whole = tenet_ir::decode_any(&std::fs::read(d("sm.tnt")).unwrap())
+        .unwrap()
+        .cost()
+        .peak_bytes;
+    let limit: u64 = 300 << 20;
+    for s in split["stages"].as_array().unwrap() {
+        assert!(s["peak_bytes"].as_u64().unwrap() < limit, "{s}");
+    }
+    assert!(
+        whole > limit,
+        "the whole model ({whole} bytes) must not fit one node"
+    );
+    let (_coord, line) = spawn([
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d("coord"),
+        "--api-key",
+        "secret",
+        "--admin-key",
+        "admin",
+        "--replicas",
+        "2",
+    ]);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (ckey, curl) = (words[2].to_string(), words.last().unwrap().to_string());
+    let limit_arg = limit.to_string();
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let (p, url) = common::spawn_node(
+            &d(&format!("node{i}")),
+            &ckey,
+            &["--memory-limit", &limit_arg],
+        );
+        ok(tenet()
+            .args(["register", &url, "--stake", "1000", "--coordinator", &curl])
+            .args(["--admin-key", "admin"])
+            .output()
+            .unwrap());
+        nodes.push(p);
+    }
+    let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
+    let deployed: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args(["deploy", &d("split"), "--json"])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(
+        deployed["nodes_able"],
+        serde_json::json!([2, 2, 2]),
+        "{deployed}"
+    );
+    // "The capital of France is" in SmolLM2's vocabulary.
+    std::fs::write(d("ids.json"), "[504, 3575, 282, 4649, 314, 253]").unwrap();
+    let input = format!("ids={}", d("ids.json"));
+    let out = ok(tenet()
+        .args(["call", deployed["id"].as_str().unwrap(), "-i", &input])
+        .args(["-o", &d("y.safetensors"), "--receipt", &d("receipt.json")])
+        .args(remote)
+        .output()
+        .unwrap());
+    assert!(out.contains("verified in 3 stage(s)"), "{out}");
+    ok(tenet()
+        .args(["run", &d("sm.tnt"), "--weights", gguf, "-i", &input])
+        .args(["-o", &d("local.safetensors")])
+        .output()
+        .unwrap());
+    assert_eq!(
+        std::fs::read(d("y.safetensors")).unwrap(),
+        std::fs::read(d("local.safetensors")).unwrap(),
+        "the pipeline's outputs and the whole graph's differ"
+    );
+    let verified = ok(tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &ckey,
+        ])
+        .output()
+        .unwrap());
+    assert!(verified.contains("3 stage(s) chained"), "{verified}");
     drop(nodes);
 }
