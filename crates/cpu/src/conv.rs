@@ -26,7 +26,7 @@
 
 use tenet_ir::{DType, HostTensor, Op, TensorType, Window2d};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::gemm::{Strided, sgemm, sgemm_packing_b};
+use tenet_kernels::gemm::{OffsetPanel, Strided, sgemm, sgemm_offsets, sgemm_packing_b};
 use tenet_kernels::vmath::{DepthwisePlane, depthwise_plane};
 use tenet_reference::math::canonical;
 
@@ -426,20 +426,42 @@ fn block_product(
                 }
             }
         } else {
-            sgemm_packing_b(
-                level,
-                threads,
-                d.og,
-                n,
-                c.k,
-                Strided::row_major(a, c.k),
-                &pack,
-                poll,
-                &mut out,
-                n,
-                None,
-            )
-            .map_err(|e| e.to_string())?;
+            // Every tap in bounds, columns at stride 1: each output row's positions read the
+            // input in place through one table of tap offsets, no packing.
+            let in_place = c.k == k_full
+                && sw == 1
+                && contiguous
+                && c.ows.len() >= 16
+                && sgemm_offsets(
+                    level,
+                    threads,
+                    d.og,
+                    c.k,
+                    Strided::row_major(a, c.k),
+                    image,
+                    &tap_offsets(d, win),
+                    &row_panels(d, win, c.ohs, c.ows),
+                    &mut out,
+                    n,
+                    poll,
+                )
+                .map_err(|e| e.to_string())?;
+            if !in_place {
+                sgemm_packing_b(
+                    level,
+                    threads,
+                    d.og,
+                    n,
+                    c.k,
+                    Strided::row_major(a, c.k),
+                    &pack,
+                    poll,
+                    &mut out,
+                    n,
+                    None,
+                )
+                .map_err(|e| e.to_string())?;
+            }
             if poll() {
                 return Ok(()); // stopped part way: the run gives up
             }
@@ -464,6 +486,62 @@ fn block_product(
         }
     }
     Ok(())
+}
+
+/// For each tap (channel, kernel row, kernel column) in the chain's order, how far the input
+/// element under it lies from the element under tap (0, 0, 0): `B(p, j)` of an output row's
+/// run is the input at the run's start plus this.
+fn tap_offsets(d: &Dims, win: &Window2d) -> Vec<usize> {
+    let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
+    let mut out = Vec::with_capacity(d.cg * d.kh * d.kw);
+    for ch in 0..d.cg {
+        for i in 0..d.kh {
+            for j in 0..d.kw {
+                out.push(ch * d.h * d.w + i * dh * d.w + j * dw);
+            }
+        }
+    }
+    out
+}
+
+/// The interior class's positions as panels read in place, one group per output row: 48
+/// columns at a time, then 16 at a time, the last panel of a row ending at the row's end
+/// (overlapping the one before it: the same values written twice by the same thread).
+fn row_panels(d: &Dims, win: &Window2d, ohs: &[usize], ows: &[usize]) -> Vec<Vec<OffsetPanel>> {
+    let (sh, pt, pl) = (
+        win.stride[0] as usize,
+        win.padding[0] as usize,
+        win.padding[1] as usize,
+    );
+    let nw = ows.len();
+    ohs.iter()
+        .enumerate()
+        .map(|(r, &oh)| {
+            // The input element under tap (0, 0) of the row's first position (every tap of
+            // the interior is in bounds, so it is inside the plane).
+            let first = (oh * sh - pt) * d.w + ows[0] - pl;
+            let mut panels = Vec::new();
+            let mut col = 0;
+            while col + 48 <= nw {
+                panels.push(OffsetPanel {
+                    start: first + col,
+                    c_col: r * nw + col,
+                    width: 48,
+                });
+                col += 48;
+            }
+            while col < nw {
+                let at = col.min(nw - 16);
+                panels.push(OffsetPanel {
+                    start: first + at,
+                    c_col: r * nw + at,
+                    width: 16,
+                });
+                col += 16;
+            }
+            panels
+        })
+        .collect()
 }
 
 /// `to.copy_from_slice(from)` for the short runs of a packed panel: whole panels of the

@@ -15,6 +15,9 @@ use crate::simd::canonical;
 
 #[cfg(target_arch = "x86_64")]
 mod few_rows_avx2;
+mod offsets;
+
+pub use offsets::{OffsetPanel, sgemm_offsets};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GemmError {

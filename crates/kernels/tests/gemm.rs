@@ -300,3 +300,110 @@ fn epilogues_see_every_finished_row_once() {
         }
     }
 }
+
+/// Products reading B in place through a table of offsets (a convolution's taps): the same
+/// bits as the product over B gathered out, for 48- and 16-column panels (overlapping ones
+/// too), rows not a multiple of the tile's, and depths past one k-block.
+#[test]
+fn offsets_products_keep_the_bits() {
+    use tenet_kernels::gemm::{OffsetPanel, sgemm_offsets};
+    for (case, &(m, k, width)) in [(24, 27, 70), (13, 1100, 64), (5, 300, 33), (8, 9, 16)]
+        .iter()
+        .enumerate()
+    {
+        let mut rng = Rng(case as u64 + 7);
+        let x: Vec<f32> = finite_tensor(&mut rng, 1, width * (k + 2)).to_f32_vec();
+        let a = finite_tensor(&mut rng, m, k).to_f32_vec();
+        // Tap p reads `width`-wide rows of x, at a stride that makes taps overlap.
+        let offsets: Vec<usize> = (0..k).map(|p| p * width / 2 + p % 3).collect();
+        let mut panels = Vec::new();
+        let mut col = 0;
+        while col + 48 <= width {
+            panels.push(OffsetPanel {
+                start: col,
+                c_col: col,
+                width: 48,
+            });
+            col += 48;
+        }
+        while col < width {
+            let at = col.min(width - 16);
+            panels.push(OffsetPanel {
+                start: at,
+                c_col: at,
+                width: 16,
+            });
+            col += 16;
+        }
+        // The gathered B, and the ordinary product over it.
+        let mut b = vec![0.0f32; k * width];
+        for p in 0..k {
+            b[p * width..(p + 1) * width].copy_from_slice(&x[offsets[p]..offsets[p] + width]);
+        }
+        let mut want = vec![0.0f32; m * width];
+        sgemm(
+            SimdLevel::Portable,
+            1,
+            m,
+            width,
+            k,
+            Strided::row_major(&a, k),
+            Strided::row_major(&b, width),
+            &mut want,
+            width,
+        )
+        .unwrap();
+        for level in levels() {
+            for threads in [1, 2] {
+                let mut c = vec![f32::NAN; m * width];
+                let done = sgemm_offsets(
+                    level,
+                    threads,
+                    m,
+                    k,
+                    Strided::row_major(&a, k),
+                    &x,
+                    &offsets,
+                    std::slice::from_ref(&panels),
+                    &mut c,
+                    width,
+                    &|| false,
+                )
+                .unwrap();
+                assert_eq!(done, level == SimdLevel::Avx512, "{level:?}");
+                if done {
+                    let same = c.iter().zip(&want).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(
+                        same,
+                        "{level:?} threads={threads} m={m} k={k} width={width}"
+                    );
+                }
+            }
+        }
+        // A panel reaching past x is refused before anything runs.
+        let too_far = [OffsetPanel {
+            start: x.len(),
+            c_col: 0,
+            width: 16,
+        }];
+        let mut c = vec![0.0f32; m * width];
+        if SimdLevel::Avx512.supported() {
+            assert!(
+                sgemm_offsets(
+                    SimdLevel::Avx512,
+                    1,
+                    m,
+                    k,
+                    Strided::row_major(&a, k),
+                    &x,
+                    &offsets,
+                    &[too_far.to_vec()],
+                    &mut c,
+                    width,
+                    &|| false,
+                )
+                .is_err()
+            );
+        }
+    }
+}

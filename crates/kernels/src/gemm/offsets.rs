@@ -1,0 +1,234 @@
+//! Products whose B is read in place through a table of offsets, with no packing: in a panel
+//! of `width` consecutive columns from `start`, `B(p, j) = x[start + offsets[p] + j]` — a
+//! stride-1 convolution's input under tap `p` for a run of output positions in one output row.
+//! Packing that panel first (as [`super::sgemm_packing_b`] does) writes and reads every
+//! element once more; with few output channels the packing was a third of the work. The same
+//! fma chains as every other path, so the same bits. AVX-512 only: elsewhere the caller packs.
+
+use super::{GemmError, SimdLevel, Stop, Strided, check, span};
+
+/// `width` (16 or 48) consecutive columns of C from `c_col`, whose `B(p, j)` is
+/// `x[start + offsets[p] + j]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffsetPanel {
+    pub start: usize,
+    pub c_col: usize,
+    pub width: usize,
+}
+
+/// `C[m × ·] = A[m × k] · B` over the panels of `groups`; panels of one group may overlap
+/// (they write the same values to the same columns) and run on one thread. `Ok(false)` when
+/// the level has no such kernel (nothing was written: the caller computes it another way).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_offsets(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    k: usize,
+    a: Strided<'_>,
+    x: &[f32],
+    offsets: &[usize],
+    groups: &[Vec<OffsetPanel>],
+    c: &mut [f32],
+    c_rs: usize,
+    stop: Stop<'_>,
+) -> Result<bool, GemmError> {
+    if level != SimdLevel::Avx512 || !level.supported() {
+        return Ok(false);
+    }
+    if m == 0 || groups.iter().all(Vec::is_empty) {
+        return Ok(true);
+    }
+    check("A", span(m, k, a.rs, a.cs), a.data.len())?;
+    if offsets.len() != k {
+        return Err(GemmError::OutOfBounds {
+            operand: "offsets",
+            needed: k,
+            len: offsets.len(),
+        });
+    }
+    let reach = offsets.iter().copied().max().unwrap_or(0);
+    for p in groups.iter().flatten() {
+        if p.width != 16 && p.width != 48 {
+            return Err(GemmError::OutOfBounds {
+                operand: "panel width (16 or 48)",
+                needed: 48,
+                len: p.width,
+            });
+        }
+        let needed = p
+            .start
+            .checked_add(reach)
+            .and_then(|v| v.checked_add(p.width));
+        check("B", needed, x.len())?;
+        if p.c_col + p.width > c_rs {
+            return Err(GemmError::OverlappingRows {
+                rs: c_rs,
+                n: p.c_col + p.width,
+            });
+        }
+    }
+    check("C", span(m, c_rs, c_rs, 1), c.len())?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        run(threads, m, k, a, x, offsets, groups, c, c_rs, stop);
+        Ok(true)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, stop);
+        Ok(false)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn run(
+    threads: usize,
+    m: usize,
+    k: usize,
+    a: Strided<'_>,
+    x: &[f32],
+    offsets: &[usize],
+    groups: &[Vec<OffsetPanel>],
+    c: &mut [f32],
+    c_rs: usize,
+    stop: Stop<'_>,
+) {
+    const MR: usize = 8;
+    const KC: usize = 1024;
+    // A packed once, whole: panel q holds rows q·8.. of every step (`[p·8 + i]`), zero rows
+    // past m.
+    let cfg = super::Config::for_level(SimdLevel::Avx512, 48);
+    let mut ap = vec![0.0f32; m.div_ceil(MR) * MR * k];
+    super::pack_a::<MR>(&cfg, &mut ap, a, 0, m, 0, k);
+    let shared = super::SharedC::new(c);
+    let work =
+        tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(groups.len(), threads, 1));
+    let ap = &ap;
+    tenet_sys::parallel::run_parts(work.owners(), &|t| {
+        let mut tile = [0.0f32; MR * 48];
+        let mut group = |g: usize| {
+            if stop() {
+                return false;
+            }
+            for p in &groups[g] {
+                for ir in (0..m).step_by(MR) {
+                    let rows = MR.min(m - ir);
+                    let base = ir * c_rs + p.c_col;
+                    let (dst, ldc) = if rows == MR {
+                        // SAFETY: rows ir..ir+8 < m, columns c_col..c_col+width ≤ c_rs (both
+                        // checked by the caller), inside C.
+                        (unsafe { shared.ptr.add(base) }, c_rs)
+                    } else {
+                        for i in 0..rows {
+                            // SAFETY: this thread alone writes this group's columns (groups do
+                            // not overlap); row ir + i < m.
+                            unsafe {
+                                shared.read(base + i * c_rs, &mut tile[i * p.width..][..p.width])
+                            };
+                        }
+                        (tile.as_mut_ptr(), p.width)
+                    };
+                    for pc in (0..k).step_by(KC) {
+                        let kc = KC.min(k - pc);
+                        let (load, last) = (pc > 0, pc + kc == k);
+                        let a_ptr = ap[(ir / MR) * MR * k + pc * MR..].as_ptr();
+                        // SAFETY: the CPU has AVX-512F (checked by the caller); the kernel reads
+                        // kc·8 values of the packed A from a_ptr (inside `ap`), for each step
+                        // width values of x from start + offsets[pc + s] (start + the largest
+                        // offset + width ≤ x.len(), checked by the caller), and reads and
+                        // writes 8 rows of width values at stride ldc from dst: inside C (the
+                        // full tile, checked above) or the scratch tile.
+                        unsafe {
+                            let xs = x.as_ptr().add(p.start);
+                            let offs = offsets.as_ptr().add(pc);
+                            if p.width == 48 {
+                                kernel::<3>(kc, a_ptr, xs, offs, dst, ldc, load, last);
+                            } else {
+                                kernel::<1>(kc, a_ptr, xs, offs, dst, ldc, load, last);
+                            }
+                        }
+                    }
+                    if rows < MR {
+                        for i in 0..rows {
+                            // SAFETY: as for the read above.
+                            unsafe {
+                                shared.write(base + i * c_rs, &tile[i * p.width..][..p.width])
+                            };
+                        }
+                    }
+                }
+            }
+            true
+        };
+        while let Some(r) = work.take_front(t, 1) {
+            if !r.into_iter().all(&mut group) {
+                return;
+            }
+        }
+        for v in (1..work.owners()).map(|d| (t + d) % work.owners()) {
+            while let Some(g) = work.steal_back(v) {
+                if !group(g) {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// The 8 × 16·NV micro-kernel with B read through offsets: step `p` loads `16·NV` values from
+/// `x + offs[p]`, broadcasts the 8 values of the packed A, and runs its fmas — the same chains
+/// as the packed kernel.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `a` holds `kc·8` values; for `p < kc`, `offs[p]` is readable and
+/// `x + offs[p]` holds `16·NV` values; `c` holds 8 rows of `16·NV` values at stride `ldc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel<const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    x: *const f32,
+    offs: *const usize,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+    last: bool,
+) {
+    use std::arch::x86_64::*;
+    const MR: usize = 8;
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    if load {
+        for (i, row) in acc.iter_mut().enumerate() {
+            for (v, r) in row.iter_mut().enumerate() {
+                // SAFETY: row i, vector v of the tile is inside `c`.
+                *r = unsafe { _mm512_loadu_ps(c.add(i * ldc + 16 * v)) };
+            }
+        }
+    }
+    for p in 0..kc {
+        // SAFETY: step p < kc: its offset and the 16·NV values there are readable.
+        let bp = unsafe { x.add(*offs.add(p)) };
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for (v, b) in bv.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *b = unsafe { _mm512_loadu_ps(bp.add(16 * v)) };
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: step p < kc, i < 8: inside the packed A.
+            let ai = _mm512_set1_ps(unsafe { *a.add(p * MR + i) });
+            for (r, &b) in row.iter_mut().zip(&bv) {
+                *r = _mm512_fmadd_ps(ai, b, *r);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (v, &r) in row.iter().enumerate() {
+            let r = if last { crate::simd::canonical16(r) } else { r };
+            // SAFETY: row i, vector v of the tile is inside `c`.
+            unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), r) };
+        }
+    }
+}
