@@ -14,8 +14,10 @@
 //! A class's im2col matrix never exists whole: the GEMM asks for one panel of its columns at
 //! a time in its packed layout (`sgemm_packing_b`), which the class writes straight from the
 //! input while the panel stays in cache (an im2col matrix written first and packed after
-//! crossed memory twice). A class of a few positions (a corner) runs transposed on the GEMM's
-//! few-rows path. Each class's product lands in a scratch block that is copied, bias added,
+//! crossed memory twice). The interior of a stride-1 convolution needs no panels at all at
+//! AVX-512: along an output row, tap `p`'s input is the row's run shifted by a fixed offset,
+//! so the kernel reads it in place through a table of tap offsets (`sgemm_offsets`). A class
+//! of a few positions (a corner) runs transposed on the GEMM's few-rows path. Each class's product lands in a scratch block that is copied, bias added,
 //! into place. Blocks of (image, group) run on separate threads when there are enough of them;
 //! otherwise the panels of a block do.
 //! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
