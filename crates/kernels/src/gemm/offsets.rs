@@ -103,17 +103,32 @@ fn run(
     let mut ap = vec![0.0f32; m.div_ceil(MR) * MR * k];
     super::pack_a::<MR>(&cfg, &mut ap, a, 0, m, 0, k);
     let shared = super::SharedC::new(c);
-    let work =
-        tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(groups.len(), threads, 1));
+    // With fewer groups than threads (a convolution over a row or two), each group's rows of
+    // C are split too: units of different rows never write the same element.
+    let splits = if groups.len() >= threads {
+        1
+    } else {
+        threads.div_ceil(groups.len()).min(m.div_ceil(MR))
+    };
+    let rows_per = m.div_ceil(splits).div_ceil(MR) * MR;
+    let splits = m.div_ceil(rows_per);
+    let work = tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(
+        groups.len() * splits,
+        threads,
+        1,
+    ));
     let ap = &ap;
     tenet_sys::parallel::run_parts(work.owners(), &|t| {
         let mut tile = [0.0f32; MR * 48];
-        let mut group = |g: usize| {
+        // Unit `u`: the rows of split `u % splits` over the panels of group `u / splits`.
+        let mut group = |u: usize| {
             if stop() {
                 return false;
             }
+            let (g, split) = (u / splits, u % splits);
+            let row_range = split * rows_per..((split + 1) * rows_per).min(m);
             for p in &groups[g] {
-                for ir in (0..m).step_by(MR) {
+                for ir in row_range.clone().step_by(MR) {
                     let rows = MR.min(m - ir);
                     let base = ir * c_rs + p.c_col;
                     let (dst, ldc) = if rows == MR {
@@ -122,8 +137,8 @@ fn run(
                         (unsafe { shared.ptr.add(base) }, c_rs)
                     } else {
                         for i in 0..rows {
-                            // SAFETY: this thread alone writes this group's columns (groups do
-                            // not overlap); row ir + i < m.
+                            // SAFETY: this thread alone writes these rows of this group's
+                            // columns (groups do not overlap, nor do splits); row ir + i < m.
                             unsafe {
                                 shared.read(base + i * c_rs, &mut tile[i * p.width..][..p.width])
                             };
