@@ -458,7 +458,7 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
 fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
-    let cases: [Case; 17] = [
+    let cases: [Case; 18] = [
         (
             [1, 4, 4, 3],
             [4, 3, 5],
@@ -612,6 +612,15 @@ fn convolutions_on_the_gemm_keep_the_bits() {
             4,
             false,
         ), // the same, 3×3 on a plane of three rows
+        (
+            [1, 2, 5, 90],
+            [2, 3, 3],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            2,
+            true,
+        ), // depthwise, blocks of 64 and 16 columns in registers, edges tap by tap
     ];
     for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
         cases.into_iter().enumerate()
