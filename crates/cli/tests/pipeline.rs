@@ -331,6 +331,8 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     let (status, body) = post(good.to_string());
     assert_eq!(status, 200, "{body}");
     drop(nodes);
+    // Every node and the coordinator keep the weights they were sent: hundreds of MB.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// SmolLM2's prompt pass (the f32 weights, 514 MiB by its certificate) over three nodes that
@@ -449,4 +451,7 @@ fn smollm2_prompt_split_over_nodes_smaller_than_the_model() {
         .unwrap());
     assert!(verified.contains("3 stage(s) chained"), "{verified}");
     drop(nodes);
+    // The split, the coordinator's and the nodes' stores hold the weights several times over:
+    // gigabytes.
+    let _ = std::fs::remove_dir_all(&root);
 }
