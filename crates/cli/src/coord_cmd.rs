@@ -586,11 +586,8 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
         let took = t.elapsed();
         let receipt: Receipt =
             serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;
-        let coordinator =
-            tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
-                .context("the coordinator's /v1/info has no key")?;
         receipt
-            .verify_from(&coordinator)
+            .verify_from(&coordinator_key(&info)?)
             .context("the receipt does NOT verify")?;
         if let Some(p) = a.receipt {
             tenet_models::write_atomically(p, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
@@ -611,14 +608,7 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
             took.as_secs_f64() * 1e3,
             &receipt.coordinator.to_hex()[..12]
         );
-        for s in r["slashed"].as_array().into_iter().flatten() {
-            println!(
-                "  node {} disagreed and was slashed {}",
-                &s["node"].as_str().unwrap_or("?")
-                    [..12.min(s["node"].as_str().unwrap_or("?").len())],
-                s["amount"]
-            );
-        }
+        print_slashed(&r["slashed"], "  ");
         if let Some(p) = a.receipt {
             println!(
                 "  receipt written to {} (check it: tenet receipt verify {})",
@@ -659,6 +649,24 @@ fn call_body(task: &Value, a: &CallArgs<'_>) -> Result<Vec<u8>> {
     )?)
 }
 
+/// The coordinator's key, from its `/v1/info`.
+fn coordinator_key(info: &Value) -> Result<tenet_proto::auth::PublicKey> {
+    tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
+        .context("the coordinator's /v1/info has no key")
+}
+
+/// The nodes an answer says were slashed, one line each.
+fn print_slashed(slashed: &Value, indent: &str) {
+    for x in slashed.as_array().into_iter().flatten() {
+        let node = x["node"].as_str().unwrap_or("?");
+        let short: String = node.chars().take(12).collect();
+        println!(
+            "{indent}node {short} disagreed and was slashed {}",
+            x["amount"]
+        );
+    }
+}
+
 /// Outputs of a call's answer, as tensors.
 fn answer_outputs(r: &Value) -> Result<Vec<(String, tenet_ir::HostTensor)>> {
     let mut outputs = Vec::new();
@@ -688,11 +696,8 @@ async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>
     let took = t.elapsed();
     let receipt: PipelineReceipt =
         serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;
-    let coordinator =
-        tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
-            .context("the coordinator's /v1/info has no key")?;
     receipt
-        .verify_from(&coordinator)
+        .verify_from(&coordinator_key(info)?)
         .context("the pipeline receipt does NOT verify")?;
     if let Some(path) = a.receipt {
         tenet_models::write_atomically(path, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
@@ -707,7 +712,7 @@ async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>
     }
     println!(
         "pipeline {} verified in {} stage(s) in {:.1} ms; receipt signed by {}",
-        &a.task[..12.min(a.task.len())],
+        a.task.chars().take(12).collect::<String>(),
         receipt.stages.len(),
         took.as_secs_f64() * 1e3,
         &receipt.coordinator.to_hex()[..12]
@@ -727,14 +732,7 @@ async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>
                 ""
             }
         );
-        for x in s["slashed"].as_array().into_iter().flatten() {
-            let node = x["node"].as_str().unwrap_or("?");
-            println!(
-                "    node {} disagreed and was slashed {}",
-                &node[..12.min(node.len())],
-                x["amount"]
-            );
-        }
+        print_slashed(&s["slashed"], "    ");
     }
     if let Some(path) = a.receipt {
         println!(

@@ -125,6 +125,9 @@ pub struct Coordinator<L: Ledger> {
     /// in memory only: a job resumed after a restart has its inputs uploaded from this
     /// coordinator's store instead.
     pub(crate) stage_jobs: Mutex<HashMap<String, StageJob>>,
+    /// Pipelines whose stages were checked against their tasks (at deploy, or at the first
+    /// call after a restart), by id.
+    pub(crate) pipelines: Mutex<HashMap<Hash, Arc<tenet_pipeline::Manifest>>>,
 }
 
 /// A pipeline stage's job, as its nodes are told.
@@ -200,6 +203,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             facts: Mutex::new(HashMap::new()),
             heavy: tokio::sync::Semaphore::new(1),
             stage_jobs: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
         }
     }
 

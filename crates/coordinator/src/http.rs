@@ -934,7 +934,7 @@ struct Routed<'a> {
     /// The task a call names, loaded before its body was read.
     task: Option<(Hash, Graph)>,
     /// The pipeline a call names, loaded before its body was read.
-    pipeline: Option<(Hash, tenet_pipeline::Manifest)>,
+    pipeline: Option<(Hash, std::sync::Arc<tenet_pipeline::Manifest>)>,
 }
 
 /// Serve until `shutdown` resolves; in-flight calls get ten seconds to finish.

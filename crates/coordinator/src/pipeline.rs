@@ -23,7 +23,7 @@ use tenet_proto::grant::PullGrant;
 use tenet_proto::pipeline_receipt::PipelineReceipt;
 use tenet_proto::wire::{PullFrom, StageLabel};
 
-use crate::dispatch::{Coordinator, DispatchError, JobRequest, StageJob};
+use crate::dispatch::{Coordinator, DispatchError, JobRequest, StageJob, lock};
 
 /// One stage of a decided pipeline call.
 #[derive(Clone, Debug)]
@@ -63,6 +63,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .store
             .put_bytes(manifest_bytes)
             .map_err(|e| DispatchError::Internal(e.to_string()))?;
+        lock(&self.pipelines).insert(id, Arc::new(manifest.clone()));
         Ok((id, manifest))
     }
 
@@ -108,9 +109,12 @@ impl<L: Ledger + 'static> Coordinator<L> {
         Ok(())
     }
 
-    /// A deployed pipeline's manifest, its stages checked again against their tasks (a
-    /// manifest uploaded as a plain blob is not a pipeline until it passes them).
-    pub fn pipeline(&self, id: &Hash) -> Result<Manifest, DispatchError> {
+    /// A deployed pipeline's manifest. One this process has not checked (deployed before a
+    /// restart, or uploaded as a plain blob) has its stages checked against their tasks first.
+    pub fn pipeline(&self, id: &Hash) -> Result<Arc<Manifest>, DispatchError> {
+        if let Some(m) = lock(&self.pipelines).get(id) {
+            return Ok(m.clone());
+        }
         let bytes = self.store.get(id).map_err(|_| {
             DispatchError::NotFound(format!(
                 "no pipeline {id}: deploy it with POST /v1/pipelines"
@@ -120,6 +124,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
             DispatchError::NotFound(format!("{} is not a pipeline: {e}", id.short()))
         })?;
         self.check_stages(&manifest)?;
+        let manifest = Arc::new(manifest);
+        lock(&self.pipelines).insert(*id, manifest.clone());
         Ok(manifest)
     }
 

@@ -101,6 +101,23 @@ fn repeats(graph: &Graph) -> Vec<bool> {
     out
 }
 
+/// What planning and building stages read of the whole graph, computed once per split.
+struct Facts {
+    /// Whether each node is repeated by the stages that read it ([`repeats`]).
+    rep: Vec<bool>,
+    /// The last node that reads each node ([`last_uses`]).
+    last: Vec<Option<usize>>,
+}
+
+impl Facts {
+    fn of(graph: &Graph) -> Facts {
+        Facts {
+            rep: repeats(graph),
+            last: last_uses(graph),
+        }
+    }
+}
+
 /// The last node (index) that reads each node, if any.
 fn last_uses(graph: &Graph) -> Vec<Option<usize>> {
     let mut last = vec![None; graph.nodes().len()];
@@ -115,12 +132,11 @@ fn last_uses(graph: &Graph) -> Vec<Option<usize>> {
 /// The places a cut may go: before each computed node (never before a source, so every stage
 /// computes something), and the end.
 pub fn cut_points(graph: &Graph) -> Vec<usize> {
-    candidates(graph)
+    candidates(&repeats(graph))
 }
 
-fn candidates(graph: &Graph) -> Vec<usize> {
-    let n = graph.nodes().len();
-    let rep = repeats(graph);
+fn candidates(rep: &[bool]) -> Vec<usize> {
+    let n = rep.len();
     // The first stage must compute something too: no cut up to the first computed node.
     let first = (0..n).find(|&i| !rep[i]).unwrap_or(n);
     (first + 1..n)
@@ -132,12 +148,15 @@ fn candidates(graph: &Graph) -> Vec<usize> {
 /// Bytes crossing a cut before node `i`, for every `i` in `0..=nodes`: the computed values
 /// defined before `i` and read at or after it.
 pub fn crossing_bytes(graph: &Graph) -> Vec<u64> {
+    crossing_bytes_of(graph, &Facts::of(graph))
+}
+
+fn crossing_bytes_of(graph: &Graph, f: &Facts) -> Vec<u64> {
     let n = graph.nodes().len();
-    let rep = repeats(graph);
     let mut diff = vec![0i128; n + 2];
-    for (v, last) in last_uses(graph).into_iter().enumerate() {
+    for (v, &last) in f.last.iter().enumerate() {
         let node = &graph.nodes()[v];
-        if let (Some(u), false) = (last, rep[v]) {
+        if let (Some(u), false) = (last, f.rep[v]) {
             let b = node.ty.bytes().unwrap_or(u64::MAX) as i128;
             diff[v + 1] += b;
             diff[u + 1] -= b;
@@ -153,17 +172,17 @@ pub fn crossing_bytes(graph: &Graph) -> Vec<u64> {
 }
 
 /// The computed values crossing a cut before `i`, in node order.
-fn crossing(graph: &Graph, last: &[Option<usize>], i: usize) -> Vec<usize> {
-    let rep = repeats(graph);
-    (0..i.min(graph.nodes().len()))
-        .filter(|&v| !rep[v] && last[v].is_some_and(|u| u >= i))
+fn crossing(f: &Facts, i: usize) -> Vec<usize> {
+    (0..i.min(f.rep.len()))
+        .filter(|&v| !f.rep[v] && f.last[v].is_some_and(|u| u >= i))
         .collect()
 }
 
 /// Split at the given cuts (strictly increasing node indices, each before a computed node).
 pub fn split_at(graph: &Graph, cuts: &[usize]) -> Result<Vec<Stage>, SplitError> {
     let n = graph.nodes().len();
-    let allowed = candidates(graph);
+    let f = Facts::of(graph);
+    let allowed = candidates(&f.rep);
     let mut bounds = vec![0];
     for &c in cuts {
         if c == 0 || c >= n || c <= *bounds.last().unwrap_or(&0) {
@@ -190,14 +209,12 @@ pub fn split_at(graph: &Graph, cuts: &[usize]) -> Result<Vec<Stage>, SplitError>
     if let Some(clash) = names.iter().find(|s| s.starts_with('%')) {
         return Err(SplitError::NameClash(clash.to_string()));
     }
-    let last = last_uses(graph);
     let stages = bounds.len() - 1;
     (0..stages)
         .map(|k| {
             let (a, b) = (bounds[k], bounds[k + 1]);
-            let into = crossing(graph, &last, a);
-            let out = crossing(graph, &last, b);
-            build_stage(graph, a..b, &into, &out, k + 1 == stages)
+            let (into, out) = (crossing(&f, a), crossing(&f, b));
+            build_stage(graph, &f, a..b, &into, &out, k + 1 == stages)
                 .map_err(|source| SplitError::Invalid { stage: k, source })
         })
         .collect()
@@ -207,6 +224,7 @@ pub fn split_at(graph: &Graph, cuts: &[usize]) -> Result<Vec<Stage>, SplitError>
 /// `out` across the cut after it.
 fn build_stage(
     graph: &Graph,
+    f: &Facts,
     range: std::ops::Range<usize>,
     into: &[usize],
     out: &[usize],
@@ -225,7 +243,7 @@ fn build_stage(
             ty: whole[v].ty.clone(),
         });
     }
-    let rep = repeats(graph);
+    let rep = &f.rep;
     // A repeated value used here is declared (an input, a weight, a constant) or recomputed
     // (from weights and constants alone) at its first use, its own operands first.
     let bring = |v: usize,
@@ -314,16 +332,9 @@ fn build_stage(
 }
 
 /// The certificate peak of the stage `a..b` (building it).
-fn stage_peak(
-    graph: &Graph,
-    last: &[Option<usize>],
-    a: usize,
-    b: usize,
-) -> Result<u64, SplitError> {
-    let into = crossing(graph, last, a);
-    let out = crossing(graph, last, b);
+fn stage_peak(graph: &Graph, f: &Facts, a: usize, b: usize) -> Result<u64, SplitError> {
     let last_stage = b == graph.nodes().len();
-    build_stage(graph, a..b, &into, &out, last_stage)
+    build_stage(graph, f, a..b, &crossing(f, a), &crossing(f, b), last_stage)
         .map(|s| s.graph.cost().peak_bytes)
         .map_err(|source| SplitError::Invalid { stage: 0, source })
 }
@@ -335,7 +346,7 @@ fn cuts_for_memory(
     limit: u64,
     cands: &[usize],
     cross: &[u64],
-    last: &[Option<usize>],
+    f: &Facts,
 ) -> Result<Vec<usize>, SplitError> {
     let n = graph.nodes().len();
     let mut cuts = Vec::new();
@@ -344,20 +355,19 @@ fn cuts_for_memory(
         // Candidates after `a`; the furthest whose stage fits (peaks grow with the stage).
         let first = cands.partition_point(|&c| c <= a);
         let after = &cands[first..];
-        if stage_peak(graph, last, a, after[0])? > limit {
-            let rep = repeats(graph);
-            let node = (a..after[0]).find(|&i| !rep[i]).unwrap_or(a);
+        if stage_peak(graph, f, a, after[0])? > limit {
+            let node = (a..after[0]).find(|&i| !f.rep[i]).unwrap_or(a);
             return Err(SplitError::TooBig {
                 node: NodeId(node as u32),
                 op: graph.nodes()[node].op.name(),
-                need: stage_peak(graph, last, a, after[0])?,
+                need: stage_peak(graph, f, a, after[0])?,
                 limit,
             });
         }
         let (mut lo, mut hi) = (0, after.len() - 1);
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
-            if stage_peak(graph, last, a, after[mid])? <= limit {
+            if stage_peak(graph, f, a, after[mid])? <= limit {
                 lo = mid;
             } else {
                 hi = mid - 1;
@@ -386,7 +396,7 @@ fn cuts_for_memory(
 /// it); `None` if the stage has no place to cut.
 fn halve(
     graph: &Graph,
-    last: &[Option<usize>],
+    f: &Facts,
     cands: &[usize],
     cross: &[u64],
     a: usize,
@@ -400,7 +410,7 @@ fn halve(
     let (mut lo, mut hi) = (0, inner.len() - 1);
     while lo < hi {
         let mid = (lo + hi) / 2;
-        if stage_peak(graph, last, a, inner[mid])? >= stage_peak(graph, last, inner[mid], b)? {
+        if stage_peak(graph, f, a, inner[mid])? >= stage_peak(graph, f, inner[mid], b)? {
             hi = mid;
         } else {
             lo = mid + 1;
@@ -417,21 +427,21 @@ fn halve(
 
 /// Plan the cuts for `target`.
 pub fn plan(graph: &Graph, target: SplitTarget) -> Result<Vec<usize>, SplitError> {
-    let cands = candidates(graph);
-    let cross = crossing_bytes(graph);
-    let last = last_uses(graph);
+    let f = Facts::of(graph);
+    let cands = candidates(&f.rep);
+    let cross = crossing_bytes_of(graph, &f);
     match target {
-        SplitTarget::Memory(limit) => cuts_for_memory(graph, limit, &cands, &cross, &last),
+        SplitTarget::Memory(limit) => cuts_for_memory(graph, limit, &cands, &cross, &f),
         SplitTarget::Stages(0) => Err(SplitError::NoStages),
         SplitTarget::Stages(1) => Ok(Vec::new()),
         SplitTarget::Stages(k) => {
             // The smallest limit that needs at most k stages.
             let whole = graph.cost().peak_bytes;
             let (mut lo, mut hi) = (1u64, whole.max(1));
-            let mut best = cuts_for_memory(graph, hi, &cands, &cross, &last)?;
+            let mut best = cuts_for_memory(graph, hi, &cands, &cross, &f)?;
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                match cuts_for_memory(graph, mid, &cands, &cross, &last) {
+                match cuts_for_memory(graph, mid, &cands, &cross, &f) {
                     Ok(cuts) if cuts.len() < k => {
                         best = cuts;
                         hi = mid;
@@ -449,12 +459,12 @@ pub fn plan(graph: &Graph, target: SplitTarget) -> Result<Vec<usize>, SplitError
                     .collect();
                 let mut order = Vec::new();
                 for w in bounds.windows(2) {
-                    order.push((stage_peak(graph, &last, w[0], w[1])?, w[0], w[1]));
+                    order.push((stage_peak(graph, &f, w[0], w[1])?, w[0], w[1]));
                 }
                 order.sort_by_key(|&(peak, ..)| std::cmp::Reverse(peak));
                 let Some(cut) = order
                     .iter()
-                    .find_map(|&(_, a, b)| halve(graph, &last, &cands, &cross, a, b).transpose())
+                    .find_map(|&(_, a, b)| halve(graph, &f, &cands, &cross, a, b).transpose())
                     .transpose()?
                 else {
                     break;

@@ -106,6 +106,31 @@ pub fn sgemm(
 /// thread computed it, usually while it is still in cache.
 pub type Epilogue<'e> = &'e (dyn Fn(usize, &mut [f32]) + Sync);
 
+/// What every product checks first: the level, C's rows apart, A and C inside their slices.
+/// `false` when there is nothing to compute (no rows or no columns).
+fn checked(
+    level: SimdLevel,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    c: &[f32],
+    c_rs: usize,
+) -> Result<bool, GemmError> {
+    if !level.supported() {
+        return Err(GemmError::Unsupported(level.name()));
+    }
+    if m == 0 || n == 0 {
+        return Ok(false);
+    }
+    if c_rs < n {
+        return Err(GemmError::OverlappingRows { rs: c_rs, n });
+    }
+    check("A", span(m, k, a.rs, a.cs), a.data.len())?;
+    check("C", span(m, n, c_rs, 1), c.len())?;
+    Ok(true)
+}
+
 /// [`sgemm`], then `epilogue` over the rows of C as they become final.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_then(
@@ -120,18 +145,10 @@ pub fn sgemm_then(
     c_rs: usize,
     epilogue: Option<Epilogue<'_>>,
 ) -> Result<(), GemmError> {
-    if !level.supported() {
-        return Err(GemmError::Unsupported(level.name()));
-    }
-    if m == 0 || n == 0 {
+    if !checked(level, m, n, k, a, c, c_rs)? {
         return Ok(());
     }
-    if c_rs < n {
-        return Err(GemmError::OverlappingRows { rs: c_rs, n });
-    }
-    check("A", span(m, k, a.rs, a.cs), a.data.len())?;
     check("B", span(k, n, b.rs, b.cs), b.data.len())?;
-    check("C", span(m, n, c_rs, 1), c.len())?;
     let whole = |c: &mut [f32]| {
         if let Some(f) = epilogue {
             f(0, &mut c[..(m - 1) * c_rs + n]);
@@ -186,17 +203,9 @@ pub fn sgemm_packing_b(
     c_rs: usize,
     then: Option<RowPart<'_>>,
 ) -> Result<(), GemmError> {
-    if !level.supported() {
-        return Err(GemmError::Unsupported(level.name()));
-    }
-    if m == 0 || n == 0 {
+    if !checked(level, m, n, k, a, c, c_rs)? {
         return Ok(());
     }
-    if c_rs < n {
-        return Err(GemmError::OverlappingRows { rs: c_rs, n });
-    }
-    check("A", span(m, k, a.rs, a.cs), a.data.len())?;
-    check("C", span(m, n, c_rs, 1), c.len())?;
     if k == 0 {
         for i in 0..m {
             let row = &mut c[i * c_rs..i * c_rs + n];

@@ -323,7 +323,10 @@ impl Manifest {
     /// Check stage `k`'s graph against its entry: its id and certificate, and that its inputs
     /// and outputs are exactly the entry's, with the manifest's types.
     pub fn check_stage(&self, k: usize, graph: &Graph) -> Result<(), ManifestError> {
-        let s = &self.stages[k];
+        let s = self
+            .stages
+            .get(k)
+            .ok_or_else(|| bad(format!("stage {k}"), "the manifest has no such stage"))?;
         let fail = |message: String| ManifestError::Graph { stage: k, message };
         if graph.id().to_string() != s.graph {
             return Err(fail(format!("its id is {}, not {}", graph.id(), s.graph)));
@@ -337,12 +340,23 @@ impl Manifest {
             .iter()
             .filter_map(|p| Some((p.name.as_str(), p.ty()?)))
             .collect();
+        let unknown = |what: &str, name: &str| {
+            fail(format!(
+                "it lists {what} {name:?}, which the manifest does not type"
+            ))
+        };
         let mut want: HashMap<String, TensorType> = HashMap::new();
         for name in &s.inputs {
-            want.insert(name.clone(), whole_in[name.as_str()].clone());
+            let ty = whole_in
+                .get(name.as_str())
+                .ok_or_else(|| unknown("input", name))?;
+            want.insert(name.clone(), ty.clone());
         }
         for p in &s.boundary_in {
-            want.insert(p.name.clone(), p.ty().expect("checked"));
+            want.insert(
+                p.name.clone(),
+                p.ty().ok_or_else(|| unknown("boundary", &p.name))?,
+            );
         }
         let got: HashMap<String, TensorType> = graph
             .inputs()
@@ -362,10 +376,16 @@ impl Manifest {
             .collect();
         let mut want: HashMap<String, TensorType> = HashMap::new();
         for name in &s.outputs {
-            want.insert(name.clone(), whole_out[name.as_str()].clone());
+            let ty = whole_out
+                .get(name.as_str())
+                .ok_or_else(|| unknown("output", name))?;
+            want.insert(name.clone(), ty.clone());
         }
         for p in &s.boundary_out {
-            want.insert(p.name.clone(), p.ty().expect("checked"));
+            want.insert(
+                p.name.clone(),
+                p.ty().ok_or_else(|| unknown("boundary", &p.name))?,
+            );
         }
         let got: HashMap<String, TensorType> = graph
             .outputs()
