@@ -378,9 +378,11 @@ impl OpenClDevice {
             .copied()
             .collect();
         let gemv = inner.tuning.gemv
-            && Kernel::create(linalg, "k_gemv")
-                .and_then(|k| k.get_work_group_size(inner.device.id()))
-                .is_ok_and(|g| g >= GEMV_T as usize);
+            && ["k_gemv", "k_qgemv"].iter().all(|name| {
+                Kernel::create(linalg, name)
+                    .and_then(|k| k.get_work_group_size(inner.device.id()))
+                    .is_ok_and(|g| g >= GEMV_T as usize)
+            });
         let removed = ok.len() != inner.tuning.gemm.len() || gemv != inner.tuning.gemv;
         *usable = Some(ok);
         *inner.gemv_usable.lock().unwrap_or_else(|e| e.into_inner()) = Some(gemv);

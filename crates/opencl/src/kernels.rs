@@ -123,6 +123,14 @@ pub(crate) const GEMV_T: u32 = 64;
 pub(crate) const GEMV_KS: u32 = 32;
 /// Its local memory: A's `4 × KS` slice and B's `KS × (T + 1)`.
 pub(crate) const GEMV_LOCAL: u64 = 4 * (4 * GEMV_KS as u64 + GEMV_KS as u64 * (GEMV_T as u64 + 1));
+/// The quantised few-row product `k_qgemv` (same file, same work group): weight blocks
+/// staged `QGEMV_KB` at a time, each row's span at a stride of at most `QGEMV_STRIDE` words
+/// (Q8_0's 4 × 34 bytes, rounded up to an odd number of words).
+pub(crate) const QGEMV_KB: u32 = 4;
+pub(crate) const QGEMV_STRIDE: u32 = 35;
+/// Its local memory: A's `4 × KB·32` slice and the rows' spans.
+pub(crate) const QGEMV_LOCAL: u64 =
+    4 * (4 * QGEMV_KB as u64 * 32 + GEMV_T as u64 * QGEMV_STRIDE as u64);
 /// The rows a product may have to run on `k_gemv` when the planner chooses by shape.
 pub(crate) const GEMV_ROWS: u64 = 4;
 
@@ -133,7 +141,7 @@ pub(crate) struct Tuning {
     pub rows: u32,
     /// The SGEMM tiles whose work group and local memory the device allows, largest first.
     pub gemm: Vec<GemmTile>,
-    /// Whether `k_gemv`'s work group and local memory fit the device.
+    /// Whether `k_gemv`'s and `k_qgemv`'s work group and local memory fit the device.
     pub gemv: bool,
 }
 
@@ -149,7 +157,7 @@ impl Tuning {
             .filter(|t| t.threads() as usize <= max_group && t.local_bytes() <= local_mem)
             .copied()
             .collect();
-        let gemv = GEMV_T as usize <= max_group && GEMV_LOCAL <= local_mem;
+        let gemv = GEMV_T as usize <= max_group && GEMV_LOCAL.max(QGEMV_LOCAL) <= local_mem;
         Tuning { rows, gemm, gemv }
     }
 }
@@ -190,7 +198,11 @@ impl Family {
                     );
                 }
                 if tuning.gemv {
-                    let _ = writeln!(s, "#define GEMV_T {GEMV_T}\n#define GEMV_KS {GEMV_KS}");
+                    let _ = writeln!(
+                        s,
+                        "#define GEMV_T {GEMV_T}\n#define GEMV_KS {GEMV_KS}\n\
+                         #define QGEMV_KB {QGEMV_KB}\n#define QGEMV_STRIDE {QGEMV_STRIDE}"
+                    );
                     s.push_str(include_str!("cl/gemv.cl"));
                 }
             }
@@ -265,9 +277,11 @@ mod tests {
         assert_eq!((tiny.rows, names(&tiny)), (4, vec!["k_gemm_32x32"]));
         let none = Tuning::for_limits(16, 1 << 20);
         assert_eq!((none.rows, names(&none)), (1, vec![]));
-        // k_gemv: 64 items and about 9 KiB of local memory.
+        // k_gemv and k_qgemv: 64 items and about 11 KiB of local memory.
         assert!(gpu.gemv && small.gemv && tiny.gemv && !none.gemv);
         assert!(!Tuning::for_limits(1024, 8 << 10).gemv);
+        assert!(!Tuning::for_limits(1024, 10 << 10).gemv);
+        assert!(Tuning::for_limits(1024, 11 << 10).gemv);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! The work-group shapes are chosen here too: float products with at most 4 rows (a decode
 //! step's activations times a weight) run on the few-row kernel `k_gemv` (`cl/gemv.cl`:
 //! parallel over columns, one fma chain per output), others pick one of the device's SGEMM
-//! tiles by the product's shape ([`choose_gemm`]); the row kernels (reductions, softmax,
+//! tiles by the product's shape ([`choose_gemm`]); products with a quantised weight run on
+//! `k_qgemv` (same file: a group's weight rows staged through local memory, 4 rows of
+//! activations at a time) wherever `k_gemv` can run; the row kernels (reductions, softmax,
 //! norms) run 16 lanes per row, `Caps::rows` rows per group, lanes or rows adjacent by which
 //! of them is contiguous in memory.
 //!
@@ -1133,7 +1135,40 @@ fn plan_node(
         )),
         Op::QMatMul { a, w, format } => {
             // Every batch's rows in a row: `a` is contiguous and `w` has no batch.
-            let nn = ty_of(w).shape[0];
+            let (tw, ta) = (ty_of(w), ty_of(a));
+            let (nn, nb, bb) = (tw.shape[0], tw.shape[1], format.block_bytes());
+            if caps.gemv != Gemv::Off {
+                let rows: u64 = ta.shape[..ta.rank() - 1].iter().product();
+                // Every row's span starts on a word when the rows' length is a multiple of
+                // 4 bytes (a buffer starts on one).
+                let words = nb.wrapping_mul(bb) % 4 == 0;
+                np.launches.push(Launch {
+                    grid: Grid::Groups {
+                        group: GEMV_T,
+                        groups: [
+                            nn.div_ceil(GEMV_T as u64).max(1),
+                            rows.div_ceil(GEMV_ROWS).clamp(1, MAX_GROUPS_Y),
+                        ],
+                    },
+                    ..launch(
+                        Family::Linalg,
+                        "k_qgemv",
+                        n,
+                        vec![
+                            Arg::Out,
+                            Arg::Value(*a),
+                            Arg::Value(*w),
+                            Arg::U64(rows),
+                            Arg::U64(nn),
+                            Arg::U64(nb),
+                            Arg::I32(format.tag() as i32),
+                            Arg::U32(bb as u32),
+                            Arg::I32(words as i32),
+                        ],
+                    )
+                });
+                return;
+            }
             np.launches.push(launch(
                 Family::Linalg,
                 "k_qmatmul",

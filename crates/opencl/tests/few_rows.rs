@@ -2,16 +2,21 @@
 //! 4, k around its 32-wide slices (0, 1, 15, 16, 17, 31, 33, 577), n not a multiple of its
 //! 64-column blocks, broadcast batches, f16 and bf16 operands, B read in place through a
 //! folded transposition (a weight `[n, k]` transposed, as a model's linear layers do), -0
-//! chains, and NaN payloads, infinities and denormals.
+//! chains, and NaN payloads, infinities and denormals. And its quantised twin `k_qgemv`:
+//! every format, rows around its blocks of 4, block counts around its 4-block slices (word
+//! and byte staging both; the IR refuses k = 0), weights with tame and with hostile scales; the plain `k_qmatmul`
+//! it replaces still checked where `k_gemv` is off.
 
 mod support;
 
 use std::collections::HashMap;
 
 use tenet_exec::Device;
-use tenet_ir::{DType, HostTensor, NoWeights, NodeId, Op};
+use tenet_ir::testing::Rng;
+use tenet_ir::{DType, HostTensor, NoWeights, NodeId, Op, QuantFormat, TensorType};
+use tenet_opencl::{OpenClDevice, Quirks};
 
-use support::{G, assert_matches, device, hostile_inputs};
+use support::{G, assert_matches, device, hostile, hostile_inputs};
 
 /// `a [batch_a.., m, k] × b`, where b is an input `[batch_b.., k, n]`, or with `transposed`
 /// an input `[batch_b.., n, k]` permuted to `[.., k, n]`.
@@ -200,4 +205,84 @@ fn only_private_transpositions_are_folded() {
             &format!("transposition shared {shared}"),
         );
     }
+}
+
+/// Weight blocks with random bytes; with `tame`, every block's scale (and Q4_1's minimum) a
+/// small finite f16, so long chains stay finite and a wrong order shows.
+fn quant_weights(rng: &mut Rng, format: QuantFormat, n: u64, nb: u64, tame: bool) -> HostTensor {
+    let bb = format.block_bytes();
+    let mut bytes: Vec<u8> = (0..n * nb * bb).map(|_| rng.next_u64() as u8).collect();
+    if tame {
+        for block in bytes.chunks_mut(bb as usize) {
+            let halves = if format == QuantFormat::Q4_1 { 2 } else { 1 };
+            for h in 0..halves {
+                let v = half::f16::from_f32((rng.below(2001) as f32 - 1000.0) / 4096.0);
+                block[2 * h..2 * h + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+            }
+        }
+    }
+    HostTensor::new(TensorType::new(DType::U8, [n, nb, bb]), bytes).unwrap()
+}
+
+fn check_quantised(dev: &OpenClDevice, kernel: &str, seed: &mut u64) {
+    for &format in QuantFormat::ALL {
+        let bb = format.block_bytes();
+        for rows in [&[1u64][..], &[2], &[3], &[4], &[5], &[2, 9], &[0]] {
+            for nb in [1u64, 3, 4, 5, 9, 18] {
+                for n in [1u64, 63, 65, 130] {
+                    *seed += 1;
+                    let mut g = G::default();
+                    let a_shape = [rows, &[nb * 32]].concat();
+                    let a = g.input("a", DType::F32, &a_shape);
+                    let w = g.input("w", DType::U8, &[n, nb, bb]);
+                    let c = g.push(Op::QMatMul { a, w, format }, None).unwrap();
+                    let graph = g.finish(&[c]);
+                    if n * rows.iter().product::<u64>() > 0 {
+                        assert_eq!(dev.planned_kernels(&graph), [kernel]);
+                    }
+                    let mut rng = Rng(*seed);
+                    let tame = seed.is_multiple_of(2);
+                    let inputs: HashMap<String, HostTensor> = [
+                        (
+                            "a".to_string(),
+                            hostile(&mut rng, &TensorType::new(DType::F32, a_shape.clone())),
+                        ),
+                        (
+                            "w".to_string(),
+                            quant_weights(&mut rng, format, n, nb, tame),
+                        ),
+                    ]
+                    .into();
+                    let what = format!(
+                        "{kernel} {} rows {rows:?} blocks {nb} n {n} tame {tame}",
+                        format.name()
+                    );
+                    assert_matches(dev, &graph, &inputs, &NoWeights, 0, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantised_few_row_products_match_the_reference() {
+    let Some(dev) = device() else {
+        return;
+    };
+    if !dev.gemm_kernels().contains(&"k_gemv") {
+        println!("skipped: k_qgemv does not fit this device");
+        return;
+    }
+    check_quantised(dev, "k_qgemv", &mut 0);
+}
+
+/// With `k_gemv` forced off (a device too small for it), the plain kernel gives the same bits.
+#[test]
+fn quantised_products_on_the_plain_kernel() {
+    if device().is_none() {
+        return;
+    }
+    let dev = OpenClDevice::open(0, Quirks::default()).unwrap();
+    assert!(dev.force_gemm(Some("k_matmul")));
+    check_quantised(&dev, "k_qmatmul", &mut 1000);
 }

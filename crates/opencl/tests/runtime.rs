@@ -421,8 +421,11 @@ fn child(test: &str, env: &[(&str, &std::ffi::OsStr)], wrap: &[&str]) -> bool {
         }
         None => std::process::Command::new(&exe),
     };
+    // OCL_ICD_FILENAMES names vendor libraries directly, past any OCL_ICD_VENDORS a test
+    // sets (how a machine whose GPU library is outside the vendors folder is pointed at it).
     cmd.args([test, "--exact", "--nocapture"])
-        .env("TENET_OPENCL_CHILD", "1");
+        .env("TENET_OPENCL_CHILD", "1")
+        .env_remove("OCL_ICD_FILENAMES");
     for (k, v) in env {
         cmd.env(k, v);
     }

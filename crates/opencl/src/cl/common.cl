@@ -93,15 +93,23 @@ float fold_lanes(float* acc) {
 // starts with FP_CONTRACT OFF): Q4_0 `(q - 8) * d`, Q4_1 `d * q + m`, Q8_0 `(signed q) * d`,
 // with the 4-bit `q` the low nibble of byte `e` for e < 16, the high nibble of byte e - 16
 // above. NaNs are made canonical where the value is stored (`st_f`).
-float q_half(global const uchar* b) { return tn_f16_to_f32((ushort)b[0] | ((ushort)b[1] << 8)); }
-
-float q_value(global const uchar* b, int fmt, float d, float m, uint e) {
-    if (fmt == Q_Q8_0) return convert_float((int)(char)b[2 + e]) * d;
-    const uint byte = b[(fmt == Q_Q4_1 ? 4u : 2u) + (e & 15u)];
-    const uint q = e < 16u ? (byte & 15u) : (byte >> 4);
-    if (fmt == Q_Q4_0) return convert_float((int)q - 8) * d;
-    return d * convert_float((int)q) + m;
-}
-
-// The minimum `m` of a block (Q4_1's second f16), or +0 for formats without one.
-float q_min(global const uchar* b, int fmt) { return fmt == Q_Q4_1 ? q_half(b + 2) : 0.0f; }
+// One definition for blocks in global memory (`q_half`, `q_value`, `q_min`) and in local
+// memory (`q_half_l`, ...: the few-row product stages its weights there).
+#define Q_BLOCK_FUNCS(SPACE, SUFFIX)                                                         \
+    float q_half##SUFFIX(SPACE const uchar* b) {                                             \
+        return tn_f16_to_f32((ushort)b[0] | ((ushort)b[1] << 8));                            \
+    }                                                                                        \
+    float q_value##SUFFIX(SPACE const uchar* b, int fmt, float d, float m, uint e) {         \
+        if (fmt == Q_Q8_0) return convert_float((int)(char)b[2 + e]) * d;                    \
+        const uint byte = b[(fmt == Q_Q4_1 ? 4u : 2u) + (e & 15u)];                          \
+        const uint q = e < 16u ? (byte & 15u) : (byte >> 4);                                 \
+        if (fmt == Q_Q4_0) return convert_float((int)q - 8) * d;                             \
+        return d * convert_float((int)q) + m;                                                \
+    }                                                                                        \
+    /* The minimum `m` of a block (Q4_1's second f16), or +0 for formats without one. */     \
+    float q_min##SUFFIX(SPACE const uchar* b, int fmt) {                                     \
+        return fmt == Q_Q4_1 ? q_half##SUFFIX(b + 2) : 0.0f;                                 \
+    }
+Q_BLOCK_FUNCS(global, )
+Q_BLOCK_FUNCS(local, _l)
+#undef Q_BLOCK_FUNCS
