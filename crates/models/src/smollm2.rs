@@ -61,8 +61,10 @@ use crate::gguf::{GgufError, GgufFile, Value};
 
 mod batch;
 mod serve;
+pub mod stage;
 pub use batch::llama_decode_batch_graph;
 pub use serve::{Batcher, BatcherStats, FinishReason, GenerationEvent, GenerationRequest};
+pub use stage::Stage;
 
 /// The GGUF file's tensors, named as in the file; the file's blake3 hash is their id. Each is
 /// f32 (dequantised, or a view of an aligned F32 tensor) or, in [`WeightsMode::Quantized`], a
@@ -472,14 +474,7 @@ impl SmolLm2 {
     /// The capacity bucket that holds `positions` tokens: the next power of two from
     /// [`MIN_CAPACITY`], at most the context; `None` past the context.
     pub fn capacity_for(&self, positions: u64) -> Option<u64> {
-        let context = self.config.context;
-        (positions <= context).then(|| {
-            positions
-                .max(MIN_CAPACITY)
-                .checked_next_power_of_two()
-                .unwrap_or(u64::MAX)
-                .min(context)
-        })
+        capacity_bucket(self.config.context, positions)
     }
 
     /// The decode program of `batch` sequences (1: [`llama_decode_graph`], more:
@@ -803,6 +798,18 @@ impl DecodeSession<'_> {
     }
 }
 
+/// The capacity bucket that holds `positions` in a model of `context` positions (see
+/// [`SmolLm2::capacity_for`]).
+fn capacity_bucket(context: u64, positions: u64) -> Option<u64> {
+    (positions <= context).then(|| {
+        positions
+            .max(MIN_CAPACITY)
+            .checked_next_power_of_two()
+            .unwrap_or(u64::MAX)
+            .min(context)
+    })
+}
+
 /// `<|im_end|>`, SmolLM2's end-of-sequence token (`tokenizer.ggml.eos_token_id`).
 pub const EOS: u32 = 2;
 
@@ -1009,15 +1016,28 @@ impl Llama<'_> {
     /// hd], k after RoPE).
     fn layers(
         &self,
+        x: Tensor,
+        n: u64,
+        c: &Tensor,
+        s: &Tensor,
+        attend: impl FnMut(u64, Tensor, Tensor, Tensor) -> Tensor,
+    ) -> Tensor {
+        self.layer_span(x, n, c, s, 0..self.cfg.layers, attend)
+    }
+
+    /// [`Llama::layers`] over layers `span` alone (a pipeline stage's).
+    fn layer_span(
+        &self,
         mut x: Tensor,
         n: u64,
         c: &Tensor,
         s: &Tensor,
+        span: std::ops::Range<u64>,
         mut attend: impl FnMut(u64, Tensor, Tensor, Tensor) -> Tensor,
     ) -> Tensor {
         let cfg = self.cfg;
         let (d, nh, nkv, hd) = (cfg.hidden, cfg.heads, cfg.kv_heads, self.hd);
-        for l in 0..cfg.layers {
+        for l in span {
             let p = format!("blk.{l}");
             let h = self.rms(&x, &format!("{p}.attn_norm.weight"));
             let q = self.rope(
@@ -1147,6 +1167,31 @@ pub fn llama_graph(
     n_new: u64,
     with_cache: bool,
 ) -> Result<Graph, String> {
+    let capacity = with_cache.then_some(n_past + n_new);
+    llama_span_graph(
+        cfg,
+        weights,
+        Stage::whole(cfg),
+        n_past,
+        n_new,
+        capacity,
+        false,
+    )
+}
+
+/// [`llama_graph`] over the layers of `stage` ([`stage`]): `ids` in for the stage that
+/// embeds, else `x` (f32 [n_new, hidden]); out `logits` for the last stage (with `token`, their
+/// argmax, where `token` says), else `y` (the rows, f32 [n_new, hidden]); with `capacity`, the
+/// stage's caches `k{l}` / `v{l}` padded with zero rows to that many.
+fn llama_span_graph(
+    cfg: &LlamaConfig,
+    weights: WeightsId,
+    stage: Stage,
+    n_past: u64,
+    n_new: u64,
+    capacity: Option<u64>,
+    token: bool,
+) -> Result<Graph, String> {
     if n_new == 0 {
         return Err("at least one new token is needed".into());
     }
@@ -1162,8 +1207,8 @@ pub fn llama_graph(
             .expand(&[total, nkv, nh / nkv, hd])
             .reshape(&[total as i64, nh as i64, hd as i64])
     };
-    let ids = g.input("ids", DType::I64, &[n]);
-    let past: Vec<(Tensor, Tensor)> = (0..cfg.layers)
+    let ids = stage.embeds().then(|| g.input("ids", DType::I64, &[n]));
+    let past: Vec<(Tensor, Tensor)> = (stage.first..stage.end)
         .filter(|_| n_past > 0)
         .map(|l| {
             let shape = [n_past, nkv, hd];
@@ -1173,7 +1218,10 @@ pub fn llama_graph(
             )
         })
         .collect();
-    let x = m.embed(&ids);
+    let x = match &ids {
+        Some(ids) => m.embed(ids),
+        None => g.input("x", DType::F32, &[n, d]),
+    };
     // Query i (position n_past + i) sees keys 0..=n_past + i.
     let future = g.tri_mask(&[n, total], true, n_past as i64 + 1);
     let minus_inf = g.scalar(DType::F32, f64::NEG_INFINITY);
@@ -1184,9 +1232,9 @@ pub fn llama_graph(
         column.eq(&(g.iota(DType::I64, &[n, total], 0) + g.scalar(DType::I64, n_past as f64)));
     let own_f = own.where_(&one, &zero);
     let mut caches = Vec::new();
-    let x = m.layers(x, n, &c, &s, |l, q, k, v| {
+    let x = m.layer_span(x, n, &c, &s, stage.first..stage.end, |l, q, k, v| {
         let v_new = v.clone();
-        let (k, v) = match past.get(l as usize) {
+        let (k, v) = match past.get((l - stage.first) as usize) {
             Some((pk, pv)) => (g.concat(&[pk, &k], 0), g.concat(&[pv, &v], 0)),
             None => (k, v),
         };
@@ -1208,18 +1256,46 @@ pub fn llama_graph(
         caches.push((k, v));
         o
     });
-    let logits = m.logits(&x, n);
-    let names: Vec<(String, String)> = (0..cfg.layers)
+    let head = stage_head(&m, &x, n, stage, token);
+    let names: Vec<(String, String)> = (stage.first..stage.end)
         .map(|l| (format!("k{l}"), format!("v{l}")))
         .collect();
-    let mut outputs: Vec<(&str, &Tensor)> = vec![("logits", &logits)];
-    if with_cache {
+    let total_rows = n_past + n;
+    let caches: Vec<(Tensor, Tensor)> = match capacity {
+        Some(c) if c > total_rows => {
+            let pad = |t: &Tensor| t.pad(&[(0, c - total_rows), (0, 0), (0, 0)], 0.0);
+            caches.iter().map(|(k, v)| (pad(k), pad(v))).collect()
+        }
+        _ => caches,
+    };
+    let mut outputs: Vec<(&str, &Tensor)> = head.iter().map(|(n, t)| (*n, t)).collect();
+    if capacity.is_some() {
         for ((kn, vn), (k, v)) in names.iter().zip(&caches) {
             outputs.push((kn, k));
             outputs.push((vn, v));
         }
     }
     g.finish(&outputs).map_err(|e| e.to_string())
+}
+
+/// A span graph's first outputs: the last stage's `logits` (and, with `token`, their argmax
+/// as i64 [1]), or the rows `y` for the next stage.
+fn stage_head(
+    m: &Llama<'_>,
+    x: &Tensor,
+    n: u64,
+    stage: Stage,
+    token: bool,
+) -> Vec<(&'static str, Tensor)> {
+    if !stage.is_last(m.cfg) {
+        return vec![("y", x.clone())];
+    }
+    let logits = m.logits(x, n);
+    if !token {
+        return vec![("logits", logits)];
+    }
+    let token = logits.argmax(&[0], true);
+    vec![("logits", logits), ("token", token)]
 }
 
 /// One decode step against fixed-capacity caches: the graph a [`DecodeSession`] compiles once
@@ -1249,6 +1325,18 @@ pub fn llama_decode_graph(
     weights: WeightsId,
     capacity: u64,
 ) -> Result<Graph, String> {
+    llama_span_decode_graph(cfg, weights, Stage::whole(cfg), capacity, false)
+}
+
+/// [`llama_decode_graph`] over the layers of `stage`: `ids` or `x` (f32 [1, hidden]) in, and
+/// [`stage_head`]'s outputs (with `token` where `token` says) then the new rows.
+fn llama_span_decode_graph(
+    cfg: &LlamaConfig,
+    weights: WeightsId,
+    stage: Stage,
+    capacity: u64,
+    token: bool,
+) -> Result<Graph, String> {
     if capacity == 0 {
         return Err("a decode graph needs a capacity of at least one position".into());
     }
@@ -1257,10 +1345,10 @@ pub fn llama_decode_graph(
     let g = GraphBuilder::new();
     let m = Llama::new(cfg, &g, weights);
     let (cos, sin) = m.rope_constants(0, capacity);
-    let ids = g.input("ids", DType::I64, &[1]);
+    let ids = stage.embeds().then(|| g.input("ids", DType::I64, &[1]));
     let pos = g.input("pos", DType::I64, &[1]);
     let (c, s) = (cos.gather(&pos, 0), sin.gather(&pos, 0));
-    let cache: Vec<(Tensor, Tensor)> = (0..cfg.layers)
+    let cache: Vec<(Tensor, Tensor)> = (stage.first..stage.end)
         .map(|l| {
             let shape = [capacity, nkv, hd];
             (
@@ -1269,21 +1357,24 @@ pub fn llama_decode_graph(
             )
         })
         .collect();
-    let x = m.embed(&ids);
+    let x = match &ids {
+        Some(ids) => m.embed(ids),
+        None => g.input("x", DType::F32, &[1, d]),
+    };
     let row = g.iota(DType::I64, &[capacity], 0);
     let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
     let masks = m.new_row_masks(&row, &pos, capacity, &zero, &one);
     let mut new = Vec::new();
-    let x = m.layers(x, 1, &c, &s, |l, q, k, v| {
-        let o = m.attend_one(q, &k, &v, &cache[l as usize], &masks);
+    let x = m.layer_span(x, 1, &c, &s, stage.first..stage.end, |l, q, k, v| {
+        let o = m.attend_one(q, &k, &v, &cache[(l - stage.first) as usize], &masks);
         new.push((k, v));
         o
     });
-    let logits = m.logits(&x, 1);
-    let names: Vec<(String, String)> = (0..cfg.layers)
+    let head = stage_head(&m, &x, 1, stage, token);
+    let names: Vec<(String, String)> = (stage.first..stage.end)
         .map(|l| (format!("k{l}"), format!("v{l}")))
         .collect();
-    let mut outputs: Vec<(&str, &Tensor)> = vec![("logits", &logits)];
+    let mut outputs: Vec<(&str, &Tensor)> = head.iter().map(|(n, t)| (*n, t)).collect();
     for ((kn, vn), (k, v)) in names.iter().zip(&new) {
         outputs.push((kn, k));
         outputs.push((vn, v));

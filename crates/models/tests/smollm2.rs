@@ -320,3 +320,64 @@ fn eight_concurrent_requests_get_the_tokens_of_eight_sequential_ones() {
     }
     assert!(batcher.stats().peak_batch > 1, "{:?}", batcher.stats());
 }
+
+/// The model cut into stages (`smollm2::stage`), each holding its own caches between tokens,
+/// gives the whole model's logits bit for bit after the prompt and after every decode step —
+/// across a capacity bucket (62 prompt tokens: the caches grow from 64 to 128 rows) and for
+/// uneven cuts — and its argmax token is the greedy token.
+#[test]
+fn stages_give_the_whole_models_logits() {
+    use tenet_models::smollm2::stage::{LocalStages, Stage};
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let m =
+        SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), WeightsMode::Quantized).unwrap();
+    let backend = CpuDevice::auto();
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(8);
+    let mut prompt = m.encode(&text).unwrap();
+    prompt.truncate(62);
+    let steps = 4;
+    let mut session = m.session(&backend);
+    let mut want = vec![session.prefill(&prompt).unwrap()];
+    for _ in 0..steps {
+        let next = argmax(want.last().unwrap());
+        want.push(session.step(next).unwrap());
+    }
+    let layers = m.config.layers;
+    let cuts = [
+        Stage::even(&m.config, 3).unwrap(),
+        vec![
+            Stage { first: 0, end: 1 },
+            Stage {
+                first: 1,
+                end: layers - 1,
+            },
+            Stage {
+                first: layers - 1,
+                end: layers,
+            },
+        ],
+    ];
+    for stages in cuts {
+        let what = format!("{stages:?}");
+        let mut local = LocalStages::new(&m, &backend, stages);
+        let (mut logits, mut token) = local.feed(&prompt).unwrap();
+        for (i, w) in want.iter().enumerate() {
+            assert!(
+                logits
+                    .iter()
+                    .zip(w)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: logits differ at step {i}"
+            );
+            assert_eq!(token, argmax(w), "{what}: token at step {i}");
+            if i < steps {
+                (logits, token) = local.feed(&[token]).unwrap();
+            }
+        }
+        assert_eq!(local.len(), 62 + steps as u64);
+    }
+    assert!(Stage::even(&m.config, 0).is_err());
+    assert!(Stage::even(&m.config, layers + 1).is_err());
+}
