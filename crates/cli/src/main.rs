@@ -287,6 +287,20 @@ enum Command {
         /// Print one JSON object with the token ids under "tokens".
         #[arg(long)]
         json: bool,
+        /// Generate across nodes instead of locally: the model cut into stages of its layers,
+        /// stage k on the k-th node (`http://HOST:PORT`, comma-separated), each stage's KV
+        /// cache resident in its node's session; nodes past the stages are spares that take
+        /// over a stage whose node fails, rebuilt from the tokens so far (the text does not
+        /// change). Each node receives only its stage's weights.
+        #[arg(long, value_delimiter = ',', conflicts_with = "device")]
+        nodes: Vec<String>,
+        /// With --nodes: how many stages (default: one per node, no spares).
+        #[arg(long, requires = "nodes")]
+        stages: Option<u64>,
+        /// With --nodes: the key file to sign requests with (default: a new key, which nodes
+        /// started with --open accept).
+        #[arg(long, requires = "nodes")]
+        key: Option<std::path::PathBuf>,
         #[command(flatten)]
         device: DeviceArgs,
     },
@@ -824,6 +838,9 @@ fn run(cli: Cli) -> Result<()> {
             weights,
             chat,
             json,
+            nodes,
+            stages,
+            key,
             device,
         } => {
             if !(top_p > 0.0 && top_p <= 1.0) {
@@ -840,6 +857,16 @@ fn run(cli: Cli) -> Result<()> {
                 (Some(_), Some(_)) => anyhow::bail!("--temperature must be above 0"),
                 _ => None,
             };
+            if !nodes.is_empty() {
+                let across = models_cmd::Across {
+                    nodes: &nodes,
+                    stages,
+                    key: key.as_deref(),
+                };
+                return models_cmd::generate_across(
+                    &prompt, max_tokens, sampling, weights, chat, json, &across,
+                );
+            }
             models_cmd::generate(&prompt, max_tokens, sampling, weights, chat, json, &device)
         }
         Command::Export {

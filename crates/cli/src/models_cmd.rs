@@ -207,6 +207,124 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
     }
 }
 
+/// Where `tenet generate --nodes` runs.
+pub struct Across<'a> {
+    pub nodes: &'a [String],
+    pub stages: Option<u64>,
+    pub key: Option<&'a std::path::Path>,
+}
+
+/// `tenet generate --nodes`: the model's stages on nodes (`tenet_node::stages`).
+pub fn generate_across(
+    prompt: &str,
+    max_tokens: usize,
+    sampling: Option<smollm2::Sampling>,
+    weights: smollm2::WeightsMode,
+    chat: bool,
+    json: bool,
+    across: &Across<'_>,
+) -> Result<()> {
+    use std::io::Write;
+    use tenet_node::stages::StagePipeline;
+    let gguf = smollm2_gguf()?;
+    let model = load_smollm2(&gguf, weights)?;
+    let n = across.stages.unwrap_or(across.nodes.len() as u64);
+    if n == 0 || n as usize > across.nodes.len() {
+        bail!(
+            "--stages {n} needs at least {n} nodes in --nodes (given {})",
+            across.nodes.len()
+        );
+    }
+    let stages = smollm2::Stage::even(&model.config, n).map_err(anyhow::Error::msg)?;
+    let key = match across.key {
+        Some(path) => tenet_node::identity::read_key(path)?,
+        None => tenet_node::identity::generate(),
+    };
+    let mut clients = across
+        .nodes
+        .iter()
+        .map(|url| tenet_node::NodeClient::new(url, key.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let spares = clients.split_off(n as usize);
+    let text = if chat {
+        format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+    } else {
+        prompt.to_string()
+    };
+    let ids = model.encode(&text).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if !json {
+        for (s, url) in stages.iter().zip(across.nodes) {
+            eprintln!("stage layers {}..{} on {url}", s.first, s.end);
+        }
+    }
+    let mut pipeline = rt.block_on(StagePipeline::new(&model, stages.clone(), clients, spares))?;
+    let start = std::time::Instant::now();
+    let mut generated: Vec<u32> = Vec::new();
+    let mut shown = 0usize;
+    let mut out = std::io::stdout();
+    if !json {
+        print!("{prompt}");
+    }
+    let tokens = rt.block_on(pipeline.generate(&ids, max_tokens, sampling, |t| {
+        generated.push(t);
+        if !json
+            && let Ok(s) = model.decode(&generated)
+            && s.len() > shown
+            && s.is_char_boundary(shown)
+        {
+            print!("{}", &s[shown..]);
+            shown = s.len();
+            let _ = out.flush();
+        }
+    }))?;
+    let secs = start.elapsed().as_secs_f64();
+    let rate = tokens.len() as f64 / secs;
+    let stats = pipeline.stats();
+    let per_token = |d: std::time::Duration| d.as_secs_f64() * 1e6 / tokens.len().max(1) as f64;
+    if json {
+        let v = serde_json::json!({
+            "prompt": prompt,
+            "prompt_tokens": ids,
+            "tokens": tokens,
+            "text": model.decode(&tokens).map_err(anyhow::Error::msg)?,
+            "tokens_per_s": (rate * 100.0).round() / 100.0,
+            "weights": model.mode().name(),
+            "stages": stages.iter().enumerate().map(|(k, s)| serde_json::json!({
+                "layers": [s.first, s.end],
+                "us_per_token": per_token(stats.stage_time[k]).round(),
+                "rows_sent": stats.rows_sent[k],
+            })).collect::<Vec<_>>(),
+            "replaced": stats.replaced.iter().map(|(k, old, new)| serde_json::json!({
+                "stage": k, "failed": old, "now": new,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        println!();
+        for (k, old, new) in &stats.replaced {
+            eprintln!("stage {k}: {old} failed; rebuilt on {new} from the tokens so far");
+        }
+        for (k, s) in stages.iter().enumerate() {
+            eprintln!(
+                "stage layers {}..{}: {:.0} µs a token (round trip and compute)",
+                s.first,
+                s.end,
+                per_token(stats.stage_time[k])
+            );
+        }
+        eprintln!(
+            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, {} stages across nodes, {} weights)",
+            tokens.len(),
+            stages.len(),
+            model.mode(),
+        );
+    }
+    Ok(())
+}
+
 /// `tenet generate`.
 pub fn generate(
     prompt: &str,

@@ -839,7 +839,7 @@ impl Sampling {
 /// With `top_p < 1`, tokens are taken in order of probability (highest first, lower id first
 /// on ties) until their sum, added in that order, reaches `top_p` of the total, and the draw
 /// walks only those, in that order.
-pub(crate) fn sample(logits: &[f32], s: Sampling, step: u64) -> u32 {
+pub fn sample(logits: &[f32], s: Sampling, step: u64) -> u32 {
     let t = s.temperature.max(1e-6);
     let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let p: Vec<f32> = logits.iter().map(|&l| math::exp((l - m) / t)).collect();

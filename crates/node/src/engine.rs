@@ -226,6 +226,11 @@ impl Engine {
         self.device.upload_owned(tensor).map_err(exec_error)
     }
 
+    /// Write `src` into `dst` from byte `offset`, on the device (`dst` copied first if shared).
+    pub fn write(&self, dst: &mut Buffer, offset: u64, src: &Buffer) -> Result<(), ApiError> {
+        self.device.write(dst, offset, src).map_err(exec_error)
+    }
+
     /// A buffer's tensor on the host, to hash or send: read in place where the device is the
     /// host (the buffer's handle is then the host tensor itself), downloaded otherwise.
     pub fn host<'b>(&self, buffer: &'b Buffer) -> Result<Cow<'b, HostTensor>, ApiError> {

@@ -24,6 +24,7 @@ pub mod membership;
 mod observe;
 mod pool;
 pub mod service;
+pub mod stages;
 
 use std::sync::Arc;
 

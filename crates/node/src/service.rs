@@ -166,11 +166,12 @@ struct JobTable {
 }
 
 /// A session tensor: a buffer on the node's device (a handle: runs read it where it lies) and
-/// the hash of its blob.
+/// the hash of its blob — `None` once a `write` changed it (rehashing a whole KV cache for
+/// every token would cost more than the token; such a tensor is not offered to peers).
 #[derive(Clone)]
 struct ResidentTensor {
     buffer: Buffer,
-    hash: Hash,
+    hash: Option<Hash>,
 }
 
 #[derive(Default)]
@@ -958,9 +959,13 @@ impl Node {
             hash,
             ty: b.ty().to_string(),
         };
-        session
-            .tensors
-            .insert(name.to_string(), ResidentTensor { buffer: b, hash });
+        session.tensors.insert(
+            name.to_string(),
+            ResidentTensor {
+                buffer: b,
+                hash: Some(hash),
+            },
+        );
         Ok(resident)
     }
 
@@ -1058,7 +1063,7 @@ impl Node {
             let found = lock(&s)
                 .tensors
                 .values()
-                .find(|r| r.hash == *hash)
+                .find(|r| r.hash == Some(*hash))
                 .map(|r| r.buffer.clone());
             if let Some(b) = found {
                 return Ok(payload(tensor::encode(&*self.engine.host(&b)?)));
@@ -1098,6 +1103,27 @@ impl Node {
                 Ok(OpResult::Blob(tenet_proto::to_hex(&tensor::encode(
                     &*self.engine.host(&r.buffer)?,
                 ))))
+            }
+            SessionOp::Write { name, from, row } => {
+                let src = session
+                    .tensors
+                    .get(&from)
+                    .ok_or_else(|| not_found(format!("no tensor {from} in this session")))?
+                    .buffer
+                    .clone();
+                let dst = session
+                    .tensors
+                    .get_mut(&name)
+                    .ok_or_else(|| not_found(format!("no tensor {name} in this session")))?;
+                let at = write_offset(dst.buffer.ty(), src.ty(), row).map_err(|m| {
+                    ApiError::new(
+                        ErrorCode::BadInputs,
+                        format!("write {from} into {name}: {m}"),
+                    )
+                })?;
+                self.engine.write(&mut dst.buffer, at, &src)?;
+                dst.hash = None;
+                Ok(OpResult::Done)
             }
             SessionOp::Free { name } => {
                 let r = session
@@ -1403,6 +1429,31 @@ impl Node {
     }
 }
 
+/// The byte offset at which `src` goes into `dst` from row `row` of its first axis, or why it
+/// cannot: the dtypes and the shapes past the first axis must match and the rows must fit.
+fn write_offset(
+    dst: &tenet_ir::TensorType,
+    src: &tenet_ir::TensorType,
+    row: u64,
+) -> Result<u64, String> {
+    if dst.dtype != src.dtype
+        || dst.rank() == 0
+        || dst.shape[1..] != src.shape[1.min(src.rank())..]
+        || src.rank() != dst.rank()
+    {
+        return Err(format!("{src} does not fit rows of {dst}"));
+    }
+    let end = row.checked_add(src.shape[0]).filter(|&e| e <= dst.shape[0]);
+    if end.is_none() {
+        return Err(format!(
+            "{} rows from row {row} do not fit {dst}",
+            src.shape[0]
+        ));
+    }
+    let row_elems: u64 = dst.shape[1..].iter().product();
+    Ok(row * row_elems * dst.dtype.size())
+}
+
 #[cfg(test)]
 mod reservation_tests {
     use super::*;
@@ -1424,5 +1475,29 @@ mod reservation_tests {
         assert_eq!(counter.load(Ordering::SeqCst), 40);
         drop(b);
         assert_eq!(counter.load(Ordering::SeqCst), 0);
+    }
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::write_offset;
+    use tenet_ir::{DType, TensorType};
+
+    #[test]
+    fn writes_must_fit_rows_of_the_same_kind() {
+        let cache = TensorType::new(DType::F32, vec![64, 3, 64]);
+        let row = TensorType::new(DType::F32, vec![1, 3, 64]);
+        assert_eq!(write_offset(&cache, &row, 0), Ok(0));
+        assert_eq!(write_offset(&cache, &row, 63), Ok(63 * 3 * 64 * 4));
+        assert!(write_offset(&cache, &row, 64).is_err());
+        assert!(write_offset(&cache, &row, u64::MAX).is_err());
+        let other = TensorType::new(DType::F16, vec![1, 3, 64]);
+        assert!(write_offset(&cache, &other, 0).is_err());
+        let wide = TensorType::new(DType::F32, vec![1, 3, 65]);
+        assert!(write_offset(&cache, &wide, 0).is_err());
+        let flat = TensorType::new(DType::F32, vec![192]);
+        assert!(write_offset(&cache, &flat, 0).is_err());
+        let scalar = TensorType::new(DType::F32, vec![]);
+        assert!(write_offset(&scalar, &scalar, 0).is_err());
     }
 }

@@ -187,6 +187,14 @@ pub enum SessionOp {
     Get { name: String },
     /// Forget a resident tensor.
     Free { name: String },
+    /// Copy resident tensor `from` into resident tensor `name` from row `row` of its first
+    /// axis (the same dtype and the same shape past the first axis; the rows must fit): how
+    /// a stage's KV cache takes one token's key and value rows without crossing the network.
+    Write {
+        name: String,
+        from: String,
+        row: u64,
+    },
     /// Fetch a tensor by hash from a peer node (`http://host:port`) and make it resident.
     Pull {
         name: String,

@@ -81,6 +81,11 @@ fn seeds() -> Vec<Vec<u8>> {
             },
             SessionOp::Get { name: "y".into() },
             SessionOp::Free { name: "x".into() },
+            SessionOp::Write {
+                name: "cache".into(),
+                from: "row".into(),
+                row: 3,
+            },
             SessionOp::Pull {
                 name: "z".into(),
                 hash: Hash::of(b"z"),
