@@ -297,6 +297,11 @@ enum Command {
         /// With --nodes: how many stages (default: one per node, no spares).
         #[arg(long, requires = "nodes")]
         stages: Option<u64>,
+        /// With --nodes: run every stage on this many nodes at once and go on with the bits a
+        /// strict majority gave; a node that answered otherwise is replaced by a spare (or
+        /// dropped). Stage k uses the k-th group of R nodes in --nodes.
+        #[arg(long, requires = "nodes", default_value_t = 1)]
+        replicas: usize,
         /// With --nodes: the key file to sign requests with (default: a new key, which nodes
         /// started with --open accept).
         #[arg(long, requires = "nodes")]
@@ -840,6 +845,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
             nodes,
             stages,
+            replicas,
             key,
             device,
         } => {
@@ -861,6 +867,7 @@ fn run(cli: Cli) -> Result<()> {
                 let across = models_cmd::Across {
                     nodes: &nodes,
                     stages,
+                    replicas,
                     key: key.as_deref(),
                 };
                 return models_cmd::generate_across(

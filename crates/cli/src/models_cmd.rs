@@ -211,6 +211,7 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
 pub struct Across<'a> {
     pub nodes: &'a [String],
     pub stages: Option<u64>,
+    pub replicas: usize,
     pub key: Option<&'a std::path::Path>,
 }
 
@@ -228,10 +229,14 @@ pub fn generate_across(
     use tenet_node::stages::StagePipeline;
     let gguf = smollm2_gguf()?;
     let model = load_smollm2(&gguf, weights)?;
-    let n = across.stages.unwrap_or(across.nodes.len() as u64);
-    if n == 0 || n as usize > across.nodes.len() {
+    let r = across.replicas;
+    let n = across
+        .stages
+        .unwrap_or((across.nodes.len() / r.max(1)) as u64);
+    if r == 0 || n == 0 || n as usize * r > across.nodes.len() {
         bail!(
-            "--stages {n} needs at least {n} nodes in --nodes (given {})",
+            "{n} stages on {r} replicas need at least {} nodes in --nodes (given {})",
+            n as usize * r,
             across.nodes.len()
         );
     }
@@ -243,9 +248,12 @@ pub fn generate_across(
     let mut clients = across
         .nodes
         .iter()
-        .map(|url| tenet_node::NodeClient::new(url, key.clone()))
+        .map(|url| {
+            tenet_node::NodeClient::new(url, key.clone())
+                .map(|c| c.with_timeout(std::time::Duration::from_secs(120)))
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    let spares = clients.split_off(n as usize);
+    let spares = clients.split_off(n as usize * r);
     let text = if chat {
         format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
     } else {
@@ -256,11 +264,17 @@ pub fn generate_across(
         .enable_all()
         .build()?;
     if !json {
-        for (s, url) in stages.iter().zip(across.nodes) {
-            eprintln!("stage layers {}..{} on {url}", s.first, s.end);
+        for (s, urls) in stages.iter().zip(across.nodes.chunks(r)) {
+            eprintln!("stage layers {}..{} on {}", s.first, s.end, urls.join(", "));
         }
     }
-    let mut pipeline = rt.block_on(StagePipeline::new(&model, stages.clone(), clients, spares))?;
+    let mut pipeline = rt.block_on(StagePipeline::new(
+        &model,
+        stages.clone(),
+        r,
+        clients,
+        spares,
+    ))?;
     let start = std::time::Instant::now();
     let mut generated: Vec<u32> = Vec::new();
     let mut shown = 0usize;
@@ -297,15 +311,25 @@ pub fn generate_across(
                 "us_per_token": per_token(stats.stage_time[k]).round(),
                 "rows_sent": stats.rows_sent[k],
             })).collect::<Vec<_>>(),
-            "replaced": stats.replaced.iter().map(|(k, old, new)| serde_json::json!({
-                "stage": k, "failed": old, "now": new,
+            "replicas": r,
+            "replaced": stats.replaced.iter().map(|x| serde_json::json!({
+                "stage": x.stage, "failed": x.failed, "now": x.now, "reason": x.reason,
             })).collect::<Vec<_>>(),
         });
         println!("{v}");
     } else {
         println!();
-        for (k, old, new) in &stats.replaced {
-            eprintln!("stage {k}: {old} failed; rebuilt on {new} from the tokens so far");
+        for x in &stats.replaced {
+            match &x.now {
+                Some(new) => eprintln!(
+                    "stage {}: {} failed ({}); rebuilt on {new} from the tokens so far",
+                    x.stage, x.failed, x.reason
+                ),
+                None => eprintln!(
+                    "stage {}: {} failed ({}); no spare left, the stage goes on with its other nodes",
+                    x.stage, x.failed, x.reason
+                ),
+            }
         }
         for (k, s) in stages.iter().enumerate() {
             eprintln!(
@@ -316,7 +340,7 @@ pub fn generate_across(
             );
         }
         eprintln!(
-            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, {} stages across nodes, {} weights)",
+            "{} tokens in {secs:.2} s ({rate:.1} tokens/s, {} stages across nodes × {r}, {} weights)",
             tokens.len(),
             stages.len(),
             model.mode(),

@@ -523,10 +523,76 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
     assert!(child.wait().unwrap().success(), "{err}");
     assert_eq!(String::from_utf8(seen).unwrap(), local, "{err}");
     assert!(
-        err.contains(&format!("{} failed; rebuilt on {}", urls[1], urls[3])),
+        err.contains(&format!("{} failed (", urls[1]))
+            && err.contains(&format!("rebuilt on {} from the tokens so far", urls[3])),
         "{err}"
     );
     assert!(err.contains("stage layers 10..20"), "{err}");
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `tenet generate --nodes --replicas 3`: every stage on three nodes at once, one of them
+/// lying about its rows (`--cheat flip`): the majority's bits go on, the liar is replaced by
+/// the spare, and the text is the local run's.
+#[test]
+fn smollm2_generation_across_nodes_outvotes_a_lying_stage_node() {
+    if tenet_models::fetch::cached(&tenet_models::fetch::SMOLLM2).is_err() {
+        eprintln!("SKIPPED: SmolLM2 is not in the cache (tenet models fetch smollm2)");
+        return;
+    }
+    let root = tmp("generate-r3");
+    let prompt = "The capital of France is";
+    let local = ok(tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "12"])
+        .output()
+        .unwrap());
+    let mut nodes = Vec::new();
+    let mut urls = Vec::new();
+    // Stage 0 on nodes 0-2, stage 1 on nodes 3-5 (node 4 lies), node 6 spare.
+    for i in 0..7 {
+        let dir = root.join(format!("node{i}"));
+        let mut args = vec![
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--no-fsync",
+            "--open",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ];
+        if i == 4 {
+            args.extend(["--cheat", "flip"]);
+        }
+        let (p, line) = spawn(args);
+        urls.push(common::url_of(&line));
+        nodes.push(p);
+    }
+    let out = tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "12"])
+        .args([
+            "--stages",
+            "2",
+            "--replicas",
+            "3",
+            "--nodes",
+            &urls.join(","),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), local, "{err}");
+    assert!(
+        err.contains(&format!(
+            "stage 1: {} failed (its answer differed from the majority's); rebuilt on {}",
+            urls[4], urls[6]
+        )),
+        "{err}"
+    );
+    assert_eq!(err.matches(" failed (").count(), 1, "{err}");
     drop(nodes);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -1100,9 +1100,14 @@ impl Node {
                     .tensors
                     .get(&name)
                     .ok_or_else(|| not_found(format!("no tensor {name} in this session")))?;
-                Ok(OpResult::Blob(tenet_proto::to_hex(&tensor::encode(
-                    &*self.engine.host(&r.buffer)?,
-                ))))
+                let host = self.engine.host(&r.buffer)?;
+                // A cheating node lies about what it hands back here too (a pipeline stage's
+                // rows), after computing honestly.
+                let t = match self.cheat {
+                    Some(c) => std::borrow::Cow::Owned(c.apply(host.into_owned())),
+                    None => host,
+                };
+                Ok(OpResult::Blob(tenet_proto::to_hex(&tensor::encode(&t))))
             }
             SessionOp::Write { name, from, row } => {
                 let src = session

@@ -14,8 +14,16 @@
 //! rebuilds its caches; its last output row is exactly the lost node's (a prefill computes each
 //! row with the operations a cached decode does, see the model's tests), so the text does not
 //! change. The other stages keep their sessions.
+//!
+//! With `replicas` r > 1, every stage runs on r nodes at once, each answering this driver
+//! alone (no node sees another's answer before giving its own), and the rows go on only when a
+//! strict majority gave the same bits; a node that answered otherwise is replaced by a spare
+//! (or dropped when none is left) and reported.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tenet_ir::{Graph, HostTensor, WeightsId};
@@ -24,7 +32,7 @@ use tenet_models::smollm2::stage::{
     stage_weights,
 };
 use tenet_models::smollm2::{EOS, Sampling, SmolLm2, sample};
-use tenet_proto::wire::{Batch, OpResult, SessionOp};
+use tenet_proto::wire::{Batch, BatchResults, OpResult, SessionOp};
 use tenet_proto::{ErrorCode, Hash, tensor};
 
 use crate::client::{ClientError, NodeClient};
@@ -52,8 +60,21 @@ pub enum StageError {
         url: String,
         reason: String,
     },
+    #[error("stage {stage}: no majority among its {replicas} nodes' answers")]
+    NoMajority { stage: usize, replicas: usize },
     #[error("{0}")]
     Model(String),
+}
+
+/// A stage's node that was replaced (or dropped) during a generation.
+#[derive(Clone, Debug)]
+pub struct Replaced {
+    pub stage: usize,
+    pub failed: String,
+    /// The spare that took its place; `None` when none was left and the stage went on with
+    /// its other replicas.
+    pub now: Option<String>,
+    pub reason: String,
 }
 
 /// What a generation across nodes measured.
@@ -64,8 +85,8 @@ pub struct StageStats {
     pub rows_sent: Vec<u64>,
     /// Decode steps (tokens after the first).
     pub steps: u64,
-    /// Stages rebuilt on a spare node, as (stage, failed node, new node).
-    pub replaced: Vec<(usize, String, String)>,
+    /// Nodes replaced: lost, or outvoted.
+    pub replaced: Vec<Replaced>,
 }
 
 /// A stage graph: (stage, kind, rows or old capacity, capacity).
@@ -86,7 +107,8 @@ pub struct StagePipeline<'m> {
     stages: Vec<Stage>,
     /// Per stage: its weights file (bytes), their id and their blob hash.
     files: Vec<(Vec<u8>, WeightsId, Hash)>,
-    nodes: Vec<Attached>,
+    /// Per stage: its replicas.
+    nodes: Vec<Vec<Attached>>,
     spares: Vec<NodeClient>,
     /// Every row each stage was given, in order.
     history: Vec<StageInput>,
@@ -111,20 +133,21 @@ fn is_lost(e: &ClientError) -> bool {
 }
 
 impl<'m> StagePipeline<'m> {
-    /// `model` cut into `stages`, stage k on `nodes[k]`; `spares` take over failed stages.
-    /// Each node receives its stage's weights file (only that stage's tensors) and opens a
-    /// session.
+    /// `model` cut into `stages`, each on `replicas` nodes: stage k on `nodes[k * replicas..
+    /// (k + 1) * replicas]`; `spares` take over failed or outvoted nodes. Each node receives
+    /// its stage's weights file (only that stage's tensors) and opens a session.
     pub async fn new(
         model: &'m SmolLm2,
         stages: Vec<Stage>,
+        replicas: usize,
         nodes: Vec<NodeClient>,
         spares: Vec<NodeClient>,
     ) -> Result<StagePipeline<'m>, StageError> {
-        if nodes.len() != stages.len() {
+        if replicas == 0 || nodes.len() != stages.len() * replicas {
             return Err(StageError::Model(format!(
-                "{} stages need {} nodes, not {}",
+                "{} stages on {replicas} replicas need {} nodes, not {}",
                 stages.len(),
-                stages.len(),
+                stages.len() * replicas,
                 nodes.len()
             )));
         }
@@ -152,9 +175,10 @@ impl<'m> StagePipeline<'m> {
                 ..StageStats::default()
             },
         };
-        for (k, client) in nodes.into_iter().enumerate() {
-            let a = p.attach(k, client).await?;
-            p.nodes.push(a);
+        p.nodes = (0..n).map(|_| Vec::new()).collect();
+        for (i, client) in nodes.into_iter().enumerate() {
+            let a = p.attach(i / replicas, client).await?;
+            p.nodes[i / replicas].push(a);
         }
         Ok(p)
     }
@@ -235,7 +259,7 @@ impl<'m> StagePipeline<'m> {
         }
         self.len = 0;
         self.capacity = 0;
-        for a in &mut self.nodes {
+        for a in self.nodes.iter_mut().flatten() {
             a.held = 0;
         }
         let mut out = Vec::new();
@@ -274,19 +298,9 @@ impl<'m> StagePipeline<'m> {
         for k in 0..self.stages.len() {
             self.history[k].extend(&input);
             let start = Instant::now();
-            let answer = loop {
-                match self.run_stage(k, &input, prefill, sampling, step).await {
-                    Ok(a) => break a,
-                    Err((lost, reason)) if lost => self.replace(k, reason).await?,
-                    Err((_, reason)) => {
-                        return Err(StageError::Answer {
-                            stage: k,
-                            url: self.nodes[k].client.url(),
-                            message: reason,
-                        });
-                    }
-                }
-            };
+            let answer = self
+                .run_replicas(k, &input, prefill, sampling, step)
+                .await?;
             self.stats.stage_time[k] += start.elapsed();
             self.stats.rows_sent[k] += input.rows(cfg.hidden);
             if k == last {
@@ -306,41 +320,145 @@ impl<'m> StagePipeline<'m> {
         Err(StageError::Model("no stages".into()))
     }
 
-    /// Stage `k`'s node failed: the next spare takes the stage and is prefilled with every row
-    /// the stage was given so far (this step's included), which rebuilds its caches.
-    async fn replace(&mut self, k: usize, reason: String) -> Result<(), StageError> {
-        let old = self.nodes[k].client.url();
+    /// Replica `i` of stage `k` failed or was outvoted: the next spare takes its place, to be
+    /// prefilled with every row the stage was given so far (this step's included) when it
+    /// next runs. Without a spare: an error, unless `may_drop` and other replicas remain.
+    async fn replace(
+        &mut self,
+        k: usize,
+        i: usize,
+        reason: String,
+        may_drop: bool,
+    ) -> Result<(), StageError> {
+        let failed = self.nodes[k][i].client.url();
         let Some(client) = self.spares.pop() else {
+            if may_drop && self.nodes[k].len() > 1 {
+                self.nodes[k].remove(i);
+                self.stats.replaced.push(Replaced {
+                    stage: k,
+                    failed,
+                    now: None,
+                    reason,
+                });
+                return Ok(());
+            }
             return Err(StageError::NoSpare {
                 stage: k,
-                url: old,
+                url: failed,
                 reason,
             });
         };
         let a = self.attach(k, client).await?;
-        self.stats.replaced.push((k, old, a.client.url()));
-        self.nodes[k] = a;
+        self.stats.replaced.push(Replaced {
+            stage: k,
+            failed,
+            now: Some(a.client.url()),
+            reason,
+        });
+        self.nodes[k][i] = a;
         Ok(())
     }
 
-    /// One batch on stage `k`'s node: a prefill (of the prompt, or of the whole history when
-    /// the node is new), or one decode step. `Err((lost, why))`: `lost` when the node or its
-    /// session is gone.
-    async fn run_stage(
+    /// Stage `k`'s step on all its replicas at once; the majority's answer. Replicas that are
+    /// lost are replaced and run the step again; those that answered otherwise than the
+    /// majority are replaced afterwards.
+    async fn run_replicas(
         &mut self,
         k: usize,
         input: &StageInput,
         prefill: bool,
         sampling: Option<Sampling>,
         step: u64,
-    ) -> Result<Answer, (bool, String)> {
+    ) -> Result<Answer, StageError> {
+        let mut answers: Vec<Option<Answer>> = (0..self.nodes[k].len()).map(|_| None).collect();
+        loop {
+            let pending: Vec<usize> = (0..answers.len())
+                .filter(|&i| answers[i].is_none())
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            let mut work = Vec::new();
+            for &i in &pending {
+                let (batch, tasks, keep) = self.batch_for(k, i, input, prefill, sampling)?;
+                let a = &mut self.nodes[k][i];
+                let tasks: Vec<(Hash, Vec<u8>)> = tasks
+                    .into_iter()
+                    .filter(|(h, _)| a.tasks.insert(*h))
+                    .collect();
+                work.push((batch, tasks, keep));
+            }
+            let replicas = &self.nodes[k];
+            let calls = pending.iter().zip(work).map(|(&i, (batch, tasks, keep))| {
+                let a = &replicas[i];
+                async move {
+                    for (_, bytes) in tasks {
+                        a.client.put_blob(bytes).await?;
+                    }
+                    let r = a.client.batch(&a.session, &batch).await?;
+                    Ok::<_, ClientError>((r, keep))
+                }
+            });
+            let results = join_all(calls.collect()).await;
+            for (&i, result) in pending.iter().zip(results) {
+                let outcome = match result {
+                    Ok((r, keep)) => answer_of(r, keep, sampling, step),
+                    Err(e) => Err((is_lost(&e), e.to_string())),
+                };
+                match outcome {
+                    Ok(a) => {
+                        self.nodes[k][i].held = self.capacity;
+                        answers[i] = Some(a);
+                    }
+                    Err((true, reason)) => self.replace(k, i, reason, false).await?,
+                    Err((false, message)) => {
+                        return Err(StageError::Answer {
+                            stage: k,
+                            url: self.nodes[k][i].client.url(),
+                            message,
+                        });
+                    }
+                }
+            }
+        }
+        let answers: Vec<Answer> = answers.into_iter().flatten().collect();
+        let r = answers.len();
+        let winner =
+            (0..r).find(|&i| 2 * answers.iter().filter(|a| a.same(&answers[i])).count() > r);
+        let Some(w) = winner else {
+            return Err(StageError::NoMajority {
+                stage: k,
+                replicas: r,
+            });
+        };
+        // Outvoted replicas go, from the last so the indices stay right.
+        for i in (0..r).rev() {
+            if !answers[i].same(&answers[w]) {
+                let reason = "its answer differed from the majority's".to_string();
+                self.replace(k, i, reason, true).await?;
+            }
+        }
+        Ok(answers[w].clone())
+    }
+
+    /// Replica `i` of stage `k`'s batch: a prefill (of the prompt, or of the whole history
+    /// when the node is new), or one decode step; the graphs it needs; and what to keep of
+    /// its answer.
+    #[allow(clippy::type_complexity)]
+    fn batch_for(
+        &mut self,
+        k: usize,
+        i: usize,
+        input: &StageInput,
+        prefill: bool,
+        sampling: Option<Sampling>,
+    ) -> Result<(Batch, Vec<(Hash, Vec<u8>)>, Keep), StageError> {
         let cfg = &self.model.config;
         let stage = self.stages[k];
         let capacity = self.capacity;
-        let fresh = self.nodes[k].held == 0;
+        let fresh = self.nodes[k][i].held == 0;
         let name = stage.input_name();
         let last = stage.is_last(cfg);
-        let model = |e: StageError| (false, e.to_string());
         let mut ops = Vec::new();
         let mut tasks = Vec::new();
         let rows;
@@ -348,12 +466,12 @@ impl<'m> StagePipeline<'m> {
             // A new node (or the prompt): every row the stage has been given.
             let all = &self.history[k];
             rows = all.rows(cfg.hidden);
-            let t = all.tensor(cfg.hidden).map_err(|e| (false, e))?;
+            let t = all.tensor(cfg.hidden).map_err(StageError::Model)?;
             ops.push(SessionOp::Put {
                 name: name.into(),
                 blob: hex_tensor(&t),
             });
-            let (task, bytes) = self.graph(k, "prefill", rows, capacity).map_err(model)?;
+            let (task, bytes) = self.graph(k, "prefill", rows, capacity)?;
             tasks.push((task, bytes));
             let mut outputs: std::collections::BTreeMap<String, String> = stage
                 .row_names()
@@ -371,20 +489,20 @@ impl<'m> StagePipeline<'m> {
         } else {
             rows = 1;
             let pos = self.len;
-            let t = input.tensor(cfg.hidden).map_err(|e| (false, e))?;
+            let t = input.tensor(cfg.hidden).map_err(StageError::Model)?;
             ops.push(SessionOp::Put {
                 name: name.into(),
                 blob: hex_tensor(&t),
             });
-            let pos_t =
-                HostTensor::from_i64(&[1], &[pos as i64]).map_err(|e| (false, e.to_string()))?;
+            let pos_t = HostTensor::from_i64(&[1], &[pos as i64])
+                .map_err(|e| StageError::Model(e.to_string()))?;
             ops.push(SessionOp::Put {
                 name: "pos".into(),
                 blob: hex_tensor(&pos_t),
             });
-            let held = self.nodes[k].held;
+            let held = self.nodes[k][i].held;
             if held < capacity {
-                let (task, bytes) = self.graph(k, "grow", held, capacity).map_err(model)?;
+                let (task, bytes) = self.graph(k, "grow", held, capacity)?;
                 tasks.push((task, bytes));
                 ops.push(SessionOp::Run {
                     task,
@@ -402,7 +520,7 @@ impl<'m> StagePipeline<'m> {
                     seed: 0,
                 });
             }
-            let (task, bytes) = self.graph(k, "decode", 1, capacity).map_err(model)?;
+            let (task, bytes) = self.graph(k, "decode", 1, capacity)?;
             tasks.push((task, bytes));
             let mut inputs: std::collections::BTreeMap<String, String> = stage
                 .cache_names()
@@ -438,47 +556,94 @@ impl<'m> StagePipeline<'m> {
             (true, Some(_)) => "logits",
         };
         ops.push(SessionOp::Get { name: want.into() });
-        let node = &mut self.nodes[k];
-        let lost = |e: ClientError| (is_lost(&e), e.to_string());
-        for (task, bytes) in tasks {
-            if node.tasks.insert(task) {
-                node.client.put_blob(bytes).await.map_err(lost)?;
-            }
-        }
-        let results = node
-            .client
-            .batch(&node.session, &Batch { ops })
-            .await
-            .map_err(lost)?;
-        if let Some(e) = results.error {
-            return Err((e.error.code == ErrorCode::NotFound, e.error.message));
-        }
-        node.held = capacity;
-        let Some(OpResult::Blob(hex)) = results.results.last() else {
-            return Err((false, "the batch gave no tensor back".into()));
+        // After a prefill, the next stage needs this step's rows: all of them for the prompt,
+        // the last one when a new node was rebuilt mid-generation.
+        let keep = Keep {
+            rows: if last {
+                0
+            } else if prefill {
+                rows * cfg.hidden
+            } else {
+                cfg.hidden
+            },
         };
-        let t = tenet_proto::from_hex(hex)
-            .ok_or("the tensor is not hex")
-            .and_then(|b| tensor::decode(&b).map_err(|_| "the tensor does not decode"))
-            .map_err(|e| (false, e.to_string()))?;
-        Ok(match (want, sampling) {
-            ("y", _) => {
-                let v = t.to_f32_vec();
-                // After a prefill, the next stage needs this step's rows: all of them for the
-                // prompt, the last one when a new node was rebuilt mid-generation.
-                let keep = if prefill { rows } else { 1 } as usize * cfg.hidden as usize;
-                Answer::Rows(v[v.len().saturating_sub(keep)..].to_vec())
-            }
-            ("logits", Some(s)) => Answer::Token(sample(&t.to_f32_vec(), s, step)),
-            _ => Answer::Token(t.to_i64_vec().first().map_or(0, |&x| x as u32)),
-        })
+        Ok((Batch { ops }, tasks, keep))
     }
 }
 
+/// What to keep of a stage's answer: its last `rows` floats (0: the last stage's token or
+/// logits).
+#[derive(Clone, Copy)]
+struct Keep {
+    rows: u64,
+}
+
+/// A batch's answer as the stage's output, or `Err((lost, why))`.
+fn answer_of(
+    results: BatchResults,
+    keep: Keep,
+    sampling: Option<Sampling>,
+    step: u64,
+) -> Result<Answer, (bool, String)> {
+    if let Some(e) = results.error {
+        return Err((e.error.code == ErrorCode::NotFound, e.error.message));
+    }
+    let Some(OpResult::Blob(hex)) = results.results.last() else {
+        return Err((false, "the batch gave no tensor back".into()));
+    };
+    let t = tenet_proto::from_hex(hex)
+        .ok_or("the tensor is not hex")
+        .and_then(|b| tensor::decode(&b).map_err(|_| "the tensor does not decode"))
+        .map_err(|e| (false, e.to_string()))?;
+    Ok(match (keep.rows, sampling) {
+        (0, None) => Answer::Token(t.to_i64_vec().first().map_or(0, |&x| x as u32)),
+        (0, Some(s)) => Answer::Token(sample(&t.to_f32_vec(), s, step)),
+        (n, _) => {
+            let v = t.to_f32_vec();
+            Answer::Rows(v[v.len().saturating_sub(n as usize)..].to_vec())
+        }
+    })
+}
+
+/// Poll every future until all are done; their outputs in order (the replicas of a stage
+/// answer concurrently on one thread).
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 /// What a stage's batch gave back.
+#[derive(Clone)]
 enum Answer {
     Rows(Vec<f32>),
     Token(u32),
+}
+
+impl Answer {
+    /// The same bits.
+    fn same(&self, other: &Answer) -> bool {
+        match (self, other) {
+            (Answer::Token(a), Answer::Token(b)) => a == b,
+            (Answer::Rows(a), Answer::Rows(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The outputs a stage's run keeps under their own names: `y`; or the last stage's `token`
