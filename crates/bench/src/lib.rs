@@ -10,6 +10,7 @@ pub mod node;
 mod numpy;
 pub mod onnx;
 mod peer;
+pub mod pipeline;
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -37,7 +37,7 @@ pub struct NodeReport {
     pub rows: Vec<NodeRow>,
 }
 
-struct Spawned(Child);
+pub(crate) struct Spawned(Child);
 
 impl Drop for Spawned {
     fn drop(&mut self) {
@@ -76,7 +76,7 @@ fn spec(id: String, task: Hash, inputs: &[(&str, &HostTensor)]) -> JobSpec {
 }
 
 /// Start `exe node` on a free loopback port, trusting `key`; the process dies with the guard.
-fn spawn_node(
+pub(crate) fn spawn_node(
     exe: &Path,
     dir: &Path,
     key: &tenet_proto::auth::KeyPair,

@@ -79,6 +79,24 @@ enum BenchWhat {
         #[arg(long, value_name = "MICROS", default_value_t = tenet_node::client::DEFAULT_BUSY_POLL.as_micros() as u64)]
         busy_poll_us: u64,
     },
+    /// SmolLM2 decoding across `tenet node` processes on 127.0.0.1 (its layers in stages, each
+    /// stage's KV cache resident on its node), once per stage (r = 1) and on three nodes per
+    /// stage (r = 3), against decoding locally in the same run: decode tokens/s, the ratio,
+    /// and µs per stage hop per token (`tenet models fetch smollm2` first).
+    Pipeline {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Tokens to generate (fewer if the model ends its answer first).
+        #[arg(long, default_value_t = 64)]
+        tokens: usize,
+        /// Stages the model is cut into.
+        #[arg(long, default_value_t = 3)]
+        stages: u64,
+        /// Threads per node and for the local decode [default: all cores].
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
+    },
     /// Start a coordinator and nodes on 127.0.0.1 and call a small task from many concurrent
     /// clients over the REST API: jobs/s and latency percentiles, every answer verified, and
     /// the ledger checked for lost jobs.
@@ -709,6 +727,36 @@ fn run(cli: Cli) -> Result<()> {
             };
             let report = tenet_bench::node::run(&exe, &options, |what| {
                 eprintln!("tenet bench node: {what}...")
+            })
+            .map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                Some(BenchWhat::Pipeline {
+                    json,
+                    tokens,
+                    stages,
+                    threads,
+                }),
+            ..
+        } => {
+            let threads = threads
+                .unwrap_or_else(tenet_devices::CpuDevice::default_threads)
+                .max(1);
+            let exe = std::env::current_exe().context("finding the tenet binary")?;
+            let options = tenet_bench::pipeline::PipelineBenchOptions {
+                tokens,
+                stages,
+                threads,
+            };
+            let report = tenet_bench::pipeline::run(&exe, &options, |what| {
+                eprintln!("tenet bench pipeline: {what}...")
             })
             .map_err(anyhow::Error::msg)?;
             if json {

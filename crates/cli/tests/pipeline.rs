@@ -596,3 +596,26 @@ fn smollm2_generation_across_nodes_outvotes_a_lying_stage_node() {
     drop(nodes);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `tenet bench pipeline` runs end to end: the local decode, then r = 1 and r = 3 across node
+/// processes, every run with the local tokens, and the figures in its JSON.
+#[test]
+fn bench_pipeline_reports_both_replications() {
+    if tenet_models::fetch::cached(&tenet_models::fetch::SMOLLM2).is_err() {
+        eprintln!("SKIPPED: SmolLM2 is not in the cache (tenet models fetch smollm2)");
+        return;
+    }
+    let out = ok(tenet()
+        .args(["bench", "pipeline", "--tokens", "6", "--stages", "2"])
+        .args(["--threads", "1", "--json"])
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["same_tokens"], true, "{v}");
+    assert_eq!(v["stages"], serde_json::json!([[0, 15], [15, 30]]), "{v}");
+    for run in ["local", "r1", "r3"] {
+        assert!(v[run]["decode_tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    assert_eq!(v["r1"]["stage_us_per_token"].as_array().unwrap().len(), 2);
+    assert!(v["hop_overhead_us"].is_number(), "{v}");
+}
