@@ -456,10 +456,12 @@ fn smollm2_prompt_split_over_nodes_smaller_than_the_model() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-/// `tenet generate --nodes`: SmolLM2 in three stages on three node processes, each stage's KV
-/// cache resident in its node's session, a fourth node spare. The stage-2 node is killed after
-/// the first tokens: the spare takes its stage, rebuilt from the rows it was given so far, and
-/// the text is the local `tenet generate`'s, byte for byte.
+/// `tenet generate --nodes`: SmolLM2 in three stages on three node processes whose
+/// `--memory-limit` (60 MiB) is below the whole model's certificates (~100 MB: asked to run it
+/// as one stage, a node refuses), each stage's KV cache resident in its node's session, a
+/// fourth node spare. The stage-2 node is killed after the first tokens: the spare takes its
+/// stage, rebuilt from the rows it was given so far, and the text is the local
+/// `tenet generate`'s, byte for byte.
 #[test]
 fn smollm2_generation_across_nodes_survives_a_killed_stage() {
     use std::io::Read;
@@ -475,6 +477,7 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
         .unwrap());
     let mut nodes = Vec::new();
     let mut urls = Vec::new();
+    let limit = (60u64 << 20).to_string();
     for i in 0..4 {
         let dir = root.join(format!("node{i}"));
         let (p, line) = spawn([
@@ -485,12 +488,23 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
             "1",
             "--no-fsync",
             "--open",
+            "--memory-limit",
+            &limit,
             "--data-dir",
             dir.to_str().unwrap(),
         ]);
         urls.push(common::url_of(&line));
         nodes.push(Some(p));
     }
+    // The whole model as one stage does not fit such a node.
+    let whole = tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "2"])
+        .args(["--nodes", &urls[0]])
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&whole.stderr);
+    assert!(!whole.status.success(), "{why}");
+    assert!(why.contains("this node runs jobs of up to"), "{why}");
     let mut child = tenet()
         .args(["generate", "--prompt", prompt, "--max-tokens", "40"])
         .args(["--stages", "3", "--nodes", &urls.join(",")])

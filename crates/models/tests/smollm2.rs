@@ -381,3 +381,42 @@ fn stages_give_the_whole_models_logits() {
     assert!(Stage::even(&m.config, 0).is_err());
     assert!(Stage::even(&m.config, layers + 1).is_err());
 }
+
+/// What a stage's node must hold is its share: every stage graph's certificate (prefill of a
+/// prompt, decode at the first capacities) is well under the whole model's, weights included.
+#[test]
+fn a_stages_certificate_is_its_share_of_the_models() {
+    use tenet_models::smollm2::stage::{Stage, stage_decode_graph, stage_prefill_graph};
+    use tenet_models::smollm2::{llama_decode_graph, llama_graph};
+    let Some(dir) = common::cached_or_skip(&SMOLLM2) else {
+        return;
+    };
+    let m =
+        SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), WeightsMode::Quantized).unwrap();
+    let (cfg, id) = (&m.config, m.weights.id);
+    let whole = llama_graph(cfg, id, 0, 16, true)
+        .unwrap()
+        .cost()
+        .peak_bytes
+        .max(llama_decode_graph(cfg, id, 128).unwrap().cost().peak_bytes);
+    let mut largest = 0;
+    for s in Stage::even(cfg, 3).unwrap() {
+        for peak in [
+            stage_prefill_graph(cfg, id, s, 16, 64)
+                .unwrap()
+                .cost()
+                .peak_bytes,
+            stage_decode_graph(cfg, id, s, 128)
+                .unwrap()
+                .cost()
+                .peak_bytes,
+        ] {
+            largest = largest.max(peak);
+        }
+    }
+    println!("whole {whole} bytes, largest stage {largest} bytes");
+    assert!(
+        largest * 3 < whole * 2,
+        "whole {whole}, largest stage {largest}"
+    );
+}
