@@ -150,6 +150,7 @@ pub fn run(
                 .zip(&before)
                 .map(|(t, b)| (*t - *b).as_secs_f64() * 1e6 / tokens.len().max(1) as f64)
                 .collect();
+            p.close().await;
             Ok((
                 tokens.clone(),
                 PipelineRow {

@@ -293,10 +293,12 @@ pub fn generate_across(
             shown = s.len();
             let _ = out.flush();
         }
-    }))?;
+    }));
     let secs = start.elapsed().as_secs_f64();
+    let stats = pipeline.stats().clone();
+    rt.block_on(pipeline.close());
+    let tokens = tokens?;
     let rate = tokens.len() as f64 / secs;
-    let stats = pipeline.stats();
     let per_token = |d: std::time::Duration| d.as_secs_f64() * 1e6 / tokens.len().max(1) as f64;
     if json {
         let v = serde_json::json!({

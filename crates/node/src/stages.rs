@@ -183,6 +183,14 @@ impl<'m> StagePipeline<'m> {
         Ok(p)
     }
 
+    /// Free every stage's session on its node (best effort: a node that is gone holds
+    /// nothing). Sessions hold their caches until freed, within the node's session memory.
+    pub async fn close(self) {
+        for a in self.nodes.into_iter().flatten() {
+            let _ = a.client.delete_session(&a.session).await;
+        }
+    }
+
     pub fn stats(&self) -> &StageStats {
         &self.stats
     }
@@ -331,6 +339,11 @@ impl<'m> StagePipeline<'m> {
         may_drop: bool,
     ) -> Result<(), StageError> {
         let failed = self.nodes[k][i].client.url();
+        if may_drop {
+            // Outvoted, not gone: its session is of no further use.
+            let a = &self.nodes[k][i];
+            let _ = a.client.delete_session(&a.session).await;
+        }
         let Some(client) = self.spares.pop() else {
             if may_drop && self.nodes[k].len() > 1 {
                 self.nodes[k].remove(i);
