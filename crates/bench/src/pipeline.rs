@@ -130,9 +130,16 @@ pub fn run(
             .map(|u| NodeClient::new(u, key.clone()).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
         rt.block_on(async {
-            let mut p = StagePipeline::new(&model, stages.clone(), replicas, clients, Vec::new())
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut p = StagePipeline::new(
+                &model,
+                stages.clone(),
+                replicas,
+                clients,
+                Vec::new(),
+                Box::new(|_: &str| {}),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             // A warm-up generation: the nodes load the weights and compile the graphs.
             p.generate(&ids, options.tokens, None, |_| {})
                 .await

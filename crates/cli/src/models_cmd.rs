@@ -274,6 +274,11 @@ pub fn generate_across(
         r,
         clients,
         spares,
+        Box::new(move |what: &str| {
+            if !json {
+                eprintln!("{what}");
+            }
+        }),
     ))?;
     let start = std::time::Instant::now();
     let mut generated: Vec<u32> = Vec::new();

@@ -116,6 +116,8 @@ pub struct StagePipeline<'m> {
     capacity: u64,
     len: u64,
     stats: StageStats,
+    /// Told what is being sent where (weights files are tens of MB).
+    progress: Box<dyn Fn(&str) + 'm>,
 }
 
 fn hex_tensor(t: &HostTensor) -> String {
@@ -135,13 +137,15 @@ fn is_lost(e: &ClientError) -> bool {
 impl<'m> StagePipeline<'m> {
     /// `model` cut into `stages`, each on `replicas` nodes: stage k on `nodes[k * replicas..
     /// (k + 1) * replicas]`; `spares` take over failed or outvoted nodes. Each node receives
-    /// its stage's weights file (only that stage's tensors) and opens a session.
+    /// its stage's weights file (only that stage's tensors) and opens a session; `progress`
+    /// hears each file sent.
     pub async fn new(
         model: &'m SmolLm2,
         stages: Vec<Stage>,
         replicas: usize,
         nodes: Vec<NodeClient>,
         spares: Vec<NodeClient>,
+        progress: Box<dyn Fn(&str) + 'm>,
     ) -> Result<StagePipeline<'m>, StageError> {
         if replicas == 0 || nodes.len() != stages.len() * replicas {
             return Err(StageError::Model(format!(
@@ -174,6 +178,7 @@ impl<'m> StagePipeline<'m> {
                 rows_sent: vec![0; n],
                 ..StageStats::default()
             },
+            progress,
         };
         p.nodes = (0..n).map(|_| Vec::new()).collect();
         for (i, client) in nodes.into_iter().enumerate() {
@@ -208,6 +213,14 @@ impl<'m> StagePipeline<'m> {
         };
         let (bytes, _, hash) = &self.files[k];
         if client.has_blob(hash).await.map_err(err)?.is_none() {
+            let s = self.stages[k];
+            (self.progress)(&format!(
+                "sending stage layers {}..{}'s weights ({:.1} MB) to {}",
+                s.first,
+                s.end,
+                bytes.len() as f64 / 1e6,
+                client.url()
+            ));
             client.put_blob(bytes.clone()).await.map_err(err)?;
         }
         let session = client.create_session().await.map_err(err)?;
