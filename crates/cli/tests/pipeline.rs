@@ -461,7 +461,7 @@ fn smollm2_prompt_split_over_nodes_smaller_than_the_model() {
 /// as one stage, a node refuses), each stage's KV cache resident in its node's session, a
 /// fourth node spare. The stage-2 node is killed after the first tokens: the spare takes its
 /// stage, rebuilt from the rows it was given so far, and the text is the local
-/// `tenet generate`'s, byte for byte.
+/// `tenet generate`'s, byte for byte; sampled text too.
 #[test]
 fn smollm2_generation_across_nodes_survives_a_killed_stage() {
     use std::io::Read;
@@ -542,6 +542,21 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
         "{err}"
     );
     assert!(err.contains("stage layers 10..20"), "{err}");
+    // Sampled (seed, temperature, top-p) on the nodes still up: the local run's text too.
+    let sampled = ["--seed", "7", "--temperature", "0.8", "--top-p", "0.9"];
+    let local = ok(tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "12"])
+        .args(sampled)
+        .output()
+        .unwrap());
+    let up = [urls[0].as_str(), urls[3].as_str(), urls[2].as_str()].join(",");
+    let across = ok(tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "12"])
+        .args(sampled)
+        .args(["--nodes", &up])
+        .output()
+        .unwrap());
+    assert_eq!(across, local);
     drop(nodes);
     let _ = std::fs::remove_dir_all(&root);
 }
