@@ -235,7 +235,7 @@ pub fn generate_across(
         .unwrap_or((across.nodes.len() / r.max(1)) as u64);
     if r == 0 || n == 0 || n as usize * r > across.nodes.len() {
         bail!(
-            "{n} stages on {r} replicas need at least {} nodes in --nodes (given {})",
+            "{n} stages of {r} node(s) each need at least {} nodes in --nodes (given {})",
             n as usize * r,
             across.nodes.len()
         );

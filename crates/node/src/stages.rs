@@ -182,8 +182,14 @@ impl<'m> StagePipeline<'m> {
         };
         p.nodes = (0..n).map(|_| Vec::new()).collect();
         for (i, client) in nodes.into_iter().enumerate() {
-            let a = p.attach(i / replicas, client).await?;
-            p.nodes[i / replicas].push(a);
+            match p.attach(i / replicas, client).await {
+                Ok(a) => p.nodes[i / replicas].push(a),
+                Err(e) => {
+                    // The sessions opened so far would hold memory on their nodes for nothing.
+                    p.close().await;
+                    return Err(e);
+                }
+            }
         }
         Ok(p)
     }
