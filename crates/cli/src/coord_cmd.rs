@@ -795,3 +795,84 @@ pub fn bond(remote: &Remote, node: &str, amount: i64, operator: Option<&str>) ->
         Ok(())
     })
 }
+
+/// `tenet generate --coordinator`: the coordinator runs the generation with the LLM's layers
+/// in stages across its nodes (`POST /v1/llms/{model}/staged`); the staged receipt is checked
+/// against the coordinator's key before the text is printed.
+pub fn generate_staged(
+    url: &str,
+    api_key: Option<String>,
+    model: &str,
+    (shown, body): (&str, Value),
+    json: bool,
+) -> Result<()> {
+    use tenet_proto::staged_receipt::StagedReceipt;
+    let remote = Remote {
+        coordinator: url.to_string(),
+        api_key,
+        admin_key: None,
+        key: None,
+    };
+    let client = Client::new(&remote)?;
+    let start = Instant::now();
+    let (info, v) = runtime()?.block_on(async {
+        let info = client
+            .call(Method::GET, "/v1/info", Vec::new(), "application/json")
+            .await?;
+        let v = client
+            .call(
+                Method::POST,
+                &format!("/v1/llms/{model}/staged"),
+                serde_json::to_vec(&body)?,
+                "application/json",
+            )
+            .await?;
+        anyhow::Ok((info, v))
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let receipt: StagedReceipt = serde_json::from_value(v["receipt"].clone())
+        .context("the coordinator's answer has no staged receipt")?;
+    receipt
+        .verify_from(&coordinator_key(&info)?)
+        .context("the staged receipt does not verify")?;
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    println!("{shown}{}", v["text"].as_str().unwrap_or(""));
+    for s in &receipt.stages {
+        eprintln!(
+            "stage layers {}..{}: agreed by {}",
+            s.first,
+            s.end,
+            s.nodes
+                .iter()
+                .map(|n| n.to_hex()[..12].to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for r in v["replaced"].as_array().into_iter().flatten() {
+        eprintln!(
+            "stage {}: node {} replaced ({})",
+            r["stage"],
+            r["node"].as_str().unwrap_or("?"),
+            r["reason"].as_str().unwrap_or("?")
+        );
+    }
+    for s in v["slashed"].as_array().into_iter().flatten() {
+        eprintln!(
+            "slashed {} of node {}",
+            s["amount"],
+            s["node"].as_str().unwrap_or("?")
+        );
+    }
+    eprintln!(
+        "{} tokens in {secs:.2} s across {} stages × {} nodes; staged receipt verified (coordinator {})",
+        receipt.tokens.len(),
+        receipt.stages.len(),
+        receipt.replicas,
+        &receipt.coordinator.to_hex()[..12]
+    );
+    Ok(())
+}

@@ -312,18 +312,36 @@ enum Command {
         /// change). Each node receives only its stage's weights.
         #[arg(long, value_delimiter = ',', conflicts_with = "device")]
         nodes: Vec<String>,
-        /// With --nodes: how many stages (default: one per node, no spares).
-        #[arg(long, requires = "nodes")]
+        /// With --nodes: how many stages (default: one per node, no spares); with
+        /// --coordinator, default 3.
+        #[arg(long)]
         stages: Option<u64>,
         /// With --nodes: run every stage on this many nodes at once and go on with the bits a
         /// strict majority gave; a node that answered otherwise is replaced by a spare (or
-        /// dropped). Stage k uses the k-th group of R nodes in --nodes.
-        #[arg(long, requires = "nodes", default_value_t = 1)]
-        replicas: usize,
+        /// dropped). Stage k uses the k-th group of R nodes in --nodes. With --coordinator,
+        /// the default is the coordinator's.
+        #[arg(long)]
+        replicas: Option<usize>,
         /// With --nodes: the key file to sign requests with (default: a new key, which nodes
         /// started with --open accept).
         #[arg(long, requires = "nodes")]
         key: Option<std::path::PathBuf>,
+        /// Generate through a coordinator instead: it picks each stage's nodes (--replicas of
+        /// them, default its own) among its staked nodes, slashes nodes its majority outvotes,
+        /// and signs a staged receipt, checked here before the text is printed.
+        #[arg(long, value_name = "URL", conflicts_with_all = ["nodes", "device"])]
+        coordinator: Option<String>,
+        /// With --coordinator: the API key (sent as `authorization: Bearer KEY`).
+        #[arg(
+            long,
+            value_name = "KEY",
+            env = "TENET_API_KEY",
+            requires = "coordinator"
+        )]
+        api_key: Option<String>,
+        /// With --coordinator: the deployed LLM's name.
+        #[arg(long, default_value = "smollm2", requires = "coordinator")]
+        model: String,
         #[command(flatten)]
         device: DeviceArgs,
     },
@@ -895,6 +913,9 @@ fn run(cli: Cli) -> Result<()> {
             stages,
             replicas,
             key,
+            coordinator,
+            api_key,
+            model,
             device,
         } => {
             if !(top_p > 0.0 && top_p <= 1.0) {
@@ -911,11 +932,33 @@ fn run(cli: Cli) -> Result<()> {
                 (Some(_), Some(_)) => anyhow::bail!("--temperature must be above 0"),
                 _ => None,
             };
+            if let Some(url) = coordinator {
+                let text = if chat {
+                    format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+                } else {
+                    prompt.clone()
+                };
+                let mut body = serde_json::json!({
+                    "prompt": text,
+                    "max_tokens": max_tokens,
+                    "stages": stages.unwrap_or(3),
+                    "replicas": replicas.unwrap_or(0),
+                });
+                if let Some(s) = sampling {
+                    body["seed"] = s.seed.into();
+                    body["temperature"] = s.temperature.into();
+                    body["top_p"] = s.top_p.into();
+                }
+                return coord_cmd::generate_staged(&url, api_key, &model, (&prompt, body), json);
+            }
+            if stages.is_some() && nodes.is_empty() {
+                anyhow::bail!("--stages needs --nodes or --coordinator");
+            }
             if !nodes.is_empty() {
                 let across = models_cmd::Across {
                     nodes: &nodes,
                     stages,
-                    replicas,
+                    replicas: replicas.unwrap_or(1),
                     key: key.as_deref(),
                 };
                 return models_cmd::generate_across(

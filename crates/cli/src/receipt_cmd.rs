@@ -41,7 +41,14 @@ pub struct VerifyArgs<'a> {
 pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
     let text = std::fs::read_to_string(a.file)
         .with_context(|| format!("cannot read {}", a.file.display()))?;
-    if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v.get("stages").is_some()) {
+    let value = serde_json::from_str::<serde_json::Value>(&text).ok();
+    if value
+        .as_ref()
+        .is_some_and(|v| v.get("generation").is_some())
+    {
+        return verify_staged(&a, &text);
+    }
+    if value.is_some_and(|v| v.get("stages").is_some()) {
         return verify_pipeline(&a, &text);
     }
     let receipt: Receipt = serde_json::from_str(&text)
@@ -233,4 +240,48 @@ fn replay(r: &Receipt, dir: &Path) -> Result<String> {
         "replayed locally: within the tolerant bound {} (largest difference {worst})",
         r.tolerance
     ))
+}
+
+/// A staged generation's receipt (`tenet generate --coordinator`): the stages chain, the
+/// coordinator's signature.
+fn verify_staged(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
+    use tenet_proto::staged_receipt::StagedReceipt;
+    let receipt: StagedReceipt = serde_json::from_str(text)
+        .with_context(|| format!("{} is not a tenet staged receipt", a.file.display()))?;
+    if a.replay.is_some() {
+        bail!(
+            "--replay replays one job's receipt; re-run `tenet generate` with the receipt's prompt and sampling to compare its tokens"
+        );
+    }
+    match a.coordinator {
+        Some(k) => {
+            let key = PublicKey::parse(k)
+                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))?;
+            receipt.verify_from(&key)
+        }
+        None => receipt.verify(),
+    }
+    .with_context(|| format!("{} does NOT verify", a.file.display()))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "verified": true, "generation": receipt.generation, "tokens": receipt.tokens,
+                "stages": receipt.stages.len(), "replicas": receipt.replicas,
+                "outvoted": receipt.outvoted, "coordinator": receipt.coordinator,
+                "coordinator_pinned": a.coordinator.is_some(),
+            })
+        );
+    } else {
+        println!(
+            "verified: staged generation {} — {} tokens, {} stages × {} nodes, {} outvoted, signed by coordinator {}",
+            receipt.generation,
+            receipt.tokens.len(),
+            receipt.stages.len(),
+            receipt.replicas,
+            receipt.outvoted.len(),
+            receipt.coordinator.to_hex()
+        );
+    }
+    Ok(())
 }

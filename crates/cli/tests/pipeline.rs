@@ -648,3 +648,129 @@ fn bench_pipeline_reports_both_replications() {
     assert_eq!(v["r1"]["stage_us_per_token"].as_array().unwrap().len(), 2);
     assert!(v["hop_overhead_us"].is_number(), "{v}");
 }
+
+/// `tenet generate --coordinator`: the coordinator cuts the deployed SmolLM2 into two stages,
+/// picks three of its six staked nodes for each (one lying with `--cheat flip`), and drives
+/// them. The liar is outvoted and slashed, the text is the local run's, and the staged receipt
+/// verifies offline; one with a token changed does not.
+#[test]
+fn smollm2_staged_generation_through_the_coordinator_slashes_a_liar() {
+    if tenet_models::fetch::cached(&tenet_models::fetch::SMOLLM2).is_err() {
+        eprintln!("SKIPPED: SmolLM2 is not in the cache (tenet models fetch smollm2)");
+        return;
+    }
+    let root = tmp("staged");
+    let d = |p: &str| root.join(p).to_str().unwrap().to_string();
+    let prompt = "The capital of France is";
+    let local: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args([
+            "generate",
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "10",
+            "--json",
+        ])
+        .output()
+        .unwrap()))
+    .unwrap();
+    let (_coord, line) = spawn([
+        "coordinator",
+        "--open",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d("coord"),
+        "--replicas",
+        "3",
+    ]);
+    let curl = common::url_of(&line);
+    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
+    let mut nodes = Vec::new();
+    for i in 0..6 {
+        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
+        if i == 4 {
+            extra.extend(["--cheat", "flip"]);
+        }
+        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
+    }
+    ok(tenet()
+        .args(["deploy", "--model", "smollm2", "--coordinator", &curl])
+        .output()
+        .unwrap());
+    // Nodes join by themselves: retry while not all six have.
+    let mut answer = None;
+    for _ in 0..40 {
+        let o = tenet()
+            .args([
+                "generate",
+                "--prompt",
+                prompt,
+                "--max-tokens",
+                "10",
+                "--json",
+            ])
+            .args(["--coordinator", &curl, "--stages", "2"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            answer = Some(String::from_utf8(o.stdout).unwrap());
+            break;
+        }
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(err.contains("node"), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&answer.expect("all six nodes joined")).unwrap();
+    assert_eq!(v["tokens"], local["tokens"], "{v}");
+    let slashed = v["slashed"].as_array().unwrap();
+    assert_eq!(slashed.len(), 1, "{v}");
+    assert!(slashed[0]["amount"].as_i64().unwrap() > 0, "{v}");
+    assert_eq!(v["receipt"]["outvoted"].as_array().unwrap().len(), 1, "{v}");
+    assert!(
+        v["replaced"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("differed from the majority"),
+        "{v}"
+    );
+    // As a user reads it: the local run's text, and where each stage ran.
+    let plain = tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "10"])
+        .args(["--coordinator", &curl, "--stages", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&plain.stderr).to_string();
+    assert!(plain.status.success(), "{err}");
+    let local_text = ok(tenet()
+        .args(["generate", "--prompt", prompt, "--max-tokens", "10"])
+        .output()
+        .unwrap());
+    assert_eq!(
+        String::from_utf8(plain.stdout).unwrap(),
+        local_text,
+        "{err}"
+    );
+    assert!(err.contains("staged receipt verified"), "{err}");
+    assert!(err.contains("stage layers 15..30: agreed by"), "{err}");
+    let file = d("receipt.json");
+    std::fs::write(&file, v["receipt"].to_string()).unwrap();
+    let checked = ok(tenet()
+        .args(["receipt", "verify", &file, "--coordinator", &ckey])
+        .output()
+        .unwrap());
+    assert!(checked.contains("verified: staged generation"), "{checked}");
+    let mut tampered = v["receipt"].clone();
+    tampered["tokens"][0] = serde_json::json!(7);
+    std::fs::write(&file, tampered.to_string()).unwrap();
+    let refused = tenet().args(["receipt", "verify", &file]).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("does NOT verify"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&root);
+}

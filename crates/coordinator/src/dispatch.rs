@@ -390,7 +390,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
 
     /// Why fewer than `want` nodes could be picked for `need`: no node's limits take the task
     /// (nothing is sent to any node), or too few healthy parties.
-    async fn shortfall(&self, have: usize, want: usize, need: Need) -> DispatchError {
+    pub(crate) async fn shortfall(&self, have: usize, want: usize, need: Need) -> DispatchError {
         let Ok(nodes) = self.ledger.nodes().await else {
             return DispatchError::NotEnoughNodes { have, need: want };
         };

@@ -121,6 +121,97 @@ fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, message)
 }
 
+/// The body of `POST /v1/llms/{name}/staged`: `prompt` (text, or `ids`), `max_tokens` (32),
+/// `stages` (3), `replicas` (the coordinator's), and `seed` with `temperature` (> 0) and
+/// `top_p` for sampling; unknown fields refused.
+fn staged_request(
+    body: &[u8],
+    model: &tenet_models::smollm2::SmolLm2,
+) -> Result<crate::staged::StagedRequest, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        prompt: Option<String>,
+        ids: Option<Vec<u32>>,
+        #[serde(default = "default_tokens")]
+        max_tokens: u64,
+        #[serde(default = "default_stages")]
+        stages: u64,
+        #[serde(default)]
+        replicas: usize,
+        seed: Option<u64>,
+        temperature: Option<f32>,
+        #[serde(default = "one")]
+        top_p: f32,
+    }
+    fn default_tokens() -> u64 {
+        32
+    }
+    fn default_stages() -> u64 {
+        3
+    }
+    fn one() -> f32 {
+        1.0
+    }
+    let b: Body = serde_json::from_slice(body).map_err(|e| {
+        bad(format!(
+            "expected {{\"prompt\" or \"ids\", \"max_tokens\", \"stages\", \"replicas\", \"seed\", \"temperature\", \"top_p\"}}: {e}"
+        ))
+    })?;
+    let prompt = match (b.prompt, b.ids) {
+        (Some(text), None) => model.encode(&text).map_err(bad)?,
+        (None, Some(ids)) => {
+            if let Some(id) = ids.iter().find(|&&i| u64::from(i) >= model.config.vocab) {
+                return Err(bad(format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    model.config.vocab
+                )));
+            }
+            ids
+        }
+        _ => {
+            return Err(bad(
+                "give the prompt as \"prompt\" (text) or \"ids\", not both",
+            ));
+        }
+    };
+    let most = tenet_models::generation::MAX_NEW_TOKENS;
+    if b.max_tokens == 0 || b.max_tokens > most {
+        return Err(bad(format!(
+            "max_tokens must be 1 to {most}, not {}",
+            b.max_tokens
+        )));
+    }
+    if b.replicas > 16 {
+        return Err(bad(format!(
+            "replicas must be at most 16, not {}",
+            b.replicas
+        )));
+    }
+    if !(b.top_p > 0.0 && b.top_p <= 1.0) {
+        return Err(bad(format!("top_p must be in (0, 1], not {}", b.top_p)));
+    }
+    let sampling = match (b.seed, b.temperature) {
+        (_, None) => None,
+        (Some(seed), Some(t)) if t.is_finite() && t > 0.0 => {
+            Some(tenet_models::smollm2::Sampling {
+                seed,
+                temperature: t,
+                top_p: b.top_p,
+            })
+        }
+        (None, Some(_)) => return Err(bad("temperature needs a seed")),
+        (_, Some(t)) => return Err(bad(format!("temperature must be above 0, not {t}"))),
+    };
+    Ok(crate::staged::StagedRequest {
+        prompt,
+        max_tokens: b.max_tokens as usize,
+        stages: b.stages,
+        replicas: b.replicas,
+        sampling,
+    })
+}
+
 /// A weights file (or safetensors body) refused: `exceeds_limits` (422) when loading it would
 /// take more memory than this machine has available
 /// ([`tenet_models::default_max_resident_bytes`]), else `otherwise`.
@@ -648,6 +739,32 @@ impl<L: Ledger + 'static> Service<L> {
                         .await
                         .unwrap_or_else(|e| e.reply()),
                 )
+            }
+            ("POST", ["v1", "llms", name, "staged"]) => {
+                let llm = self.llms.get(name).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("no LLM {name} is deployed here (GET /v1/models lists them)"),
+                    )
+                })?;
+                let req = staged_request(&body, &llm.model)?;
+                let out = self
+                    .core
+                    .generate_staged(&llm, req)
+                    .await
+                    .map_err(dispatch_error)?;
+                json_reply(&json!({
+                    "generation": out.receipt.generation,
+                    "tokens": out.tokens,
+                    "text": llm.model.decode(&out.tokens).map_err(internal)?,
+                    "replaced": out.replaced.iter().map(|(k, n, why)| json!({
+                        "stage": k, "node": n, "reason": why,
+                    })).collect::<Vec<_>>(),
+                    "slashed": out.slashed.iter().map(|(n, a)| json!({
+                        "node": n, "amount": a,
+                    })).collect::<Vec<_>>(),
+                    "receipt": out.receipt,
+                }))
             }
             ("POST", ["v1", "llms"]) => {
                 caller.require_admin_because(

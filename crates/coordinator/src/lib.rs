@@ -15,6 +15,7 @@ pub mod openai;
 mod phases;
 pub mod pipeline;
 pub mod registry;
+pub mod staged;
 
 pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};
 

@@ -75,6 +75,8 @@ pub struct Replaced {
     /// its other replicas.
     pub now: Option<String>,
     pub reason: String,
+    /// It answered otherwise than its stage's majority (rather than stopping answering).
+    pub outvoted: bool,
 }
 
 /// What a generation across nodes measured.
@@ -117,7 +119,7 @@ pub struct StagePipeline<'m> {
     len: u64,
     stats: StageStats,
     /// Told what is being sent where (weights files are tens of MB).
-    progress: Box<dyn Fn(&str) + 'm>,
+    progress: Box<dyn Fn(&str) + Send + Sync + 'm>,
 }
 
 fn hex_tensor(t: &HostTensor) -> String {
@@ -145,7 +147,7 @@ impl<'m> StagePipeline<'m> {
         replicas: usize,
         nodes: Vec<NodeClient>,
         spares: Vec<NodeClient>,
-        progress: Box<dyn Fn(&str) + 'm>,
+        progress: Box<dyn Fn(&str) + Send + Sync + 'm>,
     ) -> Result<StagePipeline<'m>, StageError> {
         if replicas == 0 || nodes.len() != stages.len() * replicas {
             return Err(StageError::Model(format!(
@@ -200,6 +202,14 @@ impl<'m> StagePipeline<'m> {
         for a in self.nodes.into_iter().flatten() {
             let _ = a.client.delete_session(&a.session).await;
         }
+    }
+
+    /// Each stage's nodes now (their URLs), replacements included.
+    pub fn nodes(&self) -> Vec<Vec<String>> {
+        self.nodes
+            .iter()
+            .map(|r| r.iter().map(|a| a.client.url()).collect())
+            .collect()
     }
 
     pub fn stats(&self) -> &StageStats {
@@ -371,6 +381,7 @@ impl<'m> StagePipeline<'m> {
                     failed,
                     now: None,
                     reason,
+                    outvoted: may_drop,
                 });
                 return Ok(());
             }
@@ -386,6 +397,7 @@ impl<'m> StagePipeline<'m> {
             failed,
             now: Some(a.client.url()),
             reason,
+            outvoted: may_drop,
         });
         self.nodes[k][i] = a;
         Ok(())

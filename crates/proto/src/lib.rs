@@ -16,6 +16,7 @@ mod nonces;
 pub mod pipeline_receipt;
 pub mod receipt;
 pub mod run_body;
+pub mod staged_receipt;
 pub mod tensor;
 pub mod wire;
 

@@ -1,0 +1,214 @@
+//! Generation across nodes run by the coordinator: a deployed LLM cut into stages of its
+//! layers (`tenet_models::smollm2::stage`), each stage on `replicas` staked nodes picked like
+//! any job's replicas (by stake × score, one per operator, among nodes whose advertised memory
+//! takes that stage's graphs), driven with the coordinator's own key through
+//! `tenet_node::stages` — each stage's KV cache resident in its nodes' sessions, every token's
+//! rows going on only when a strict majority of the stage's nodes gave the same bits. A node
+//! outvoted is slashed and replaced by a spare (prefilled with the stage's rows so far, so the
+//! text does not change); a node that stops answering is replaced the same way. The answer
+//! carries a [`StagedReceipt`] the coordinator signs.
+
+use std::collections::{HashMap, HashSet};
+
+use tenet_ledger::Ledger;
+use tenet_models::smollm2::stage::{Stage, capacity_for, stage_decode_graph, stage_prefill_graph};
+use tenet_models::smollm2::{Sampling, SmolLm2};
+use tenet_node::NodeClient;
+use tenet_node::stages::StagePipeline;
+use tenet_proto::auth::PublicKey;
+use tenet_proto::staged_receipt::{StagedReceipt, StagedSampling, StagedStage};
+
+use crate::dispatch::{Coordinator, DispatchError, Need, now};
+use crate::openai::Llm;
+
+/// Spare nodes picked beside a staged generation's replicas, when there are that many.
+const SPARES: usize = 2;
+
+/// The most stages a generation may ask for.
+pub const MAX_STAGES: u64 = 64;
+
+/// What a caller asks.
+pub struct StagedRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub stages: u64,
+    /// Nodes per stage (0: the coordinator's configured replicas).
+    pub replicas: usize,
+    pub sampling: Option<Sampling>,
+}
+
+/// A staged generation's result.
+pub struct StagedOutcome {
+    pub tokens: Vec<u32>,
+    /// Nodes slashed, with the amount taken.
+    pub slashed: Vec<(String, i64)>,
+    /// Nodes replaced: (stage, node, why).
+    pub replaced: Vec<(usize, String, String)>,
+    pub receipt: StagedReceipt,
+}
+
+fn key_of(id: &str) -> Result<PublicKey, DispatchError> {
+    PublicKey::parse(id)
+        .ok_or_else(|| DispatchError::Internal(format!("node id {id} is not a public key")))
+}
+
+/// What stage `s` needs of a node to run `positions` positions: its prefill of the prompt
+/// and its decode step at the largest capacity, by their certificates.
+fn stage_need(model: &SmolLm2, s: Stage, prompt: u64, positions: u64) -> Result<Need, String> {
+    let (cfg, id) = (&model.config, model.weights.id);
+    let capacity = capacity_for(cfg, positions.min(cfg.context))?;
+    let prefill = stage_prefill_graph(cfg, id, s, prompt, capacity)?;
+    let decode = stage_decode_graph(cfg, id, s, capacity)?;
+    Ok(Need {
+        peak_bytes: prefill.cost().peak_bytes.max(decode.cost().peak_bytes),
+        flops: prefill.cost().flops.max(decode.cost().flops),
+        exact: true,
+    })
+}
+
+impl<L: Ledger + 'static> Coordinator<L> {
+    /// Run `req` on `llm` across nodes (see the module's header).
+    pub async fn generate_staged(
+        &self,
+        llm: &Llm,
+        req: StagedRequest,
+    ) -> Result<StagedOutcome, DispatchError> {
+        let model = &*llm.model;
+        let cfg = &model.config;
+        if req.prompt.is_empty() || req.prompt.len() as u64 >= cfg.context {
+            return Err(DispatchError::BadRequest(format!(
+                "the prompt has {} tokens; it needs 1 to {} (the model's context)",
+                req.prompt.len(),
+                cfg.context - 1
+            )));
+        }
+        if req.stages == 0 || req.stages > MAX_STAGES.min(cfg.layers) {
+            return Err(DispatchError::BadRequest(format!(
+                "{} stages: the model's {} layers make 1 to {} stages",
+                req.stages,
+                cfg.layers,
+                MAX_STAGES.min(cfg.layers)
+            )));
+        }
+        let replicas = if req.replicas == 0 {
+            self.config().replicas.max(1)
+        } else {
+            req.replicas
+        };
+        let stages = Stage::even(cfg, req.stages).map_err(DispatchError::BadRequest)?;
+        let positions = req.prompt.len() as u64 + req.max_tokens as u64 + 1;
+        let mut chosen: HashSet<String> = HashSet::new();
+        let mut urls: HashMap<String, String> = HashMap::new();
+        let mut clients = Vec::new();
+        let mut largest = Need {
+            peak_bytes: 0,
+            flops: 0,
+            exact: true,
+        };
+        for s in &stages {
+            let need = stage_need(model, *s, req.prompt.len() as u64, positions)
+                .map_err(DispatchError::BadRequest)?;
+            largest.peak_bytes = largest.peak_bytes.max(need.peak_bytes);
+            largest.flops = largest.flops.max(need.flops);
+            let picked = self.pick(replicas, &chosen, need).await?;
+            if picked.len() < replicas {
+                return Err(self.shortfall(picked.len(), replicas, need).await);
+            }
+            for n in picked {
+                chosen.insert(n.id.clone());
+                urls.insert(n.url.clone(), n.id.clone());
+                clients.push(client(&n.url, self)?);
+            }
+        }
+        let mut spares = Vec::new();
+        for n in self.pick(SPARES, &chosen, largest).await? {
+            urls.insert(n.url.clone(), n.id.clone());
+            spares.push(client(&n.url, self)?);
+        }
+        let generation = format!(
+            "staged-{}",
+            tenet_proto::to_hex(&tenet_node::identity::random_bytes::<8>())
+        );
+        let mut pipeline = StagePipeline::new(
+            model,
+            stages.clone(),
+            replicas,
+            clients,
+            spares,
+            Box::new(|_: &str| {}),
+        )
+        .await
+        .map_err(|e| DispatchError::Internal(e.to_string()))?;
+        let tokens = pipeline
+            .generate(&req.prompt, req.max_tokens, req.sampling, |_| {})
+            .await;
+        let stats = pipeline.stats().clone();
+        let ended: Vec<Vec<String>> = pipeline.nodes();
+        pipeline.close().await;
+        // Outvoted nodes are slashed whether or not the generation went on to the end.
+        let mut slashed = Vec::new();
+        let mut outvoted = Vec::new();
+        let mut replaced = Vec::new();
+        for r in &stats.replaced {
+            let id = urls
+                .get(&r.failed)
+                .cloned()
+                .unwrap_or_else(|| r.failed.clone());
+            replaced.push((r.stage, id.clone(), r.reason.clone()));
+            if r.outvoted {
+                let amount = self
+                    .ledger
+                    .slash(
+                        &id,
+                        &generation,
+                        self.config().slash_fraction,
+                        "outvoted by its stage in a staged generation",
+                        now(),
+                    )
+                    .await?;
+                slashed.push((id.clone(), amount));
+                outvoted.push(key_of(&id)?);
+            }
+        }
+        let tokens = tokens.map_err(|e| DispatchError::Internal(e.to_string()))?;
+        let mut receipt_stages = Vec::new();
+        for (s, nodes) in stages.iter().zip(&ended) {
+            let nodes = nodes
+                .iter()
+                .map(|u| key_of(urls.get(u).map_or(u.as_str(), String::as_str)))
+                .collect::<Result<Vec<_>, _>>()?;
+            receipt_stages.push(StagedStage {
+                first: s.first,
+                end: s.end,
+                nodes,
+            });
+        }
+        let receipt = StagedReceipt::sign(
+            generation,
+            llm.weights,
+            req.prompt,
+            req.sampling.map(|s| StagedSampling {
+                seed: s.seed,
+                temperature: s.temperature,
+                top_p: s.top_p,
+            }),
+            tokens.clone(),
+            replicas as u32,
+            receipt_stages,
+            outvoted,
+            self.key(),
+        );
+        Ok(StagedOutcome {
+            tokens,
+            slashed,
+            replaced,
+            receipt,
+        })
+    }
+}
+
+fn client<L: Ledger + 'static>(url: &str, c: &Coordinator<L>) -> Result<NodeClient, DispatchError> {
+    NodeClient::new(url, c.key().clone())
+        .map(|n| n.with_timeout(std::time::Duration::from_secs(120)))
+        .map_err(|e| DispatchError::Internal(e.to_string()))
+}
