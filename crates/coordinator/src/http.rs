@@ -1066,3 +1066,52 @@ pub async fn serve<L: Ledger + 'static>(
     })
     .await;
 }
+
+#[cfg(test)]
+mod staged_body_tests {
+    use super::staged_request;
+
+    /// A staged generation's body from a stranger: every field bounded, unknown ones refused,
+    /// the prompt given one way only. (Needs SmolLM2 in the model cache for its vocabulary.)
+    #[test]
+    fn staged_bodies_are_checked_before_anything_runs() {
+        use tenet_models::fetch::{SMOLLM2, cached, find_file};
+        use tenet_models::smollm2::{GGUF_FILE, SmolLm2, WeightsMode};
+        let Ok(dir) = cached(&SMOLLM2) else {
+            eprintln!("SKIPPED: SmolLM2 is not in the model cache");
+            return;
+        };
+        let model =
+            SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), WeightsMode::Quantized)
+                .unwrap();
+        let ok =
+            staged_request(br#"{"prompt": "Hi", "max_tokens": 5, "stages": 2}"#, &model).unwrap();
+        assert_eq!((ok.max_tokens, ok.stages, ok.replicas), (5, 2, 0));
+        assert!(ok.sampling.is_none() && !ok.prompt.is_empty());
+        let sampled = staged_request(
+            br#"{"ids": [1, 2], "seed": 3, "temperature": 0.5, "top_p": 0.9}"#,
+            &model,
+        )
+        .unwrap();
+        assert_eq!(sampled.prompt, [1, 2]);
+        assert!(sampled.sampling.is_some());
+        for bad in [
+            &br#"{"prompt": "Hi", "ids": [1]}"#[..],
+            br#"{}"#,
+            br#"{"prompt": "Hi", "max_tokens": 0}"#,
+            br#"{"prompt": "Hi", "max_tokens": 100000}"#,
+            br#"{"prompt": "Hi", "replicas": 17}"#,
+            br#"{"prompt": "Hi", "top_p": 0}"#,
+            br#"{"prompt": "Hi", "top_p": 1.5}"#,
+            br#"{"prompt": "Hi", "temperature": 0.5}"#,
+            br#"{"prompt": "Hi", "seed": 1, "temperature": -1}"#,
+            br#"{"ids": [4294967295]}"#,
+            br#"{"prompt": "Hi", "layers": 3}"#,
+            br#"{"prompt": 5}"#,
+            b"not json",
+        ] {
+            let e = staged_request(bad, &model).err();
+            assert!(e.is_some(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

@@ -9,12 +9,13 @@
 //! carries a [`StagedReceipt`] the coordinator signs.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tenet_ledger::Ledger;
 use tenet_models::smollm2::stage::{Stage, capacity_for, stage_decode_graph, stage_prefill_graph};
 use tenet_models::smollm2::{Sampling, SmolLm2};
 use tenet_node::NodeClient;
-use tenet_node::stages::StagePipeline;
+use tenet_node::stages::{StageError, StagePipeline};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::staged_receipt::{StagedReceipt, StagedSampling, StagedStage};
 
@@ -26,6 +27,44 @@ const SPARES: usize = 2;
 
 /// The most stages a generation may ask for.
 pub const MAX_STAGES: u64 = 64;
+
+/// Staged generations one coordinator process drives at once (each holds sessions, and their
+/// KV caches, on its nodes for as long as it runs); more are refused as busy.
+pub const MAX_RUNNING: usize = 8;
+
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`MAX_RUNNING`] slots, given back when dropped.
+struct Slot;
+
+impl Slot {
+    fn take() -> Option<Slot> {
+        RUNNING
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_RUNNING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A failure of the nodes as the coordinator reports it: they failed (busy, 503) or disagreed
+/// beyond a majority (conflict); anything else is this side's.
+fn stage_error(e: StageError) -> DispatchError {
+    match e {
+        StageError::NoMajority { .. } => DispatchError::Undecided(e.to_string()),
+        StageError::Node { .. } | StageError::Answer { .. } | StageError::NoSpare { .. } => {
+            DispatchError::Nodes(e.to_string())
+        }
+        StageError::Model(m) => DispatchError::Internal(m),
+    }
+}
 
 /// What a caller asks.
 pub struct StagedRequest {
@@ -75,6 +114,11 @@ impl<L: Ledger + 'static> Coordinator<L> {
     ) -> Result<StagedOutcome, DispatchError> {
         let model = &*llm.model;
         let cfg = &model.config;
+        let _slot = Slot::take().ok_or_else(|| {
+            DispatchError::Nodes(format!(
+                "{MAX_RUNNING} staged generations are running; try again shortly"
+            ))
+        })?;
         if req.prompt.is_empty() || req.prompt.len() as u64 >= cfg.context {
             return Err(DispatchError::BadRequest(format!(
                 "the prompt has {} tokens; it needs 1 to {} (the model's context)",
@@ -138,7 +182,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             Box::new(|_: &str| {}),
         )
         .await
-        .map_err(|e| DispatchError::Internal(e.to_string()))?;
+        .map_err(stage_error)?;
         let tokens = pipeline
             .generate(&req.prompt, req.max_tokens, req.sampling, |_| {})
             .await;
@@ -170,7 +214,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 outvoted.push(key_of(&id)?);
             }
         }
-        let tokens = tokens.map_err(|e| DispatchError::Internal(e.to_string()))?;
+        let tokens = tokens.map_err(stage_error)?;
         let mut receipt_stages = Vec::new();
         for (s, nodes) in stages.iter().zip(&ended) {
             let nodes = nodes
