@@ -459,9 +459,10 @@ fn smollm2_prompt_split_over_nodes_smaller_than_the_model() {
 /// `tenet generate --nodes`: SmolLM2 in three stages on three node processes whose
 /// `--memory-limit` (60 MiB) is below the whole model's certificates (~100 MB: asked to run it
 /// as one stage, a node refuses), each stage's KV cache resident in its node's session, a
-/// fourth node spare. The stage-2 node is killed after the first tokens: the spare takes its
-/// stage, rebuilt from the rows it was given so far, and the text is the local
-/// `tenet generate`'s, byte for byte; sampled text too.
+/// fourth and a fifth node spare. The stage-2 node is killed after the first tokens: a spare
+/// takes its stage, rebuilt from the rows it was given so far; later the stage-3 node hangs
+/// (SIGSTOP): given up on after a few seconds, the other spare takes its stage. The text is the
+/// local `tenet generate`'s, byte for byte; sampled text too.
 #[test]
 fn smollm2_generation_across_nodes_survives_a_killed_stage() {
     use std::io::Read;
@@ -478,7 +479,7 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
     let mut nodes = Vec::new();
     let mut urls = Vec::new();
     let limit = (60u64 << 20).to_string();
-    for i in 0..4 {
+    for i in 0..5 {
         let dir = root.join(format!("node{i}"));
         let (p, line) = spawn([
             "node",
@@ -526,7 +527,27 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
         seen.extend_from_slice(&buf[..n]);
     }
     drop(nodes[1].take());
+    while seen.len() < prompt.len() + 60 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "generation ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let hung = nodes[2].as_ref().unwrap().id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &hung])
+            .status()
+            .unwrap()
+            .success()
+    );
     stdout.read_to_end(&mut seen).unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &hung])
+        .status();
     let mut err = String::new();
     child
         .stderr
@@ -536,10 +557,25 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
         .unwrap();
     assert!(child.wait().unwrap().success(), "{err}");
     assert_eq!(String::from_utf8(seen).unwrap(), local, "{err}");
+    // Spares are taken in the order given.
+    let line = |failed: &str| {
+        err.lines()
+            .find(|l| l.contains(&format!("{failed} failed (")))
+            .unwrap_or_else(|| panic!("no line for {failed}: {err}"))
+            .to_string()
+    };
+    let killed = line(&urls[1]);
+    assert!(killed.starts_with("stage 1: "), "{killed}");
     assert!(
-        err.contains(&format!("{} failed (", urls[1]))
-            && err.contains(&format!("rebuilt on {} from the tokens so far", urls[3])),
-        "{err}"
+        killed.ends_with(&format!("rebuilt on {} from the tokens so far", urls[3])),
+        "{killed}"
+    );
+    let hung = line(&urls[2]);
+    assert!(hung.starts_with("stage 2: "), "{hung}");
+    assert!(hung.contains("did not answer within"), "{hung}");
+    assert!(
+        hung.ends_with(&format!("rebuilt on {} from the tokens so far", urls[4])),
+        "{hung}"
     );
     assert!(err.contains("stage layers 10..20"), "{err}");
     // Sampled (seed, temperature, top-p) on the nodes still up: the local run's text too.
@@ -549,7 +585,7 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
         .args(sampled)
         .output()
         .unwrap());
-    let up = [urls[0].as_str(), urls[3].as_str(), urls[2].as_str()].join(",");
+    let up = [urls[0].as_str(), urls[4].as_str(), urls[3].as_str()].join(",");
     let across = ok(tenet()
         .args(["generate", "--prompt", prompt, "--max-tokens", "12"])
         .args(sampled)

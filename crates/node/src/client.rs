@@ -642,11 +642,21 @@ impl NodeClient {
 
     /// Run a batch (its answer may carry tensors, so it is read under the blob limit).
     pub async fn batch(&self, sid: &str, batch: &Batch) -> Result<BatchResults, ClientError> {
+        self.batch_within(sid, batch, self.timeout).await
+    }
+
+    /// [`NodeClient::batch`], answered within `timeout` or failed as timed out.
+    pub async fn batch_within(
+        &self,
+        sid: &str,
+        batch: &Batch,
+        timeout: Duration,
+    ) -> Result<BatchResults, ClientError> {
         self.call_json_within(
             Method::POST,
             &format!("/v1/sessions/{sid}/batch"),
             Self::json(batch),
-            self.bounds(self.blob_limit),
+            Bounds::new(timeout, self.blob_limit),
         )
         .await
     }

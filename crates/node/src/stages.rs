@@ -15,6 +15,10 @@
 //! row with the operations a cached decode does, see the model's tests), so the text does not
 //! change. The other stages keep their sessions.
 //!
+//! A node that stops answering without closing its connection (hung, or stopped) is given up on
+//! once a decode step has taken [`STEP_SLOWDOWN`] times the stage's mean step so far (at least
+//! [`MIN_STEP_TIMEOUT`]), and replaced the same way.
+//!
 //! With `replicas` r > 1, every stage runs on r nodes at once, each answering this driver
 //! alone (no node sees another's answer before giving its own), and the rows go on only when a
 //! strict majority gave the same bits; a node that answered otherwise is replaced by a spare
@@ -36,6 +40,18 @@ use tenet_proto::wire::{Batch, BatchResults, OpResult, SessionOp};
 use tenet_proto::{ErrorCode, Hash, tensor};
 
 use crate::client::{ClientError, NodeClient};
+
+/// How many times its stage's mean decode step a step may take before its node is given up.
+pub const STEP_SLOWDOWN: u32 = 20;
+
+/// The least time a decode step is given (a busy machine is not a dead one).
+pub const MIN_STEP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Prefills are given this long (a long prompt on a slow node, its graphs compiling).
+pub const PREFILL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A stage's first decode steps (its decode graph compiling) are given this long.
+pub const FIRST_STEPS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a generation across nodes failed.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +134,9 @@ pub struct StagePipeline<'m> {
     capacity: u64,
     len: u64,
     stats: StageStats,
+    /// Per stage: decode steps timed so far (after the first, which compiles), and their time.
+    step_count: Vec<u64>,
+    step_time: Vec<Duration>,
     /// Told what is being sent where (weights files are tens of MB).
     progress: Box<dyn Fn(&str) + Send + Sync + 'm>,
 }
@@ -180,6 +199,8 @@ impl<'m> StagePipeline<'m> {
                 rows_sent: vec![0; n],
                 ..StageStats::default()
             },
+            step_count: vec![0; n],
+            step_time: vec![Duration::ZERO; n],
             progress,
         };
         p.nodes = (0..n).map(|_| Vec::new()).collect();
@@ -335,10 +356,17 @@ impl<'m> StagePipeline<'m> {
         for k in 0..self.stages.len() {
             self.history[k].extend(&input);
             let start = Instant::now();
+            let replaced = self.stats.replaced.len();
             let answer = self
                 .run_replicas(k, &input, prefill, sampling, step)
                 .await?;
-            self.stats.stage_time[k] += start.elapsed();
+            let took = start.elapsed();
+            self.stats.stage_time[k] += took;
+            // A step that rebuilt a node says nothing of the stage's pace.
+            if !prefill && self.stats.steps > 1 && self.stats.replaced.len() == replaced {
+                self.step_count[k] += 1;
+                self.step_time[k] += took;
+            }
             self.stats.rows_sent[k] += input.rows(cfg.hidden);
             if k == last {
                 self.len = positions;
@@ -403,6 +431,21 @@ impl<'m> StagePipeline<'m> {
         Ok(())
     }
 
+    /// How long stage `k`'s nodes get for this step: a prefill's time for a prefill, the first
+    /// steps' until the stage has a few decode steps behind it, then [`STEP_SLOWDOWN`] times
+    /// its mean step.
+    fn step_timeout(&self, k: usize, prefill: bool) -> Duration {
+        let steps = self.step_count[k];
+        if prefill {
+            return PREFILL_TIMEOUT;
+        }
+        if steps < 3 {
+            return FIRST_STEPS_TIMEOUT;
+        }
+        let mean = self.step_time[k] / steps as u32;
+        (mean * STEP_SLOWDOWN).clamp(MIN_STEP_TIMEOUT, PREFILL_TIMEOUT)
+    }
+
     /// Stage `k`'s step on all its replicas at once; the majority's answer. Replicas that are
     /// lost are replaced and run the step again; those that answered otherwise than the
     /// majority are replaced afterwards.
@@ -432,14 +475,21 @@ impl<'m> StagePipeline<'m> {
                     .collect();
                 work.push((batch, tasks, keep));
             }
+            let timeout = self.step_timeout(k, prefill);
             let replicas = &self.nodes[k];
             let calls = pending.iter().zip(work).map(|(&i, (batch, tasks, keep))| {
                 let a = &replicas[i];
+                // A node being rebuilt prefills: it gets a prefill's time.
+                let timeout = if a.held == 0 {
+                    PREFILL_TIMEOUT
+                } else {
+                    timeout
+                };
                 async move {
                     for (_, bytes) in tasks {
                         a.client.put_blob(bytes).await?;
                     }
-                    let r = a.client.batch(&a.session, &batch).await?;
+                    let r = a.client.batch_within(&a.session, &batch, timeout).await?;
                     Ok::<_, ClientError>((r, keep))
                 }
             });
