@@ -160,14 +160,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
             }
             for n in picked {
                 chosen.insert(n.id.clone());
-                urls.insert(n.url.clone(), n.id.clone());
-                clients.push(client(&n.url, self)?);
+                let c = client(&n.url, self)?;
+                // Keyed by the client's own form of the address, which is what the driver
+                // reports nodes by.
+                urls.insert(c.url(), n.id.clone());
+                clients.push(c);
             }
         }
         let mut spares = Vec::new();
         for n in self.pick(SPARES, &chosen, largest).await? {
-            urls.insert(n.url.clone(), n.id.clone());
-            spares.push(client(&n.url, self)?);
+            let c = client(&n.url, self)?;
+            urls.insert(c.url(), n.id.clone());
+            spares.push(c);
         }
         let generation = format!(
             "staged-{}",
