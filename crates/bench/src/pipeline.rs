@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tenet_exec::Device;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
 use tenet_models::smollm2::{GGUF_FILE, SmolLm2, Stage, WeightsMode};
-use tenet_node::stages::StagePipeline;
+use tenet_node::stages::{StageFiles, StagePipeline};
 use tenet_node::{NodeClient, identity};
 
 use crate::node::{Spawned, spawn_node};
@@ -72,6 +72,8 @@ pub fn run(
     let model = SmolLm2::load_with(&gguf, WeightsMode::Quantized).map_err(|e| e.to_string())?;
     let ids = model.encode(PROMPT)?;
     let stages = Stage::even(&model.config, options.stages)?;
+    let files =
+        std::sync::Arc::new(StageFiles::new(&model, stages.clone()).map_err(|e| e.to_string())?);
     let threads = options.threads.max(1);
 
     progress("decoding locally");
@@ -132,7 +134,7 @@ pub fn run(
         rt.block_on(async {
             let mut p = StagePipeline::new(
                 &model,
-                stages.clone(),
+                files.clone(),
                 replicas,
                 clients,
                 Vec::new(),

@@ -933,13 +933,8 @@ fn run(cli: Cli) -> Result<()> {
                 _ => None,
             };
             if let Some(url) = coordinator {
-                let text = if chat {
-                    format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
-                } else {
-                    prompt.clone()
-                };
                 let mut body = serde_json::json!({
-                    "prompt": text,
+                    "prompt": models_cmd::prompt_text(&prompt, chat),
                     "max_tokens": max_tokens,
                     "stages": stages.unwrap_or(3),
                     "replicas": replicas.unwrap_or(0),

@@ -207,6 +207,52 @@ pub fn export(model: &str, output: &Path, batch: u64, seq: u64) -> Result<()> {
     }
 }
 
+/// The prompt as the model reads it: in SmolLM2's chat template with `chat`.
+pub fn prompt_text(prompt: &str, chat: bool) -> String {
+    if chat {
+        format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+    } else {
+        prompt.to_string()
+    }
+}
+
+/// A generation's text on stdout as its tokens come: the prompt, then each new suffix of the
+/// decoded tokens (byte-level tokens may join up into one character); nothing when `quiet`.
+struct TextStream<'m> {
+    model: &'m smollm2::SmolLm2,
+    generated: Vec<u32>,
+    shown: usize,
+    quiet: bool,
+}
+
+impl<'m> TextStream<'m> {
+    fn start(model: &'m smollm2::SmolLm2, prompt: &str, quiet: bool) -> TextStream<'m> {
+        if !quiet {
+            print!("{prompt}");
+        }
+        TextStream {
+            model,
+            generated: Vec::new(),
+            shown: 0,
+            quiet,
+        }
+    }
+
+    fn push(&mut self, token: u32) {
+        use std::io::Write;
+        self.generated.push(token);
+        if !self.quiet
+            && let Ok(s) = self.model.decode(&self.generated)
+            && s.len() > self.shown
+            && s.is_char_boundary(self.shown)
+        {
+            print!("{}", &s[self.shown..]);
+            self.shown = s.len();
+            let _ = std::io::stdout().flush();
+        }
+    }
+}
+
 /// Where `tenet generate --nodes` runs.
 pub struct Across<'a> {
     pub nodes: &'a [String],
@@ -225,7 +271,6 @@ pub fn generate_across(
     json: bool,
     across: &Across<'_>,
 ) -> Result<()> {
-    use std::io::Write;
     use tenet_node::stages::StagePipeline;
     let gguf = smollm2_gguf()?;
     let model = load_smollm2(&gguf, weights)?;
@@ -254,11 +299,7 @@ pub fn generate_across(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let spares = clients.split_off(n as usize * r);
-    let text = if chat {
-        format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
-    } else {
-        prompt.to_string()
-    };
+    let text = prompt_text(prompt, chat);
     let ids = model.encode(&text).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -268,9 +309,10 @@ pub fn generate_across(
             eprintln!("stage layers {}..{} on {}", s.first, s.end, urls.join(", "));
         }
     }
+    let files = tenet_node::stages::StageFiles::new(&model, stages.clone())?;
     let mut pipeline = rt.block_on(StagePipeline::new(
         &model,
-        stages.clone(),
+        std::sync::Arc::new(files),
         r,
         clients,
         spares,
@@ -281,24 +323,8 @@ pub fn generate_across(
         }),
     ))?;
     let start = std::time::Instant::now();
-    let mut generated: Vec<u32> = Vec::new();
-    let mut shown = 0usize;
-    let mut out = std::io::stdout();
-    if !json {
-        print!("{prompt}");
-    }
-    let tokens = rt.block_on(pipeline.generate(&ids, max_tokens, sampling, |t| {
-        generated.push(t);
-        if !json
-            && let Ok(s) = model.decode(&generated)
-            && s.len() > shown
-            && s.is_char_boundary(shown)
-        {
-            print!("{}", &s[shown..]);
-            shown = s.len();
-            let _ = out.flush();
-        }
-    }));
+    let mut text = TextStream::start(&model, prompt, json);
+    let tokens = rt.block_on(pipeline.generate(&ids, max_tokens, sampling, |t| text.push(t)));
     let secs = start.elapsed().as_secs_f64();
     let stats = pipeline.stats().clone();
     rt.block_on(pipeline.close());
@@ -366,37 +392,16 @@ pub fn generate(
     json: bool,
     device: &DeviceArgs,
 ) -> Result<()> {
-    use std::io::Write;
     let gguf = smollm2_gguf()?;
     let model = load_smollm2(&gguf, weights)?;
-    let text = if chat {
-        format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
-    } else {
-        prompt.to_string()
-    };
+    let text = prompt_text(prompt, chat);
     let ids = model.encode(&text).map_err(anyhow::Error::msg)?;
     let backend = device.open()?;
     let start = std::time::Instant::now();
-    let mut generated: Vec<u32> = Vec::new();
-    let mut shown = 0usize;
-    let mut out = std::io::stdout();
-    if !json {
-        print!("{prompt}");
-    }
+    let mut text = TextStream::start(&model, prompt, json);
     let tokens = model
         .generate(&ids, max_tokens, sampling, backend.as_ref(), |t| {
-            generated.push(t);
-            if !json {
-                // Print the new suffix of the decoded text (byte-level tokens may join up).
-                if let Ok(s) = model.decode(&generated)
-                    && s.len() > shown
-                    && s.is_char_boundary(shown)
-                {
-                    print!("{}", &s[shown..]);
-                    shown = s.len();
-                    let _ = out.flush();
-                }
-            }
+            text.push(t)
         })
         .map_err(anyhow::Error::msg)?;
     let secs = start.elapsed().as_secs_f64();

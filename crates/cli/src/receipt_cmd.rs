@@ -53,15 +53,10 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
     }
     let receipt: Receipt = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a tenet receipt", a.file.display()))?;
-    match a.coordinator {
-        Some(k) => {
-            let key = PublicKey::parse(k)
-                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))?;
-            receipt.verify_from(&key)
-        }
+    check(&a, |k| match k {
+        Some(k) => receipt.verify_from(k),
         None => receipt.verify(),
-    }
-    .with_context(|| format!("{} does NOT verify", a.file.display()))?;
+    })?;
     let replayed = match a.replay {
         Some(dir) => Some(replay(&receipt, dir)?),
         None => None,
@@ -115,15 +110,10 @@ fn verify_pipeline(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
             "--replay replays one job's receipt; replay a pipeline's stages from their own receipts"
         );
     }
-    match a.coordinator {
-        Some(k) => {
-            let key = PublicKey::parse(k)
-                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))?;
-            receipt.verify_from(&key)
-        }
+    check(a, |k| match k {
+        Some(k) => receipt.verify_from(k),
         None => receipt.verify(),
-    }
-    .with_context(|| format!("{} does NOT verify", a.file.display()))?;
+    })?;
     let pinned = a.coordinator.is_some();
     if a.json {
         println!(
@@ -253,15 +243,10 @@ fn verify_staged(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
             "--replay replays one job's receipt; re-run `tenet generate` with the receipt's prompt and sampling to compare its tokens"
         );
     }
-    match a.coordinator {
-        Some(k) => {
-            let key = PublicKey::parse(k)
-                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))?;
-            receipt.verify_from(&key)
-        }
+    check(a, |k| match k {
+        Some(k) => receipt.verify_from(k),
         None => receipt.verify(),
-    }
-    .with_context(|| format!("{} does NOT verify", a.file.display()))?;
+    })?;
     if a.json {
         println!(
             "{}",
@@ -284,4 +269,20 @@ fn verify_staged(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Run `verify` with the coordinator key `--coordinator` pins (parsed here), or none; an error
+/// says the file does not verify.
+fn check<E: std::error::Error + Send + Sync + 'static>(
+    a: &VerifyArgs<'_>,
+    verify: impl FnOnce(Option<&PublicKey>) -> Result<(), E>,
+) -> Result<()> {
+    let key = a
+        .coordinator
+        .map(|k| {
+            PublicKey::parse(k)
+                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))
+        })
+        .transpose()?;
+    verify(key.as_ref()).with_context(|| format!("{} does NOT verify", a.file.display()))
 }

@@ -481,20 +481,8 @@ fn smollm2_generation_across_nodes_survives_a_killed_stage() {
     let limit = (60u64 << 20).to_string();
     for i in 0..5 {
         let dir = root.join(format!("node{i}"));
-        let (p, line) = spawn([
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--open",
-            "--memory-limit",
-            &limit,
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ]);
-        urls.push(common::url_of(&line));
+        let (p, url) = common::spawn_open_node(dir.to_str().unwrap(), &["--memory-limit", &limit]);
+        urls.push(url);
         nodes.push(Some(p));
     }
     // The whole model as one stage does not fit such a node.
@@ -617,22 +605,9 @@ fn smollm2_generation_across_nodes_outvotes_a_lying_stage_node() {
     // Stage 0 on nodes 0-2, stage 1 on nodes 3-5 (node 4 lies), node 6 spare.
     for i in 0..7 {
         let dir = root.join(format!("node{i}"));
-        let mut args = vec![
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--open",
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ];
-        if i == 4 {
-            args.extend(["--cheat", "flip"]);
-        }
-        let (p, line) = spawn(args);
-        urls.push(common::url_of(&line));
+        let cheat: &[&str] = if i == 4 { &["--cheat", "flip"] } else { &[] };
+        let (p, url) = common::spawn_open_node(dir.to_str().unwrap(), cheat);
+        urls.push(url);
         nodes.push(p);
     }
     let out = tenet()

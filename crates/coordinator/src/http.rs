@@ -1113,5 +1113,35 @@ mod staged_body_tests {
             let e = staged_request(bad, &model).err();
             assert!(e.is_some(), "{}", String::from_utf8_lossy(bad));
         }
+        // Mutated at random, a body is refused or accepted within its bounds, never a panic.
+        let seed = br#"{"prompt": "Hi there", "ids": null, "max_tokens": 7, "stages": 3, "replicas": 2, "seed": 9, "temperature": 0.5, "top_p": 0.9}"#;
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..5000 {
+            let mut v = seed.to_vec();
+            for _ in 0..1 + next() % 4 {
+                let i = (next() % v.len() as u64) as usize;
+                match next() % 3 {
+                    0 => {
+                        let alphabet = b"{}[]\",:0123456789e-.nul";
+                        v[i] = alphabet[(next() % alphabet.len() as u64) as usize];
+                    }
+                    1 => v.truncate(i),
+                    _ => v.insert(i, b"9"[0]),
+                }
+                if v.is_empty() {
+                    break;
+                }
+            }
+            if let Ok(r) = staged_request(&v, &model) {
+                assert!(r.max_tokens >= 1 && r.max_tokens <= 4096 && r.replicas <= 16);
+                assert!(r.prompt.iter().all(|&t| u64::from(t) < model.config.vocab));
+            }
+        }
     }
 }

@@ -57,6 +57,8 @@ pub struct Llm {
     pub weights: Hash,
     pub created: u64,
     pub model: Arc<SmolLm2>,
+    /// Stage weights files built for staged generations, by stage count (see `staged.rs`).
+    pub staged: Mutex<Vec<(u64, Arc<tenet_node::stages::StageFiles>)>>,
 }
 
 /// The LLMs deployed here, kept in `llms.json` in the data directory so a restart keeps them.
@@ -106,6 +108,7 @@ impl Llms {
                             weights: e.weights,
                             created: e.created,
                             model: Arc::new(model),
+                            staged: Mutex::default(),
                         };
                         models.insert(e.name, Arc::new(llm));
                     }
@@ -146,6 +149,7 @@ impl Llms {
             weights,
             created: crate::dispatch::now() as u64,
             model: Arc::new(model),
+            staged: Mutex::default(),
         });
         let mut models = self.lock();
         models.insert(name.to_string(), llm.clone());

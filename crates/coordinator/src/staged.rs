@@ -15,12 +15,36 @@ use tenet_ledger::Ledger;
 use tenet_models::smollm2::stage::{Stage, capacity_for, stage_decode_graph, stage_prefill_graph};
 use tenet_models::smollm2::{Sampling, SmolLm2};
 use tenet_node::NodeClient;
-use tenet_node::stages::{StageError, StagePipeline};
+use tenet_node::stages::{StageError, StageFiles, StagePipeline};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::staged_receipt::{StagedReceipt, StagedSampling, StagedStage};
 
 use crate::dispatch::{Coordinator, DispatchError, Need, now};
 use crate::openai::Llm;
+
+/// Stage files an LLM keeps built (each set is about the model's size).
+const STAGE_FILES_KEPT: usize = 2;
+
+/// `llm`'s weights files for `stages` (`n` of them), built on first use and kept (at most
+/// [`STAGE_FILES_KEPT`] sets, the oldest dropped), so a generation does not copy and hash the
+/// model again.
+fn stage_files(
+    llm: &Llm,
+    n: u64,
+    stages: &[Stage],
+) -> Result<std::sync::Arc<StageFiles>, DispatchError> {
+    let mut kept = crate::dispatch::lock(&llm.staged);
+    if let Some((_, f)) = kept.iter().find(|(k, _)| *k == n) {
+        return Ok(f.clone());
+    }
+    let files =
+        std::sync::Arc::new(StageFiles::new(&llm.model, stages.to_vec()).map_err(stage_error)?);
+    if kept.len() >= STAGE_FILES_KEPT {
+        kept.remove(0);
+    }
+    kept.push((n, files.clone()));
+    Ok(files)
+}
 
 /// Spare nodes picked beside a staged generation's replicas, when there are that many.
 const SPARES: usize = 2;
@@ -179,7 +203,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         );
         let mut pipeline = StagePipeline::new(
             model,
-            stages.clone(),
+            stage_files(llm, req.stages, &stages)?,
             replicas,
             clients,
             spares,

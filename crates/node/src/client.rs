@@ -642,21 +642,23 @@ impl NodeClient {
 
     /// Run a batch (its answer may carry tensors, so it is read under the blob limit).
     pub async fn batch(&self, sid: &str, batch: &Batch) -> Result<BatchResults, ClientError> {
-        self.batch_within(sid, batch, self.timeout).await
+        self.batch_within(sid, batch, self.bounds(self.blob_limit))
+            .await
     }
 
-    /// [`NodeClient::batch`], answered within `timeout` or failed as timed out.
+    /// [`NodeClient::batch`] within `bounds` (a caller that knows how large the answer can
+    /// be, and how long it should take).
     pub async fn batch_within(
         &self,
         sid: &str,
         batch: &Batch,
-        timeout: Duration,
+        bounds: Bounds,
     ) -> Result<BatchResults, ClientError> {
         self.call_json_within(
             Method::POST,
             &format!("/v1/sessions/{sid}/batch"),
             Self::json(batch),
-            Bounds::new(timeout, self.blob_limit),
+            bounds,
         )
         .await
     }

@@ -27,10 +27,11 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use tenet_ir::{Graph, HostTensor, WeightsId};
+use tenet_ir::{DType, Graph, HostTensor, TensorType, WeightsId};
 use tenet_models::smollm2::stage::{
     Stage, StageInput, capacity_for, stage_decode_graph, stage_grow_graph, stage_prefill_graph,
     stage_weights,
@@ -39,7 +40,8 @@ use tenet_models::smollm2::{EOS, Sampling, SmolLm2, sample};
 use tenet_proto::wire::{Batch, BatchResults, OpResult, SessionOp};
 use tenet_proto::{ErrorCode, Hash, tensor};
 
-use crate::client::{ClientError, NodeClient};
+use crate::client::{Bounds, ClientError, NodeClient};
+use bytes::Bytes;
 
 /// How many times its stage's mean decode step a step may take before its node is given up.
 pub const STEP_SLOWDOWN: u32 = 20;
@@ -119,12 +121,32 @@ struct Attached {
     held: u64,
 }
 
+/// A model's stages and each one's weights file: built once (each file copies and hashes tens
+/// of MB), then shared by every generation over those stages.
+pub struct StageFiles {
+    stages: Vec<Stage>,
+    /// Per stage: its weights file's bytes, its id as the graphs name it, and its blob hash
+    /// (the same blake3 hash).
+    files: Vec<(Bytes, WeightsId, Hash)>,
+}
+
+impl StageFiles {
+    pub fn new(model: &SmolLm2, stages: Vec<Stage>) -> Result<StageFiles, StageError> {
+        let mut files = Vec::new();
+        for s in &stages {
+            s.check(&model.config).map_err(StageError::Model)?;
+            let bytes = stage_weights(model, *s).map_err(StageError::Model)?;
+            let hash = Hash::of(&bytes);
+            files.push((Bytes::from(bytes), WeightsId(hash.0), hash));
+        }
+        Ok(StageFiles { stages, files })
+    }
+}
+
 /// A model's stages on nodes, driving one generation at a time.
 pub struct StagePipeline<'m> {
     model: &'m SmolLm2,
-    stages: Vec<Stage>,
-    /// Per stage: its weights file (bytes), their id and their blob hash.
-    files: Vec<(Vec<u8>, WeightsId, Hash)>,
+    files: Arc<StageFiles>,
     /// Per stage: its replicas.
     nodes: Vec<Vec<Attached>>,
     spares: Vec<NodeClient>,
@@ -145,48 +167,43 @@ fn hex_tensor(t: &HostTensor) -> String {
     tenet_proto::to_hex(&tensor::encode(t))
 }
 
-/// Whether a failure means the node (or its session) is gone, so that another should take the
-/// stage, rather than a request the node refused on its merits.
+/// Whether a failure means the node (or its session) is gone or no longer answers as a node
+/// does (an answer too large or not the API's), so that another should take the stage, rather
+/// than a request the node refused on its merits.
 fn is_lost(e: &ClientError) -> bool {
     match e {
-        ClientError::Transport { .. } | ClientError::Timeout { .. } => true,
+        ClientError::Transport { .. }
+        | ClientError::Timeout { .. }
+        | ClientError::TooLarge { .. }
+        | ClientError::Unexpected { .. } => true,
         ClientError::Api { error, .. } => error.code == ErrorCode::NotFound,
         _ => false,
     }
 }
 
 impl<'m> StagePipeline<'m> {
-    /// `model` cut into `stages`, each on `replicas` nodes: stage k on `nodes[k * replicas..
-    /// (k + 1) * replicas]`; `spares` take over failed or outvoted nodes. Each node receives
-    /// its stage's weights file (only that stage's tensors) and opens a session; `progress`
-    /// hears each file sent.
+    /// `model` cut into `files`' stages, each on `replicas` nodes: stage k on `nodes[k *
+    /// replicas..(k + 1) * replicas]`; `spares` take over failed or outvoted nodes. Each node
+    /// receives its stage's weights file (only that stage's tensors) and opens a session;
+    /// `progress` hears each file sent.
     pub async fn new(
         model: &'m SmolLm2,
-        stages: Vec<Stage>,
+        files: Arc<StageFiles>,
         replicas: usize,
         nodes: Vec<NodeClient>,
         spares: Vec<NodeClient>,
         progress: Box<dyn Fn(&str) + Send + Sync + 'm>,
     ) -> Result<StagePipeline<'m>, StageError> {
-        if replicas == 0 || nodes.len() != stages.len() * replicas {
+        let n = files.stages.len();
+        if replicas == 0 || nodes.len() != n * replicas {
             return Err(StageError::Model(format!(
-                "{} stages on {replicas} replicas need {} nodes, not {}",
-                stages.len(),
-                stages.len() * replicas,
+                "{n} stages on {replicas} replicas need {} nodes, not {}",
+                n * replicas,
                 nodes.len()
             )));
         }
-        let mut files = Vec::new();
-        for s in &stages {
-            s.check(&model.config).map_err(StageError::Model)?;
-            let bytes = stage_weights(model, *s).map_err(StageError::Model)?;
-            let (id, hash) = (WeightsId::of_bytes(&bytes), Hash::of(&bytes));
-            files.push((bytes, id, hash));
-        }
-        let n = stages.len();
         let mut p = StagePipeline {
             model,
-            stages,
             files,
             nodes: Vec::new(),
             spares: spares.into_iter().rev().collect(),
@@ -237,10 +254,6 @@ impl<'m> StagePipeline<'m> {
         &self.stats
     }
 
-    pub fn stages(&self) -> &[Stage] {
-        &self.stages
-    }
-
     /// Give `client` stage `k`'s weights and open a session there.
     async fn attach(&self, k: usize, client: NodeClient) -> Result<Attached, StageError> {
         let err = |source| StageError::Node {
@@ -248,9 +261,9 @@ impl<'m> StagePipeline<'m> {
             url: client.url(),
             source,
         };
-        let (bytes, _, hash) = &self.files[k];
+        let (bytes, _, hash) = &self.files.files[k];
         if client.has_blob(hash).await.map_err(err)?.is_none() {
-            let s = self.stages[k];
+            let s = self.files.stages[k];
             (self.progress)(&format!(
                 "sending stage layers {}..{}'s weights ({:.1} MB) to {}",
                 s.first,
@@ -280,7 +293,11 @@ impl<'m> StagePipeline<'m> {
         if let Some(g) = self.graphs.get(&(k, kind, a, b)) {
             return Ok(g.clone());
         }
-        let (cfg, id, stage) = (&self.model.config, self.files[k].1, self.stages[k]);
+        let (cfg, id, stage) = (
+            &self.model.config,
+            self.files.files[k].1,
+            self.files.stages[k],
+        );
         let graph: Graph = match kind {
             "prefill" => stage_prefill_graph(cfg, id, stage, a, b),
             "decode" => stage_decode_graph(cfg, id, stage, b),
@@ -309,8 +326,8 @@ impl<'m> StagePipeline<'m> {
         if prompt.is_empty() {
             return Err(StageError::Model("the prompt has no tokens".into()));
         }
-        self.history = vec![StageInput::Ids(Vec::new()); self.stages.len()];
-        for (k, s) in self.stages.iter().enumerate() {
+        self.history = vec![StageInput::Ids(Vec::new()); self.files.stages.len()];
+        for (k, s) in self.files.stages.iter().enumerate() {
             if !s.embeds() {
                 self.history[k] = StageInput::Rows(Vec::new());
             }
@@ -352,8 +369,8 @@ impl<'m> StagePipeline<'m> {
             self.stats.steps += 1;
         }
         let mut input = StageInput::Ids(ids.to_vec());
-        let last = self.stages.len() - 1;
-        for k in 0..self.stages.len() {
+        let last = self.files.stages.len() - 1;
+        for k in 0..self.files.stages.len() {
             self.history[k].extend(&input);
             let start = Instant::now();
             let replaced = self.stats.replaced.len();
@@ -467,36 +484,40 @@ impl<'m> StagePipeline<'m> {
             }
             let mut work = Vec::new();
             for &i in &pending {
-                let (batch, tasks, keep) = self.batch_for(k, i, input, prefill, sampling)?;
+                let (batch, tasks, expect) = self.batch_for(k, i, input, prefill, sampling)?;
                 let a = &mut self.nodes[k][i];
                 let tasks: Vec<(Hash, Vec<u8>)> = tasks
                     .into_iter()
                     .filter(|(h, _)| a.tasks.insert(*h))
                     .collect();
-                work.push((batch, tasks, keep));
+                work.push((batch, tasks, expect));
             }
             let timeout = self.step_timeout(k, prefill);
             let replicas = &self.nodes[k];
-            let calls = pending.iter().zip(work).map(|(&i, (batch, tasks, keep))| {
-                let a = &replicas[i];
-                // A node being rebuilt prefills: it gets a prefill's time.
-                let timeout = if a.held == 0 {
-                    PREFILL_TIMEOUT
-                } else {
-                    timeout
-                };
-                async move {
-                    for (_, bytes) in tasks {
-                        a.client.put_blob(bytes).await?;
+            let calls = pending
+                .iter()
+                .zip(work)
+                .map(|(&i, (batch, tasks, expect))| {
+                    let a = &replicas[i];
+                    // A node being rebuilt prefills: it gets a prefill's time.
+                    let timeout = if a.held == 0 {
+                        PREFILL_TIMEOUT
+                    } else {
+                        timeout
+                    };
+                    async move {
+                        for (_, bytes) in tasks {
+                            a.client.put_blob(bytes).await?;
+                        }
+                        let bounds = Bounds::new(timeout, expect.answer_bytes());
+                        let r = a.client.batch_within(&a.session, &batch, bounds).await?;
+                        Ok::<_, ClientError>((r, expect))
                     }
-                    let r = a.client.batch_within(&a.session, &batch, timeout).await?;
-                    Ok::<_, ClientError>((r, keep))
-                }
-            });
+                });
             let results = join_all(calls.collect()).await;
             for (&i, result) in pending.iter().zip(results) {
                 let outcome = match result {
-                    Ok((r, keep)) => answer_of(r, keep, sampling, step),
+                    Ok((r, expect)) => answer_of(r, &expect, sampling, step),
                     Err(e) => Err((is_lost(&e), e.to_string())),
                 };
                 match outcome {
@@ -546,9 +567,9 @@ impl<'m> StagePipeline<'m> {
         input: &StageInput,
         prefill: bool,
         sampling: Option<Sampling>,
-    ) -> Result<(Batch, Vec<(Hash, Vec<u8>)>, Keep), StageError> {
+    ) -> Result<(Batch, Vec<(Hash, Vec<u8>)>, Expect), StageError> {
         let cfg = &self.model.config;
-        let stage = self.stages[k];
+        let stage = self.files.stages[k];
         let capacity = self.capacity;
         let fresh = self.nodes[k][i].held == 0;
         let name = stage.input_name();
@@ -575,7 +596,7 @@ impl<'m> StagePipeline<'m> {
             outputs.extend(head_outputs(last, sampling.is_some()));
             ops.push(SessionOp::Run {
                 task,
-                weights: Some(self.files[k].2),
+                weights: Some(self.files.files[k].2),
                 inputs: [(name.to_string(), name.to_string())].into(),
                 outputs,
                 seed: 0,
@@ -631,7 +652,7 @@ impl<'m> StagePipeline<'m> {
             outputs.extend(head_outputs(last, sampling.is_some()));
             ops.push(SessionOp::Run {
                 task,
-                weights: Some(self.files[k].2),
+                weights: Some(self.files.files[k].2),
                 inputs,
                 outputs,
                 seed: 0,
@@ -652,30 +673,44 @@ impl<'m> StagePipeline<'m> {
         ops.push(SessionOp::Get { name: want.into() });
         // After a prefill, the next stage needs this step's rows: all of them for the prompt,
         // the last one when a new node was rebuilt mid-generation.
-        let keep = Keep {
-            rows: if last {
-                0
-            } else if prefill {
-                rows * cfg.hidden
-            } else {
-                cfg.hidden
-            },
+        let (ty, keep) = match (last, sampling) {
+            (false, _) => {
+                let out_rows = if prefill || fresh { rows } else { 1 };
+                let keep = if prefill { rows } else { 1 };
+                (
+                    TensorType::new(DType::F32, vec![out_rows, cfg.hidden]),
+                    keep * cfg.hidden,
+                )
+            }
+            (true, None) => (TensorType::new(DType::I64, vec![1]), 0),
+            (true, Some(_)) => (TensorType::new(DType::F32, vec![cfg.vocab]), 0),
         };
-        Ok((Batch { ops }, tasks, keep))
+        Ok((Batch { ops }, tasks, Expect { ty, keep }))
     }
 }
 
-/// What to keep of a stage's answer: its last `rows` floats (0: the last stage's token or
-/// logits).
-#[derive(Clone, Copy)]
-struct Keep {
-    rows: u64,
+/// What a stage's answer must be (the exact type of the tensor it gets back) and what of it to
+/// keep: its last `keep` floats (0: the last stage's token or logits).
+#[derive(Clone)]
+struct Expect {
+    ty: TensorType,
+    keep: u64,
 }
 
-/// A batch's answer as the stage's output, or `Err((lost, why))`.
+impl Expect {
+    /// The most bytes the batch's answer may have: the tensor as hex, and room for the other
+    /// operations' short results.
+    fn answer_bytes(&self) -> u64 {
+        2 * (self.ty.bytes().unwrap_or(u64::MAX / 4) + tensor::MAX_TYPE_TEXT as u64 + 64)
+            + (256 << 10)
+    }
+}
+
+/// A batch's answer as the stage's output, or `Err((lost, why))`. A tensor of another type
+/// than the stage's output counts as lost: another node should take the stage.
 fn answer_of(
     results: BatchResults,
-    keep: Keep,
+    expect: &Expect,
     sampling: Option<Sampling>,
     step: u64,
 ) -> Result<Answer, (bool, String)> {
@@ -683,14 +718,24 @@ fn answer_of(
         return Err((e.error.code == ErrorCode::NotFound, e.error.message));
     }
     let Some(OpResult::Blob(hex)) = results.results.last() else {
-        return Err((false, "the batch gave no tensor back".into()));
+        return Err((true, "its batch gave no tensor back".into()));
     };
     let t = tenet_proto::from_hex(hex)
-        .ok_or("the tensor is not hex")
-        .and_then(|b| tensor::decode(&b).map_err(|_| "the tensor does not decode"))
-        .map_err(|e| (false, e.to_string()))?;
-    Ok(match (keep.rows, sampling) {
-        (0, None) => Answer::Token(t.to_i64_vec().first().map_or(0, |&x| x as u32)),
+        .ok_or("the tensor it gave is not hex")
+        .and_then(|b| tensor::decode(&b).map_err(|_| "the tensor it gave does not decode"))
+        .map_err(|e| (true, e.to_string()))?;
+    if *t.ty() != expect.ty {
+        return Err((
+            true,
+            format!(
+                "it answered a {} where the stage gives {}",
+                t.ty(),
+                expect.ty
+            ),
+        ));
+    }
+    Ok(match (expect.keep, sampling) {
+        (0, None) => Answer::Token(t.get_i64(0) as u32),
         (0, Some(s)) => Answer::Token(sample(&t.to_f32_vec(), s, step)),
         (n, _) => {
             let v = t.to_f32_vec();

@@ -257,4 +257,39 @@ mod tests {
         let back: StagedReceipt = serde_json::from_str(&json).unwrap();
         back.verify().unwrap();
     }
+
+    /// A receipt comes from a coordinator the client does not control: mutated at random, it
+    /// parses or not and verifies or not, and anything changed after signing fails.
+    #[test]
+    fn mutated_receipts_never_panic_and_never_verify() {
+        let key = KeyPair::from_seed([1; 32]);
+        let json = serde_json::to_vec(&receipt(&key)).unwrap();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..3000 {
+            let mut v = json.clone();
+            for _ in 0..1 + next() % 3 {
+                let i = (next() % v.len() as u64) as usize;
+                let alphabet = b"0123456789abcdef[]{},:\"-";
+                v[i] = alphabet[(next() % alphabet.len() as u64) as usize];
+            }
+            if v == json {
+                continue;
+            }
+            if let Ok(r) = serde_json::from_slice::<StagedReceipt>(&v)
+                && r != receipt_like(&json)
+            {
+                assert!(r.verify().is_err(), "{}", String::from_utf8_lossy(&v));
+            }
+        }
+    }
+
+    fn receipt_like(json: &[u8]) -> StagedReceipt {
+        serde_json::from_slice(json).unwrap()
+    }
 }

@@ -74,6 +74,15 @@ pub fn spawn_service(mut command: Command) -> (Proc, String) {
 /// Start a test node — loopback, an OS-chosen port, one thread, no fsync — keeping its data
 /// in `data_dir` and trusting the key `trust` (hex), with `extra` flags; it and its URL.
 pub fn spawn_node(data_dir: &str, trust: &str, extra: &[&str]) -> (Proc, String) {
+    spawn_test_node(data_dir, &["--trust", trust], extra)
+}
+
+/// [`spawn_node`], open to any key (`--open`: what a client driving nodes itself uses).
+pub fn spawn_open_node(data_dir: &str, extra: &[&str]) -> (Proc, String) {
+    spawn_test_node(data_dir, &["--open"], extra)
+}
+
+fn spawn_test_node(data_dir: &str, access: &[&str], extra: &[&str]) -> (Proc, String) {
     let mut args = vec![
         "node",
         "--listen",
@@ -82,7 +91,8 @@ pub fn spawn_node(data_dir: &str, trust: &str, extra: &[&str]) -> (Proc, String)
         "1",
         "--no-fsync",
     ];
-    args.extend(["--data-dir", data_dir, "--trust", trust]);
+    args.extend(["--data-dir", data_dir]);
+    args.extend(access);
     args.extend(extra);
     let (p, line) = spawn_tenet(&args);
     (p, url_of(&line))
