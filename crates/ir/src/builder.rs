@@ -174,6 +174,68 @@ impl GraphBuilder {
         self.push(make(&ids), declared, loc)
     }
 
+    /// A builder that already holds every node of `graph`, in order, and the tensor of each
+    /// node (indexed like `graph.nodes()`): how a graph transform (autodiff) extends a finished
+    /// graph. Inputs and weights are registered as if declared here, so asking for them again
+    /// gives the same node.
+    pub fn from_graph(graph: &Graph) -> (GraphBuilder, Vec<Tensor>) {
+        let b = GraphBuilder::new();
+        let tensors = graph
+            .nodes()
+            .iter()
+            .map(|node| b.node(node.op.clone(), Some(node.ty.clone())))
+            .collect();
+        (b, tensors)
+    }
+
+    /// Node `id` of this builder: its op and its tensor (`None` past the last node).
+    pub fn lookup(&self, id: NodeId) -> Option<(Op, Tensor)> {
+        let s = self.state.borrow();
+        let node = s.nodes.get(id.index())?;
+        Some((
+            node.op.clone(),
+            Tensor {
+                state: self.state.clone(),
+                id,
+                ty: node.ty.clone(),
+                poisoned: false,
+            },
+        ))
+    }
+
+    /// True when `t` is a node of this builder.
+    pub fn owns(&self, t: &Tensor) -> bool {
+        Rc::ptr_eq(&self.state, &t.state) && !t.poisoned
+    }
+
+    /// How many nodes the builder holds.
+    pub fn len(&self) -> usize {
+        self.state.borrow().nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Append `op` (its operands are nodes of this builder) with its type inferred, or taken
+    /// from `declared` for the ops whose type is declared (docs/OPS.md). A mistake is kept like
+    /// any op's.
+    #[track_caller]
+    pub fn node(&self, op: Op, declared: Option<TensorType>) -> Tensor {
+        let loc = Location::caller();
+        let count = self.state.borrow().nodes.len();
+        if let Some(bad) = op.operands().into_iter().find(|n| n.index() >= count) {
+            return self.fail(op.name(), format!("operand {bad} is not a node yet"), loc);
+        }
+        match (&op, declared) {
+            (Op::Input { name }, Some(ty)) => self.input(name, ty.dtype, &ty.shape),
+            (Op::Weight { file, tensor }, Some(ty)) => {
+                self.weight(*file, tensor, ty.dtype, &ty.shape)
+            }
+            (_, declared) => self.push(op, declared, loc),
+        }
+    }
+
     /// A named graph input.
     #[track_caller]
     pub fn input(&self, name: &str, dtype: DType, shape: &[u64]) -> Tensor {
@@ -479,7 +541,8 @@ impl Tensor {
         self.ty.rank()
     }
 
-    fn builder(&self) -> GraphBuilder {
+    /// The builder this tensor belongs to.
+    pub fn builder(&self) -> GraphBuilder {
         GraphBuilder {
             state: self.state.clone(),
         }
