@@ -36,7 +36,7 @@ impl std::hash::Hasher for NodeIdHash {
 use crate::fused::Poll;
 use crate::plan::{Plan, Step, plan};
 use crate::view::{Pool, f32s, make_f32, par_chunks};
-use crate::{conv, fused, movement, norms, pool, quant, reduce};
+use crate::{conv, fused, movement, norms, pool, quant, reduce, select};
 use tenet_exec::{
     Buffer, Device, DeviceClass, DeviceInfo, ExactCheck, ExecError, Program, RunStats,
     next_device_id,
@@ -493,6 +493,10 @@ impl CpuProgram {
                     movement::eval(pool, threads, *id, &node.op, &node.ty, &operands)
                 {
                     moved?
+                } else if let Some(selected) =
+                    select::eval(pool, &node.op, &node.ty, &operands, threads)
+                {
+                    selected
                 } else if let Some(sums) =
                     reduce::eval(pool, &node.op, &node.ty, &operands, threads, poll)
                 {

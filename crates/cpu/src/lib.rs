@@ -20,6 +20,7 @@ mod plan;
 mod pool;
 mod quant;
 mod reduce;
+mod select;
 mod view;
 
 pub use bound::{PER_THREAD, PER_VALUE, REFERENCE_BYTES_PER_ELEMENT, RUN_FIXED};

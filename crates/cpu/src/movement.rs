@@ -410,8 +410,12 @@ pub(crate) fn eval(
                 .sum();
             let inner = x.shape().last().copied().unwrap_or(1) as usize * size;
             copied(pool, ty, |out| {
-                for chunk in out.chunks_exact_mut(size) {
-                    chunk.copy_from_slice(fill);
+                if fill.iter().all(|&b| b == fill[0]) {
+                    out.fill(fill[0]);
+                } else {
+                    for chunk in out.chunks_exact_mut(size) {
+                        chunk.copy_from_slice(fill);
+                    }
                 }
                 let mut from = 0;
                 for_each_row(x.shape(), [&out_strides], |[to]| {

@@ -789,3 +789,72 @@ fn interleaves_and_upsamplings_keep_the_bits() {
         assert_same_everywhere(&graph, &inputs, &weights, 0);
     }
 }
+
+/// Comparisons of f32 tensors and the logical ops on their own loops (select.rs) keep the
+/// reference's bits: every comparison on every pair of special values, operands of the
+/// result's shape or single values, and a broadcast the loops leave to the reference.
+#[test]
+fn comparisons_and_logic_keep_the_bits() {
+    let specials = [
+        f32::NAN,
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        -1e-40,
+        1.0,
+        -2.5,
+    ];
+    let n = specials.len();
+    // Every pair side by side, then a long tail that crosses the threads' pieces.
+    let mut xs: Vec<f32> = Vec::new();
+    let mut ys: Vec<f32> = Vec::new();
+    for a in specials {
+        for b in specials {
+            xs.push(a);
+            ys.push(b);
+        }
+    }
+    let len = 70_000;
+    for i in xs.len()..len {
+        xs.push(specials[i % n] * (i % 7) as f32);
+        ys.push(specials[(i / 3) % n]);
+    }
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[len as u64]);
+    let y = g.input("y", DType::F32, &[len as u64]);
+    let row = g.input("row", DType::F32, &[1, len as u64]);
+    let col = g.input("col", DType::F32, &[3, 1]);
+    let zero = g.scalar(DType::F32, 0.0);
+    let mut outs = vec![
+        ("eq", x.eq(&y)),
+        ("ne", x.ne(&y)),
+        ("lt", x.lt(&y)),
+        ("le", x.le(&y)),
+        ("gt", x.gt(&zero)),
+        ("ge", zero.ge(&x)),
+    ];
+    let (a, b) = (x.gt(&y), x.eq(&zero));
+    outs.push(("and", a.and(&b)));
+    outs.push(("or", a.or(&b)));
+    outs.push(("not", a.not()));
+    outs.push(("and_scalar", a.and(&zero.eq(&zero))));
+    outs.push(("broadcast", row.lt(&col)));
+    let named: Vec<(&str, &tenet_ir::Tensor)> = outs.iter().map(|(n, t)| (*n, t)).collect();
+    let graph = g.finish(&named).unwrap();
+    let (mut inputs, weights) = random_io(&graph, 5);
+    inputs.insert(
+        "x".into(),
+        HostTensor::from_f32(&[len as u64], &xs).unwrap(),
+    );
+    inputs.insert(
+        "y".into(),
+        HostTensor::from_f32(&[len as u64], &ys).unwrap(),
+    );
+    inputs.insert(
+        "row".into(),
+        HostTensor::from_f32(&[1, len as u64], &ys).unwrap(),
+    );
+    assert_same_everywhere(&graph, &inputs, &weights, 0);
+}
