@@ -208,6 +208,15 @@ pub(crate) struct Client {
 }
 
 impl Client {
+    /// A client that presents `api_key`, or none (an `--open` coordinator's callers).
+    pub(crate) fn with_optional_key(url: &str, api_key: Option<&str>) -> Result<Client> {
+        Ok(Client {
+            http: NodeClient::new(url, identity::generate())?,
+            api_key: api_key.map(str::to_string),
+            signed: false,
+        })
+    }
+
     /// A client that presents `api_key`.
     pub(crate) fn with_api_key(url: &str, api_key: &str) -> Result<Client> {
         Ok(Client {
@@ -385,7 +394,7 @@ impl Client {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
@@ -650,7 +659,7 @@ fn call_body(task: &Value, a: &CallArgs<'_>) -> Result<Vec<u8>> {
 }
 
 /// The coordinator's key, from its `/v1/info`.
-fn coordinator_key(info: &Value) -> Result<tenet_proto::auth::PublicKey> {
+pub(crate) fn coordinator_key(info: &Value) -> Result<tenet_proto::auth::PublicKey> {
     tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
         .context("the coordinator's /v1/info has no key")
 }

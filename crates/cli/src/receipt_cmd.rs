@@ -44,6 +44,12 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
     let value = serde_json::from_str::<serde_json::Value>(&text).ok();
     if value
         .as_ref()
+        .is_some_and(|v| v.get("init").is_some() && v.get("steps").is_some())
+    {
+        return verify_training(&a, &text);
+    }
+    if value
+        .as_ref()
         .is_some_and(|v| v.get("generation").is_some())
     {
         return verify_staged(&a, &text);
@@ -266,6 +272,48 @@ fn verify_staged(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
             receipt.replicas,
             receipt.outvoted.len(),
             receipt.coordinator.to_hex()
+        );
+    }
+    Ok(())
+}
+
+fn verify_training(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
+    use tenet_proto::training_receipt::TrainingReceipt;
+    let receipt: TrainingReceipt = serde_json::from_str(text)
+        .with_context(|| format!("{} is not a tenet training receipt", a.file.display()))?;
+    if a.replay.is_some() {
+        bail!(
+            "--replay replays one job's receipt; `tenet train` with the run's settings (local, or --coordinator) checks a whole training"
+        );
+    }
+    check(a, |k| match k {
+        Some(k) => receipt.verify_from(k),
+        None => receipt.verify(),
+    })?;
+    let jobs = 1 + receipt
+        .steps
+        .iter()
+        .map(|s| s.shards.len() + 1)
+        .sum::<usize>();
+    let shards = receipt.steps.first().map_or(0, |s| s.shards.len());
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "verified": true, "steps": receipt.steps.len(), "shards": shards, "jobs": jobs,
+                "seed": receipt.init.job.seed, "coordinator": receipt.init.coordinator,
+                "coordinator_pinned": a.coordinator.is_some(),
+                "final_params": receipt.final_params(),
+            })
+        );
+    } else {
+        println!(
+            "verified: training of {} steps × {} shards ({} jobs, seed {}), chained from the initialisation to the final parameters, signed by coordinator {}",
+            receipt.steps.len(),
+            shards,
+            jobs,
+            receipt.init.job.seed,
+            receipt.init.coordinator.to_hex()
         );
     }
     Ok(())

@@ -10,43 +10,62 @@ use tenet_train::{Arch, Checkpoint, Event, Optimizer, TrainConfig};
 
 use crate::device_args::DeviceArgs;
 
+mod network;
+
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// The dataset: `digits` (scikit-learn's 8×8 digits) or `mnist` (28×28); fetch it first
     /// with `tenet models fetch digits|mnist`.
     #[arg(long, value_name = "NAME")]
-    dataset: String,
-    /// The model: `mlp` (one hidden layer of 256) or `cnn` (two 3×3 conv + pool blocks).
-    #[arg(long, value_name = "NAME", default_value = "mlp")]
-    model: String,
+    dataset: Option<String>,
+    /// The model: `mlp` (one hidden layer of 512) or `cnn` (two 3×3 conv + pool blocks)
+    /// [default: mlp].
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
     /// The seed: the starting weights and the order of the samples. The same seed gives the
-    /// same final weights, bit for bit, on every machine, thread count and SIMD level.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// same final weights, bit for bit, on every machine, thread count and SIMD level
+    /// [default: 0].
+    #[arg(long)]
+    seed: Option<u64>,
     /// Passes over the training set [default: 40 for digits, 2 for mnist].
     #[arg(long)]
     epochs: Option<u32>,
-    /// Samples per step.
-    #[arg(long, default_value_t = 32)]
-    batch: u64,
+    /// Samples per step [default: 32].
+    #[arg(long)]
+    batch: Option<u64>,
     /// Shards each batch is cut into, each shard's gradient computed on its own and the
-    /// gradients added in order (what data-parallel training spreads across nodes); part of
-    /// what the result is.
-    #[arg(long, default_value_t = 1)]
-    shards: u64,
-    /// `adamw` or `sgd` (with momentum 0.9).
-    #[arg(long, default_value = "adamw")]
-    optimizer: String,
+    /// gradients added in order; part of what the result is. With --coordinator each shard is
+    /// a verified job of its own (data-parallel training) [default: 1].
+    #[arg(long, visible_alias = "data-parallel")]
+    shards: Option<u64>,
+    /// `adamw` or `sgd` (with momentum 0.9) [default: adamw].
+    #[arg(long)]
+    optimizer: Option<String>,
     /// Learning rate [default: adamw 0.0005 on digits and 0.001 on mnist; sgd 0.05].
     #[arg(long)]
     lr: Option<f32>,
-    /// Where checkpoints, `weights.safetensors`, `loss.csv` and `loss.svg` go.
-    #[arg(long, value_name = "DIR", default_value = "tenet-train")]
-    out: PathBuf,
+    /// Where checkpoints, `weights.safetensors`, `loss.csv` and `loss.svg` (or, on the
+    /// network, `training-receipt.json`) go [default: tenet-train].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
     /// Continue from a checkpoint: its file, or its hash (or first 8+ characters) in
     /// OUT/checkpoints. The settings must match the checkpoint's; --epochs may grow.
     #[arg(long, value_name = "CHECKPOINT")]
     resume: Option<String>,
+    /// Settings from a YAML file of flat `key: value` lines (dataset, model, seed, epochs,
+    /// batch, data_parallel, optimizer, lr, coordinator, out); flags given as well win.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Train on the network: the coordinator at this URL runs every step's shards as
+    /// verified jobs on its nodes, then the update; the training receipt that comes back is
+    /// checked here (every job's signature, the chain between them, the graphs, the batches
+    /// this seed cuts from the local copy of the dataset, the weights) before anything is
+    /// reported.
+    #[arg(long, value_name = "URL")]
+    coordinator: Option<String>,
+    /// The API key for --coordinator (none for an `--open` one).
+    #[arg(long, value_name = "KEY", env = "TENET_API_KEY")]
+    api_key: Option<String>,
     /// Print one JSON object at the end (test_accuracy, final_loss, steps, weights_hash, ...)
     /// and no progress.
     #[arg(long)]
@@ -55,48 +74,119 @@ pub struct TrainArgs {
     device: DeviceArgs,
 }
 
-pub fn train(args: &TrainArgs) -> Result<()> {
-    let arch = Arch::from_name(&args.model)
-        .with_context(|| format!("--model {:?}: choose mlp or cnn", args.model))?;
-    let mnist = args.dataset == "mnist";
-    let optimizer = match args.optimizer.as_str() {
-        "adamw" => Optimizer::adamw(args.lr.unwrap_or(if mnist { 1e-3 } else { 5e-4 })),
-        "sgd" => Optimizer::sgd(args.lr.unwrap_or(0.05)),
-        other => bail!("--optimizer {other:?}: choose adamw or sgd"),
+/// The settings of a run: flags, over a config file, over defaults.
+struct Settings {
+    dataset: String,
+    model: String,
+    arch: Arch,
+    optimizer_name: String,
+    optimizer: Optimizer,
+    lr: Option<f32>,
+    seed: u64,
+    epochs: Option<u32>,
+    batch: u64,
+    shards: u64,
+    out: PathBuf,
+    coordinator: Option<String>,
+}
+
+fn settings(args: &TrainArgs) -> Result<Settings> {
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --config {}", path.display()))?;
+            tenet_train::config::parse(&text)
+                .with_context(|| format!("--config {}", path.display()))?
+        }
+        None => Default::default(),
     };
-    if let Some(lr) = args.lr
+    fn pick<T: std::str::FromStr>(
+        flag: Option<T>,
+        file: &std::collections::BTreeMap<String, String>,
+        key: &str,
+    ) -> Result<Option<T>> {
+        match flag {
+            Some(v) => Ok(Some(v)),
+            None => file
+                .get(key)
+                .map(|v| {
+                    v.parse()
+                        .map_err(|_| anyhow::anyhow!("--config: {key}: {v:?} is not valid"))
+                })
+                .transpose(),
+        }
+    }
+    let dataset: String = pick(args.dataset.clone(), &file, "dataset")?
+        .context("say which dataset: --dataset digits|mnist (or `dataset:` in --config)")?;
+    let model: String = pick(args.model.clone(), &file, "model")?.unwrap_or("mlp".into());
+    let arch =
+        Arch::from_name(&model).with_context(|| format!("--model {model:?}: choose mlp or cnn"))?;
+    let lr: Option<f32> = pick(args.lr, &file, "lr")?;
+    if let Some(lr) = lr
         && !(lr.is_finite() && lr > 0.0)
     {
         bail!("--lr must be a positive number, got {lr}");
     }
-    if args.batch == 0 {
+    let mnist = dataset == "mnist";
+    let optimizer_name: String =
+        pick(args.optimizer.clone(), &file, "optimizer")?.unwrap_or("adamw".into());
+    let optimizer = match optimizer_name.as_str() {
+        "adamw" => Optimizer::adamw(lr.unwrap_or(if mnist { 1e-3 } else { 5e-4 })),
+        "sgd" => Optimizer::sgd(lr.unwrap_or(0.05)),
+        other => bail!("--optimizer {other:?}: choose adamw or sgd"),
+    };
+    let batch = pick(args.batch, &file, "batch")?.unwrap_or(32);
+    if batch == 0 {
         bail!("--batch must be at least 1");
     }
-    if args.shards == 0 || !args.batch.is_multiple_of(args.shards) {
+    let shards = pick(args.shards, &file, "data_parallel")?.unwrap_or(1);
+    if shards == 0 || !batch.is_multiple_of(shards) {
         bail!(
-            "--shards {} must divide --batch {} (each shard takes the same number of rows)",
-            args.shards,
-            args.batch
+            "--shards {shards} must divide --batch {batch} (each shard takes the same number of rows)"
         );
     }
-    let data = tenet_train::data::load(&args.dataset)?;
-    let epochs = args
+    Ok(Settings {
+        dataset,
+        model,
+        arch,
+        optimizer_name,
+        optimizer,
+        lr,
+        seed: pick(args.seed, &file, "seed")?.unwrap_or(0),
+        epochs: pick(args.epochs, &file, "epochs")?,
+        batch,
+        shards,
+        out: pick(args.out.clone(), &file, "out")?.unwrap_or("tenet-train".into()),
+        coordinator: pick(args.coordinator.clone(), &file, "coordinator")?,
+    })
+}
+
+pub fn train(args: &TrainArgs) -> Result<()> {
+    let s = settings(args)?;
+    let data = tenet_train::data::load(&s.dataset)?;
+    let epochs = s
         .epochs
         .unwrap_or(if data.name == "mnist" { 2 } else { 40 });
     let device = args.device.open()?;
+    if let Some(url) = &s.coordinator {
+        if args.resume.is_some() {
+            bail!("--resume continues a local run; a run on the network starts from its seed");
+        }
+        return network::train(args, &s, url, &data, epochs, device.as_ref());
+    }
     let config = TrainConfig {
-        arch,
-        optimizer,
-        seed: args.seed,
+        arch: s.arch,
+        optimizer: s.optimizer,
+        seed: s.seed,
         epochs,
-        batch: args.batch,
-        shards: args.shards,
+        batch: s.batch,
+        shards: s.shards,
         eval_rows: 500,
-        out_dir: args.out.clone(),
+        out_dir: s.out.clone(),
     };
     let resume = match &args.resume {
         Some(spec) => {
-            let path = Checkpoint::find(spec, &args.out.join("checkpoints"))?;
+            let path = Checkpoint::find(spec, &s.out.join("checkpoints"))?;
             Some(Checkpoint::load(&path)?)
         }
         None => None,

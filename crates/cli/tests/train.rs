@@ -131,3 +131,178 @@ fn mistakes_are_named_before_anything_runs() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+mod common;
+
+/// Data-parallel training over node processes on 127.0.0.1, configured by a YAML file: each
+/// step's three shards and its update are verified jobs; one node lies in every job it gets.
+/// The weights are the local run's with the same shards, bit for bit; the liar is slashed; the
+/// training receipt verifies offline and a reordered one does not.
+#[test]
+fn data_parallel_training_over_nodes_matches_local_training() {
+    if !fetched() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tenet-cli-dp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = |p: &str| dir.join(p).display().to_string();
+    let local = json(&tenet(&[
+        "train",
+        "--dataset",
+        "digits",
+        "--seed",
+        "9",
+        "--epochs",
+        "1",
+        "--batch",
+        "30",
+        "--shards",
+        "3",
+        "--json",
+        "--out",
+        &d("local"),
+    ]));
+
+    let (_coord, line) = common::spawn_tenet([
+        "coordinator",
+        "--open",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d("coord"),
+        "--replicas",
+        "2",
+    ]);
+    let curl = common::url_of(&line);
+    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
+        if i == 2 {
+            extra.extend(["--cheat", "flip"]);
+        }
+        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
+    }
+    let config = dir.join("train.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "# three shards a step, each a verified job\ndataset: digits\nseed: 9\nepochs: 1\nbatch: 30\ndata_parallel: 3\ncoordinator: {curl}\n"
+        ),
+    )
+    .unwrap();
+    // Nodes join by themselves: retry while not all have.
+    let mut answer = None;
+    for _ in 0..40 {
+        let o = tenet(&[
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+            "--out",
+            &d("net"),
+        ]);
+        if o.status.success() {
+            answer = Some(json(&o));
+            break;
+        }
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(err.contains("node"), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let net = answer.expect("the nodes joined");
+    assert_eq!(net["verified"], true, "{net}");
+    assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
+    assert_eq!(net["steps"], local["steps"]);
+    assert_eq!(net["test_accuracy"], local["test_accuracy"]);
+    let slashed = net["slashed"].as_array().unwrap();
+    assert!(!slashed.is_empty(), "the liar went unnoticed: {net}");
+    let liar = &slashed[0]["node"];
+    assert!(slashed.iter().all(|s| &s["node"] == liar), "{net}");
+
+    // The receipt, offline: pinned to the coordinator's key; reordered steps do not chain.
+    let receipt = net["receipt"].as_str().unwrap();
+    let ok = tenet(&["receipt", "verify", receipt, "--coordinator", &ckey]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let mut r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(receipt).unwrap()).unwrap();
+    r["steps"].as_array_mut().unwrap().swap(3, 4);
+    let swapped = dir.join("swapped.json");
+    std::fs::write(&swapped, r.to_string()).unwrap();
+    let bad = tenet(&[
+        "receipt",
+        "verify",
+        swapped.to_str().unwrap(),
+        "--coordinator",
+        &ckey,
+    ]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("does NOT verify") && err.contains("step 4"),
+        "{err}"
+    );
+
+    // What the caller checks beyond the chain: the graphs, the seed, the batches, the weights.
+    let r: tenet_proto::training_receipt::TrainingReceipt =
+        serde_json::from_str(&std::fs::read_to_string(receipt).unwrap()).unwrap();
+    let key = tenet_proto::auth::PublicKey::parse(&ckey).unwrap();
+    let mut data = tenet_train::data::load("digits").unwrap();
+    let model = tenet_train::Model::new(tenet_train::Arch::Mlp, &data.sample_shape, 10);
+    let spec = tenet_train::StepSpec {
+        model: model.clone(),
+        optimizer: tenet_train::Optimizer::adamw(5e-4),
+        batch: 30,
+        shards: 3,
+    };
+    let weights = std::fs::read(net["weights"].as_str().unwrap()).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&weights).unwrap();
+    let mut params: Vec<(String, tenet_ir::HostTensor)> = model
+        .params()
+        .into_iter()
+        .map(|p| {
+            let view = st.tensor(&p.name).unwrap();
+            let ty = tenet_ir::TensorType::new(tenet_ir::DType::F32, p.shape.clone());
+            (
+                p.name,
+                tenet_ir::HostTensor::new(ty, view.data().to_vec()).unwrap(),
+            )
+        })
+        .collect();
+    let check = |spec: &tenet_train::StepSpec,
+                 data: &tenet_train::Dataset,
+                 seed: u64,
+                 params: &[(String, tenet_ir::HostTensor)]| {
+        tenet_train::verify::check_run(&r, &key, spec, data, seed, 1, params)
+            .map_err(|e| e.to_string())
+    };
+    check(&spec, &data, 9, &params).unwrap();
+    let e = check(&spec, &data, 10, &params).unwrap_err();
+    assert!(e.contains("seed 9, not 10"), "{e}");
+    let other = tenet_train::StepSpec {
+        optimizer: tenet_train::Optimizer::adamw(1e-3),
+        ..spec.clone()
+    };
+    let e = check(&other, &data, 9, &params).unwrap_err();
+    assert!(e.contains("update jobs ran graph"), "{e}");
+    let mut bytes = params[0].1.bytes().to_vec();
+    bytes[0] ^= 1;
+    params[0].1 = tenet_ir::HostTensor::new(params[0].1.ty().clone(), bytes).unwrap();
+    let e = check(&spec, &data, 9, &params).unwrap_err();
+    assert!(e.contains("not what the last job agreed on"), "{e}");
+    data.train_x[64 * 5] += 1.0 / 16.0;
+    params[0].1 = tenet_ir::HostTensor::new(params[0].1.ty().clone(), {
+        let mut b = params[0].1.bytes().to_vec();
+        b[0] ^= 1;
+        b
+    })
+    .unwrap();
+    let e = check(&spec, &data, 9, &params).unwrap_err();
+    assert!(e.contains("is not the batch the seed cuts"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -80,6 +80,9 @@ pub enum DispatchError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// Too much of one kind of work is running already (try again later).
+    #[error("{0}")]
+    Busy(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -120,6 +123,8 @@ pub struct Coordinator<L: Ledger> {
     /// Work whose memory grows with a task — a weights file loaded to check a deploy, a
     /// referee run — one at a time, so the coordinator holds at most one task's worth.
     heavy: tokio::sync::Semaphore,
+    /// Trainings started through the API (`training.rs`).
+    pub(crate) trainings: crate::training::Trainings,
     /// What a running pipeline stage's job tells its nodes beyond the job, by job id: the
     /// inputs they fetch from other nodes (the boundary tensors) and which stage it is. Kept
     /// in memory only: a job resumed after a restart has its inputs uploaded from this
@@ -202,6 +207,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             running: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
             heavy: tokio::sync::Semaphore::new(1),
+            trainings: Default::default(),
             stage_jobs: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
         }

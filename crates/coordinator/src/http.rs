@@ -238,7 +238,9 @@ fn dispatch_error(e: DispatchError) -> ApiError {
     let code = match &e {
         DispatchError::BadRequest(_) => ErrorCode::BadInputs,
         DispatchError::NotFound(_) => unreachable!("answered above"),
-        DispatchError::NotEnoughNodes { .. } | DispatchError::Nodes(_) => ErrorCode::Busy,
+        DispatchError::NotEnoughNodes { .. } | DispatchError::Nodes(_) | DispatchError::Busy(_) => {
+            ErrorCode::Busy
+        }
         DispatchError::Undecided(_) => ErrorCode::Conflict,
         DispatchError::ExceedsLimits(_) => ErrorCode::ExceedsLimits,
         DispatchError::Ledger(_)
@@ -802,6 +804,41 @@ impl<L: Ledger + 'static> Service<L> {
                     self.core.wait(id, limit).await;
                 }
                 json_reply(&self.job_view(id).await?)
+            }
+            ("POST", ["v1", "trainings"]) => {
+                let v: Value = serde_json::from_slice(&body)
+                    .map_err(|e| bad(format!("the body is not JSON: {e}")))?;
+                let req =
+                    crate::training::TrainingRequest::from_json(&v).map_err(dispatch_error)?;
+                let id = self.core.start_training(req).map_err(dispatch_error)?;
+                let mut r = json_reply(&json!({
+                    "training_id": id,
+                    "state": "running",
+                    "status": format!("/v1/trainings/{id}"),
+                }))?;
+                *r.status_mut() = hyper::StatusCode::ACCEPTED;
+                Ok(r)
+            }
+            ("GET", ["v1", "trainings", id]) => {
+                let secs = match query_param(query, "wait") {
+                    Some(wait) => wait
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s >= 0.0)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "wait={wait}: say how many seconds to wait, from 0 to {MAX_WAIT_SECS}"
+                            ))
+                        })?,
+                    None => 0.0,
+                };
+                let limit = std::time::Duration::from_secs_f64(secs.min(MAX_WAIT_SECS));
+                let view = self
+                    .core
+                    .training_view(id, limit)
+                    .await
+                    .ok_or_else(|| not_found(format!("no training {id}")))?;
+                json_reply(&view)
             }
             ("GET", ["v1", "jobs"]) => {
                 let limit = query

@@ -16,6 +16,7 @@ mod phases;
 pub mod pipeline;
 pub mod registry;
 pub mod staged;
+pub mod training;
 
 pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};
 

@@ -10,6 +10,7 @@
 //! holds the layers and the bundled models; `loss.rs` and `optim.rs` the losses and optimizers.
 
 pub mod checkpoint;
+pub mod config;
 pub mod curve;
 pub mod data;
 pub mod loss;
@@ -17,6 +18,7 @@ pub mod nn;
 pub mod optim;
 pub mod step;
 pub mod trainer;
+pub mod verify;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Meta};
 pub use data::{DataError, Dataset};

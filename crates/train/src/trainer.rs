@@ -136,6 +136,17 @@ pub fn epoch_order(seed: u64, epoch: u32, rows: usize) -> Vec<usize> {
     order
 }
 
+/// Training samples `rows` of `data` as one batch: `x` (`f32[rows, C, H, W]`) and `y`.
+pub fn train_batch(data: &Dataset, rows: &[usize]) -> (HostTensor, HostTensor) {
+    batch(
+        &data.train_x,
+        &data.train_y,
+        rows,
+        data.sample_len(),
+        &data.sample_shape,
+    )
+}
+
 /// Rows `rows` of `x` (each `sample` values) and `y` as one batch.
 fn batch(
     x: &[f32],
