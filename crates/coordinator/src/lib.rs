@@ -8,6 +8,7 @@
 
 pub mod compare;
 pub mod dispatch;
+pub mod dispute;
 pub mod economics;
 pub mod http;
 pub mod local;

@@ -18,6 +18,7 @@ pub mod receipt;
 pub mod run_body;
 pub mod staged_receipt;
 pub mod tensor;
+pub mod trace;
 pub mod training_receipt;
 pub mod wire;
 

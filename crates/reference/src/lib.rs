@@ -12,5 +12,6 @@ pub mod quant;
 
 pub use interp::{
     POLL_WORK, RunError, binary_f32, check_inputs, eval_op, eval_op_polled, fmax, fmin, fold_lanes,
-    layer_norm_row, rms_norm_row, run, softmax_or_log_row, softmax_row, sum_ordered, unary_f32,
+    layer_norm_row, rms_norm_row, run, run_observed, softmax_or_log_row, softmax_row, sum_ordered,
+    unary_f32,
 };

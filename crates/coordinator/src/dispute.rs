@@ -1,0 +1,327 @@
+//! Disputes settled by bisection: when two replicas of a job disagree, walk down their trace
+//! trees (`tenet_proto::trace`) to the first node whose value they disagree on, take that
+//! node's operands (agreed by both, proven against a root), re-run that one op with the
+//! reference interpreter, and name whoever computed it otherwise. The referee's work is one op,
+//! not the job; rounds are the trees' depth plus one for the operands.
+//!
+//! A party is anything that answers for a trace ([`TraceParty`]). [`ReferenceParty`] computes
+//! its trace with the reference interpreter, optionally corrupting one node's value as a liar
+//! would (tests and the cost program); a node answering over the network is the next step.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tenet_ir::{Graph, HostTensor, NodeId, Op, WeightSource};
+use tenet_proto::Hash;
+use tenet_proto::trace::{Bisection, Proof, Step, TraceTree, Transcript, Verdict};
+
+/// One side of a dispute: what it committed to, and its answers.
+pub trait TraceParty {
+    /// The root of the party's trace tree.
+    fn root(&self) -> Hash;
+    /// The two children of tree node `index` at `depth`.
+    fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)>;
+    /// Leaf `leaf` with its proof.
+    fn proof(&self, leaf: u64) -> Option<Proof>;
+    /// The value of node `leaf` (an operand the referee needs).
+    fn value(&self, leaf: u64) -> Option<HostTensor>;
+}
+
+/// A lie told at one node: the node, and what is done to its value.
+pub type Corruption<'a> = (u32, &'a dyn Fn(&mut HostTensor));
+
+/// A party whose trace is the reference interpreter's, with `corrupt` (node, what to do to its
+/// value) applied as it runs when set: every later value follows from the corrupted one, as a
+/// node that lies at one op computes them.
+pub struct ReferenceParty<'a> {
+    graph: &'a Graph,
+    inputs: &'a HashMap<String, HostTensor>,
+    weights: &'a dyn WeightSource,
+    seed: u64,
+    corrupt: Option<Corruption<'a>>,
+    tree: TraceTree,
+}
+
+impl<'a> ReferenceParty<'a> {
+    pub fn new(
+        graph: &'a Graph,
+        inputs: &'a HashMap<String, HostTensor>,
+        weights: &'a dyn WeightSource,
+        seed: u64,
+        corrupt: Option<Corruption<'a>>,
+    ) -> Result<ReferenceParty<'a>, tenet_reference::RunError> {
+        let mut leaves = Vec::with_capacity(graph.nodes().len());
+        tenet_reference::run_observed(graph, inputs, weights, seed, &mut |id, v| {
+            if let Some((k, f)) = &corrupt
+                && id.0 == *k
+            {
+                f(v);
+            }
+            leaves.push(tenet_proto::tensor::hash(v));
+            true
+        })?;
+        Ok(ReferenceParty {
+            graph,
+            inputs,
+            weights,
+            seed,
+            corrupt,
+            tree: TraceTree::new(leaves),
+        })
+    }
+
+    pub fn tree(&self) -> &TraceTree {
+        &self.tree
+    }
+}
+
+impl TraceParty for ReferenceParty<'_> {
+    fn root(&self) -> Hash {
+        self.tree.root()
+    }
+
+    fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
+        self.tree.children(depth, index)
+    }
+
+    fn proof(&self, leaf: u64) -> Option<Proof> {
+        self.tree.proof(leaf)
+    }
+
+    fn value(&self, leaf: u64) -> Option<HostTensor> {
+        // Recomputed up to the node: a party keeps hashes, not values.
+        let mut found = None;
+        tenet_reference::run_observed(
+            self.graph,
+            self.inputs,
+            self.weights,
+            self.seed,
+            &mut |id, v| {
+                if let Some((k, f)) = &self.corrupt
+                    && id.0 == *k
+                {
+                    f(v);
+                }
+                if u64::from(id.0) == leaf {
+                    found = Some(v.clone());
+                    return false;
+                }
+                true
+            },
+        )
+        .ok()?;
+        found
+    }
+}
+
+/// A settled dispute and what it cost.
+#[derive(Debug)]
+pub struct Settled {
+    pub transcript: Transcript,
+    /// Question-and-answer rounds with the parties (the walk, then the operands).
+    pub rounds: u32,
+    /// Bytes the parties sent (hashes, proofs, operand values).
+    pub bytes: u64,
+    /// The referee's own work: checking the operands and re-running the one op.
+    pub referee: Duration,
+}
+
+/// Why a dispute could not be settled by bisection (then the whole-job referee decides).
+#[derive(Debug, thiserror::Error)]
+pub enum DisputeError {
+    #[error("party {party} did not answer {what}")]
+    Silent { party: usize, what: String },
+    #[error("the referee could not run the op: {0}")]
+    Referee(String),
+}
+
+/// Walk both parties' traces of `graph` (run on `inputs` with `seed`) to the first node they
+/// disagree on and decide it.
+pub fn settle(
+    graph: &Graph,
+    inputs: &HashMap<String, HostTensor>,
+    weights: &dyn WeightSource,
+    seed: u64,
+    parties: [&dyn TraceParty; 2],
+) -> Result<Settled, DisputeError> {
+    let count = graph.nodes().len() as u64;
+    let roots = [parties[0].root(), parties[1].root()];
+    let mut walk = Bisection::new(count, roots);
+    let mut rounds = 0u32;
+    let mut bytes = 64u64;
+    let silent = |party: usize, what: String| DisputeError::Silent { party, what };
+    let done = |walk: &Bisection, leaf, operands, from, bad, referee, lost| Transcript {
+        count,
+        roots,
+        rounds: walk.rounds().to_vec(),
+        leaf,
+        operands,
+        operands_from: from,
+        bad_operands: bad,
+        referee,
+        verdict: Verdict::Lost(lost),
+    };
+    loop {
+        match walk.next() {
+            Step::Ask { depth, index } => {
+                rounds += 1;
+                bytes += 128;
+                let mut answers = [(Hash([0; 32]), Hash([0; 32])); 2];
+                for (p, party) in parties.iter().enumerate() {
+                    answers[p] = party
+                        .children(depth, index)
+                        .ok_or_else(|| silent(p, format!("for tree node ({depth}, {index})")))?;
+                }
+                walk.answer(answers);
+            }
+            Step::Agree => {
+                return Ok(Settled {
+                    transcript: done(&walk, None, Vec::new(), 0, Vec::new(), None, Vec::new()),
+                    rounds,
+                    bytes,
+                    referee: Duration::ZERO,
+                });
+            }
+            Step::Inconsistent { parties: lost } => {
+                return Ok(Settled {
+                    transcript: done(&walk, None, Vec::new(), 0, Vec::new(), None, lost),
+                    rounds,
+                    bytes,
+                    referee: Duration::ZERO,
+                });
+            }
+            Step::Found { leaf, hashes } => {
+                // The operands, from party 0, or from party 1 when party 0's do not check out
+                // (the leaves before this one are equal in both trees).
+                let node = graph.node(NodeId(leaf as u32));
+                let mut bad = Vec::new();
+                let mut referee = None;
+                let mut took = Duration::ZERO;
+                let mut kept = (Vec::new(), 0);
+                for (p, party) in parties.iter().enumerate() {
+                    rounds += 1;
+                    let mut proofs = Vec::new();
+                    let mut values = Vec::new();
+                    for o in node.op.operands() {
+                        let i = u64::from(o.0);
+                        let proof = party
+                            .proof(i)
+                            .ok_or_else(|| silent(p, format!("the proof of leaf {i}")))?;
+                        let value = party
+                            .value(i)
+                            .ok_or_else(|| silent(p, format!("the value of leaf {i}")))?;
+                        bytes +=
+                            32 * (proof.siblings.len() as u64 + 1) + value.bytes().len() as u64;
+                        proofs.push(proof);
+                        values.push(value);
+                    }
+                    let started = Instant::now();
+                    let hash = referee_leaf(
+                        graph,
+                        leaf,
+                        &proofs,
+                        &values,
+                        &roots[p],
+                        walk.depth(),
+                        inputs,
+                        weights,
+                        seed,
+                    )?;
+                    took += started.elapsed();
+                    kept = (proofs, p);
+                    match hash {
+                        Some(h) => {
+                            referee = Some(h);
+                            break;
+                        }
+                        None => bad.push(p),
+                    }
+                }
+                let lost = match referee {
+                    Some(h) => (0..2)
+                        .filter(|&p| hashes[p] != h || bad.contains(&p))
+                        .collect(),
+                    None => vec![0, 1],
+                };
+                return Ok(Settled {
+                    transcript: done(&walk, Some(leaf), kept.0, kept.1, bad, referee, lost),
+                    rounds,
+                    bytes,
+                    referee: took,
+                });
+            }
+        }
+    }
+}
+
+/// The referee's hash of node `leaf`: its operands checked against party 0's root (`None`
+/// when party 0's proofs or values do not check out), then the one op run by the reference.
+#[allow(clippy::too_many_arguments)]
+fn referee_leaf(
+    graph: &Graph,
+    leaf: u64,
+    proofs: &[Proof],
+    values: &[HostTensor],
+    root: &Hash,
+    depth: u32,
+    inputs: &HashMap<String, HostTensor>,
+    weights: &dyn WeightSource,
+    seed: u64,
+) -> Result<Option<Hash>, DisputeError> {
+    for (p, v) in proofs.iter().zip(values) {
+        if !p.verifies(root, depth) || p.leaf != tenet_proto::tensor::hash(v) {
+            return Ok(None);
+        }
+    }
+    let id = NodeId(leaf as u32);
+    let node = graph.node(id);
+    let value = match &node.op {
+        Op::Input { name } => inputs
+            .get(name)
+            .cloned()
+            .ok_or_else(|| DisputeError::Referee(format!("the job has no input {name}")))?,
+        Op::Weight { file, tensor } => weights
+            .weight(file, tensor)
+            .cloned()
+            .ok_or_else(|| DisputeError::Referee(format!("no weight {tensor}")))?,
+        op => run_one_op(op, &node.ty, values, seed)?,
+    };
+    Ok(Some(tenet_proto::tensor::hash(&value)))
+}
+
+/// One op on its operand values, as a one-op graph on this machine's CPU (the device every
+/// other device's exact bits are checked against, and the reference's bits by its own tests):
+/// a product deep in a model costs the referee what it costs the job, not the reference's
+/// plain loops.
+fn run_one_op(
+    op: &Op,
+    ty: &tenet_ir::TensorType,
+    values: &[HostTensor],
+    seed: u64,
+) -> Result<HostTensor, DisputeError> {
+    let fail = |e: String| DisputeError::Referee(e);
+    let b = tenet_ir::GraphBuilder::new();
+    let mut inputs = HashMap::new();
+    let mut slots = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let name = format!("operand{i}");
+        slots.push(b.input(&name, v.dtype(), v.shape()).id());
+        inputs.insert(name, v.clone());
+    }
+    // The values come in `operands()` order; a node read twice (`x * x`) reads its first.
+    let mut remap = HashMap::new();
+    for (i, n) in op.operands().into_iter().enumerate() {
+        remap.entry(n).or_insert(slots[i]);
+    }
+    let one = b.node(op.map_operands(|n| remap[&n]), Some(ty.clone()));
+    let graph = b
+        .finish(&[("out", &one)])
+        .map_err(|e| fail(e.to_string()))?;
+    let device =
+        tenet_devices::open("cpu", &Default::default()).map_err(|e| fail(e.to_string()))?;
+    let mut out = device
+        .compile(&graph)
+        .and_then(|p| p.run(&inputs, &tenet_ir::NoWeights, seed))
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(out.remove(0).1)
+}
