@@ -93,9 +93,11 @@ pub struct NodeArgs {
     /// Price per GFLOP advertised in /v1/info.
     #[arg(long, value_name = "PRICE")]
     price_per_gflop: Option<f64>,
-    /// Lie on purpose: flip, noise=AMPLITUDE, collude, or withhold (commit, then never
-    /// reveal). For demos and tests of the coordinator only: a cheating node's commitments
-    /// are signed lies (or broken promises) and will be slashed.
+    /// Lie on purpose: flip, noise=AMPLITUDE, collude, withhold (commit, then never reveal),
+    /// or op=K (lie at node %K inside the graph as it runs, on the reference interpreter, so
+    /// the outputs and the node's trace follow from the lie: what a dispute by bisection pins
+    /// down). For demos and tests of the coordinator only: a cheating node's commitments are
+    /// signed lies (or broken promises) and will be slashed.
     #[arg(long, value_name = "MODE")]
     cheat: Option<String>,
     /// Join the coordinator at URL: trust its key, register once listening, send heartbeats,

@@ -100,6 +100,15 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
             receipt.nodes.len(),
             receipt.replicas,
         );
+        if let Some(d) = &receipt.dispute {
+            let tenet_proto::trace::Verdict::Lost(lost) = &d.verdict;
+            println!(
+                "  decided by a dispute: {} round(s) down two trace trees of {} nodes to %{}, that one op re-run by the coordinator; party {lost:?} lost (walk and verdict checked)",
+                d.rounds.len(),
+                d.count,
+                d.leaf.map_or("?".to_string(), |l| l.to_string()),
+            );
+        }
         if let Some(msg) = replayed {
             println!("  {msg}");
         }

@@ -942,6 +942,7 @@ async fn receipts_from_real_commitments_verify_offline_replay_and_catch_alterati
         nodes: attestations,
         coordinator: coordinator.public(),
         issued_at: tenet_proto::unix_now(),
+        dispute: None,
         signature: Sig([0; 64]),
     }
     .sign(&coordinator);

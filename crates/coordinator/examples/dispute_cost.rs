@@ -60,7 +60,11 @@ fn main() {
     let trace_time = started.elapsed();
     let liar = ReferenceParty::new(&graph, &inputs, &model.weights, 0, Some((k, &flip))).unwrap();
     let started = Instant::now();
-    let s = settle(&graph, &inputs, &model.weights, 0, [&honest, &liar]).unwrap();
+    let s = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(settle(&graph, &inputs, &model.weights, 0, &honest, &liar))
+        .unwrap();
     let dispute_time = started.elapsed();
     let bound = (n as f64).log2().ceil() as u32 + 2;
     println!(

@@ -4,9 +4,10 @@
 //! reference interpreter, and name whoever computed it otherwise. The referee's work is one op,
 //! not the job; rounds are the trees' depth plus one for the operands.
 //!
-//! A party is anything that answers for a trace ([`TraceParty`]). [`ReferenceParty`] computes
-//! its trace with the reference interpreter, optionally corrupting one node's value as a liar
-//! would (tests and the cost program); a node answering over the network is the next step.
+//! A party is anything that answers for a trace ([`TraceParty`]): a node over the network
+//! ([`NodeParty`], what the coordinator's job phases use when replicas disagree without a
+//! majority), or [`ReferenceParty`], which computes its trace with the reference interpreter,
+//! optionally corrupting one node's value as a liar would (tests and the cost program).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -15,20 +16,27 @@ use tenet_ir::{Graph, HostTensor, NodeId, Op, WeightSource};
 use tenet_proto::Hash;
 use tenet_proto::trace::{Bisection, Proof, Step, TraceTree, Transcript, Verdict};
 
-/// One side of a dispute: what it committed to, and its answers.
-pub trait TraceParty {
+/// One side of a dispute: what it committed to, and its answers (a node over the network,
+/// [`NodeParty`], or a computation here, [`ReferenceParty`]). An answer of `None` is a party
+/// that did not answer (in time): it loses by rule.
+pub trait TraceParty: Sync {
     /// The root of the party's trace tree.
     fn root(&self) -> Hash;
     /// The two children of tree node `index` at `depth`.
-    fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)>;
-    /// Leaf `leaf` with its proof.
-    fn proof(&self, leaf: u64) -> Option<Proof>;
-    /// The value of node `leaf` (an operand the referee needs).
-    fn value(&self, leaf: u64) -> Option<HostTensor>;
+    fn children(
+        &self,
+        depth: u32,
+        index: u64,
+    ) -> impl std::future::Future<Output = Option<(Hash, Hash)>> + Send;
+    /// Leaf `leaf` with its proof, and the node's value (an operand the referee needs).
+    fn leaf(
+        &self,
+        leaf: u64,
+    ) -> impl std::future::Future<Output = Option<(Proof, HostTensor)>> + Send;
 }
 
 /// A lie told at one node: the node, and what is done to its value.
-pub type Corruption<'a> = (u32, &'a dyn Fn(&mut HostTensor));
+pub type Corruption<'a> = (u32, &'a (dyn Fn(&mut HostTensor) + Sync));
 
 /// A party whose trace is the reference interpreter's, with `corrupt` (node, what to do to its
 /// value) applied as it runs when set: every later value follows from the corrupted one, as a
@@ -36,7 +44,7 @@ pub type Corruption<'a> = (u32, &'a dyn Fn(&mut HostTensor));
 pub struct ReferenceParty<'a> {
     graph: &'a Graph,
     inputs: &'a HashMap<String, HostTensor>,
-    weights: &'a dyn WeightSource,
+    weights: &'a (dyn WeightSource + Sync),
     seed: u64,
     corrupt: Option<Corruption<'a>>,
     tree: TraceTree,
@@ -46,7 +54,7 @@ impl<'a> ReferenceParty<'a> {
     pub fn new(
         graph: &'a Graph,
         inputs: &'a HashMap<String, HostTensor>,
-        weights: &'a dyn WeightSource,
+        weights: &'a (dyn WeightSource + Sync),
         seed: u64,
         corrupt: Option<Corruption<'a>>,
     ) -> Result<ReferenceParty<'a>, tenet_reference::RunError> {
@@ -80,15 +88,12 @@ impl TraceParty for ReferenceParty<'_> {
         self.tree.root()
     }
 
-    fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
+    async fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
         self.tree.children(depth, index)
     }
 
-    fn proof(&self, leaf: u64) -> Option<Proof> {
-        self.tree.proof(leaf)
-    }
-
-    fn value(&self, leaf: u64) -> Option<HostTensor> {
+    async fn leaf(&self, leaf: u64) -> Option<(Proof, HostTensor)> {
+        let proof = self.tree.proof(leaf)?;
         // Recomputed up to the node: a party keeps hashes, not values.
         let mut found = None;
         tenet_reference::run_observed(
@@ -110,7 +115,38 @@ impl TraceParty for ReferenceParty<'_> {
             },
         )
         .ok()?;
-        found
+        Some((proof, found?))
+    }
+}
+
+/// A node answering for its trace of job `job_id` over the network (`POST
+/// /v1/jobs/{id}/trace` and the routes under it); every call bounded by the node client's
+/// timeout.
+pub struct NodeParty {
+    pub client: std::sync::Arc<tenet_node::client::NodeClient>,
+    pub job_id: String,
+    pub root: Hash,
+    /// The most bytes a leaf's value may have (the graph's largest node).
+    pub max_leaf_bytes: u64,
+}
+
+impl TraceParty for NodeParty {
+    fn root(&self) -> Hash {
+        self.root
+    }
+
+    async fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
+        self.client
+            .trace_children(&self.job_id, depth, index)
+            .await
+            .ok()
+    }
+
+    async fn leaf(&self, leaf: u64) -> Option<(Proof, HostTensor)> {
+        self.client
+            .trace_leaf(&self.job_id, leaf, self.max_leaf_bytes)
+            .await
+            .ok()
     }
 }
 
@@ -137,15 +173,16 @@ pub enum DisputeError {
 
 /// Walk both parties' traces of `graph` (run on `inputs` with `seed`) to the first node they
 /// disagree on and decide it.
-pub fn settle(
+pub async fn settle<A: TraceParty, B: TraceParty>(
     graph: &Graph,
     inputs: &HashMap<String, HostTensor>,
-    weights: &dyn WeightSource,
+    weights: &(dyn WeightSource + Sync),
     seed: u64,
-    parties: [&dyn TraceParty; 2],
+    a: &A,
+    b: &B,
 ) -> Result<Settled, DisputeError> {
     let count = graph.nodes().len() as u64;
-    let roots = [parties[0].root(), parties[1].root()];
+    let roots = [a.root(), b.root()];
     let mut walk = Bisection::new(count, roots);
     let mut rounds = 0u32;
     let mut bytes = 64u64;
@@ -166,13 +203,16 @@ pub fn settle(
             Step::Ask { depth, index } => {
                 rounds += 1;
                 bytes += 128;
-                let mut answers = [(Hash([0; 32]), Hash([0; 32])); 2];
-                for (p, party) in parties.iter().enumerate() {
-                    answers[p] = party
-                        .children(depth, index)
-                        .ok_or_else(|| silent(p, format!("for tree node ({depth}, {index})")))?;
-                }
-                walk.answer(answers);
+                let what = || format!("for tree node ({depth}, {index})");
+                let first = a
+                    .children(depth, index)
+                    .await
+                    .ok_or_else(|| silent(0, what()))?;
+                let second = b
+                    .children(depth, index)
+                    .await
+                    .ok_or_else(|| silent(1, what()))?;
+                walk.answer([first, second]);
             }
             Step::Agree => {
                 return Ok(Settled {
@@ -198,18 +238,18 @@ pub fn settle(
                 let mut referee = None;
                 let mut took = Duration::ZERO;
                 let mut kept = (Vec::new(), 0);
-                for (p, party) in parties.iter().enumerate() {
+                for (p, root) in roots.iter().enumerate() {
                     rounds += 1;
                     let mut proofs = Vec::new();
                     let mut values = Vec::new();
                     for o in node.op.operands() {
                         let i = u64::from(o.0);
-                        let proof = party
-                            .proof(i)
-                            .ok_or_else(|| silent(p, format!("the proof of leaf {i}")))?;
-                        let value = party
-                            .value(i)
-                            .ok_or_else(|| silent(p, format!("the value of leaf {i}")))?;
+                        let answer = match p {
+                            0 => a.leaf(i).await,
+                            _ => b.leaf(i).await,
+                        };
+                        let (proof, value) =
+                            answer.ok_or_else(|| silent(p, format!("leaf {i} and its proof")))?;
                         bytes +=
                             32 * (proof.siblings.len() as u64 + 1) + value.bytes().len() as u64;
                         proofs.push(proof);
@@ -221,7 +261,7 @@ pub fn settle(
                         leaf,
                         &proofs,
                         &values,
-                        &roots[p],
+                        root,
                         walk.depth(),
                         inputs,
                         weights,
@@ -265,7 +305,7 @@ fn referee_leaf(
     root: &Hash,
     depth: u32,
     inputs: &HashMap<String, HostTensor>,
-    weights: &dyn WeightSource,
+    weights: &(dyn WeightSource + Sync),
     seed: u64,
 ) -> Result<Option<Hash>, DisputeError> {
     for (p, v) in proofs.iter().zip(values) {

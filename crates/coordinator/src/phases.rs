@@ -151,12 +151,24 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     continue;
                 }
                 if spec.tier == Tier::Exact && !seen.replicas.is_empty() {
-                    let local = self.referee(&spec).await?;
+                    // First a dispute by bisection between two replicas that differ (one op
+                    // re-run); the whole job on this machine when it decides nothing.
                     refereed = true;
-                    decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
+                    match self.dispute(&spec, &seen.replicas).await {
+                        Some((winner, transcript)) => {
+                            decision = compare::decide_by_hash(&seen.replicas, Some(winner), None);
+                            return self
+                                .settle(&spec, seen, decision, refereed, Some(transcript))
+                                .await;
+                        }
+                        None => {
+                            let local = self.referee(&spec).await?;
+                            decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
+                        }
+                    }
                 }
             }
-            return self.settle(&spec, seen, decision, refereed).await;
+            return self.settle(&spec, seen, decision, refereed, None).await;
         }
     }
 
@@ -547,6 +559,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         seen: Revealed,
         decision: Decision,
         refereed: bool,
+        dispute: Option<tenet_proto::trace::Transcript>,
     ) -> Result<JobOutcome, DispatchError> {
         let Some(result) = decision.result else {
             return Err(DispatchError::Undecided(format!(
@@ -601,6 +614,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             nodes: agreeing,
             coordinator: self.key.public(),
             issued_at: tenet_proto::unix_now(),
+            dispute,
             signature: Sig([0; 64]),
         }
         .sign(&self.key);
@@ -632,6 +646,76 @@ impl<L: Ledger + 'static> Coordinator<L> {
             slashed,
             refereed,
         })
+    }
+
+    /// Settle a disagreement by bisection (`dispute.rs`) between the first two replicas whose
+    /// outputs differ: both compute their traces, the walk finds the first node they disagree
+    /// on, and that one op re-run here names the loser. The winner's output hash and the
+    /// transcript, or `None` when the dispute decides nothing (a node could not be asked, or
+    /// both lost): then the whole job is refereed.
+    async fn dispute(
+        &self,
+        spec: &JobSpec,
+        replicas: &[crate::compare::Replica],
+    ) -> Option<(Hash, tenet_proto::trace::Transcript)> {
+        let first = replicas.first()?;
+        let second = replicas
+            .iter()
+            .find(|r| r.output_hash != first.output_hash)?;
+        let graph = tenet_ir::codec::decode(&self.store.get(&spec.task).ok()?).ok()?;
+        let weights = match spec.weights {
+            Some(w) => vec![
+                tenet_models::WeightsFile::from_bytes_within(
+                    self.store.get(&w).ok()?,
+                    &w.short(),
+                    self.task_memory(),
+                )
+                .ok()?,
+            ],
+            None => Vec::new(),
+        };
+        let mut inputs = HashMap::new();
+        for (name, h) in &spec.inputs {
+            inputs.insert(name.clone(), tensor::decode(&self.store.get(h).ok()?).ok()?);
+        }
+        let max_leaf_bytes = graph
+            .nodes()
+            .iter()
+            .map(|n| n.ty.bytes().unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        let mut parties = Vec::new();
+        for r in [first, second] {
+            let client = self.client(&self.node_record(&r.node).await.ok()?).ok()?;
+            let root = client.trace_root(&spec.job_id).await.ok()?;
+            if root.count != graph.nodes().len() as u64 {
+                return None;
+            }
+            parties.push(crate::dispute::NodeParty {
+                client,
+                job_id: spec.job_id.clone(),
+                root: root.root,
+                max_leaf_bytes,
+            });
+        }
+        let weights = tenet_models::WeightSet(weights);
+        let settled = crate::dispute::settle(
+            &graph,
+            &inputs,
+            &weights,
+            spec.seed,
+            &parties[0],
+            &parties[1],
+        )
+        .await
+        .ok()?;
+        let tenet_proto::trace::Verdict::Lost(lost) = &settled.transcript.verdict;
+        let winner = match lost.as_slice() {
+            [1] => first.output_hash,
+            [0] => second.output_hash,
+            _ => return None,
+        };
+        Some((winner, settled.transcript))
     }
 
     /// Run the job on the coordinator's own executor: its output hash decides an exact-tier

@@ -44,6 +44,13 @@ fn flip(t: &mut HostTensor) {
     }
 }
 
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 fn operands_of(graph: &Graph) -> impl Fn(u64) -> Vec<u64> + '_ {
     move |leaf| {
         graph.nodes()[leaf as usize]
@@ -70,49 +77,48 @@ fn the_walk_finds_the_one_corrupted_op_and_the_referee_names_the_liar() {
         .collect();
     assert!(targets.len() >= 5, "{} nodes", n);
     for &k in &targets {
-        let corrupt: &dyn Fn(&mut HostTensor) = &flip;
+        let corrupt: &(dyn Fn(&mut HostTensor) + Sync) = &flip;
         let liar = ReferenceParty::new(&graph, &inputs, &NoWeights, 0, Some((k, corrupt))).unwrap();
         assert_ne!(liar.root(), honest.root());
-        for (parties, lost) in [
-            ([&honest as &dyn TraceParty, &liar], 1),
-            ([&liar, &honest], 0),
-        ] {
-            let s = settle(&graph, &inputs, &NoWeights, 0, parties).unwrap();
+        for (swap, lost) in [(false, 1), (true, 0)] {
+            let s = if swap {
+                block(settle(&graph, &inputs, &NoWeights, 0, &liar, &honest)).unwrap()
+            } else {
+                block(settle(&graph, &inputs, &NoWeights, 0, &honest, &liar)).unwrap()
+            };
             let t = &s.transcript;
             assert_eq!(t.leaf, Some(u64::from(k)), "the first differing node");
             assert_eq!(t.verdict, Verdict::Lost(vec![lost]), "corrupted %{k}");
             assert_eq!(s.rounds, depth_for(n) + 1);
-            t.check(&operands_of(&graph)).unwrap();
+            t.check(Some(&operands_of(&graph))).unwrap();
         }
     }
     // Equal traces: nothing to settle.
     let again = ReferenceParty::new(&graph, &inputs, &NoWeights, 0, None).unwrap();
-    let s = settle(&graph, &inputs, &NoWeights, 0, [&honest, &again]).unwrap();
+    let s = block(settle(&graph, &inputs, &NoWeights, 0, &honest, &again)).unwrap();
     assert_eq!(s.transcript.verdict, Verdict::Lost(vec![]));
     assert_eq!(s.rounds, 0);
 }
 
-/// A party that makes up its answers.
-struct MadeUp<'a>(&'a dyn TraceParty, bool);
+/// A party that makes up its answers: children that do not hash to what it said before
+/// (`true`), or operand values other than what it committed to (`false`).
+struct MadeUp<'a, P: TraceParty>(&'a P, bool);
 
-impl TraceParty for MadeUp<'_> {
+impl<P: TraceParty> TraceParty for MadeUp<'_, P> {
     fn root(&self) -> Hash {
         self.0.root()
     }
-    fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
-        let (l, r) = self.0.children(depth, index)?;
-        // From the third round on, children that do not hash to what it said before.
+    async fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
+        let (l, r) = self.0.children(depth, index).await?;
+        // From the third round on.
         Some(if depth >= 2 && self.1 { (r, l) } else { (l, r) })
     }
-    fn proof(&self, leaf: u64) -> Option<Proof> {
-        self.0.proof(leaf)
-    }
-    fn value(&self, leaf: u64) -> Option<HostTensor> {
-        let mut v = self.0.value(leaf)?;
+    async fn leaf(&self, leaf: u64) -> Option<(Proof, HostTensor)> {
+        let (proof, mut v) = self.0.leaf(leaf).await?;
         if !self.1 {
             flip(&mut v);
         }
-        Some(v)
+        Some((proof, v))
     }
 }
 
@@ -120,21 +126,21 @@ impl TraceParty for MadeUp<'_> {
 fn inconsistent_answers_and_bad_operands_lose_by_rule() {
     let (graph, inputs) = shard_job();
     let honest = ReferenceParty::new(&graph, &inputs, &NoWeights, 0, None).unwrap();
-    let corrupt: &dyn Fn(&mut HostTensor) = &flip;
+    let corrupt: &(dyn Fn(&mut HostTensor) + Sync) = &flip;
     let k = (graph.nodes().len() / 2) as u32;
     let liar = ReferenceParty::new(&graph, &inputs, &NoWeights, 0, Some((k, corrupt))).unwrap();
     let made_up = MadeUp(&liar, true);
-    let s = settle(&graph, &inputs, &NoWeights, 0, [&honest, &made_up]).unwrap();
+    let s = block(settle(&graph, &inputs, &NoWeights, 0, &honest, &made_up)).unwrap();
     assert_eq!(s.transcript.verdict, Verdict::Lost(vec![1]));
     assert_eq!(s.transcript.leaf, None);
-    s.transcript.check(&operands_of(&graph)).unwrap();
+    s.transcript.check(Some(&operands_of(&graph))).unwrap();
     // Party 0 hands over operand values that are not what it committed to: it loses, even
     // though its own leaf was right.
     let bad_values = MadeUp(&honest, false);
-    let s = settle(&graph, &inputs, &NoWeights, 0, [&bad_values, &liar]).unwrap();
+    let s = block(settle(&graph, &inputs, &NoWeights, 0, &bad_values, &liar)).unwrap();
     // Party 1's operands decide the op: party 1 computed it wrongly, party 0's operands were
     // not what it committed to. Both lose.
     assert_eq!(s.transcript.verdict, Verdict::Lost(vec![0, 1]));
     assert_eq!(s.transcript.bad_operands, vec![0]);
-    s.transcript.check(&operands_of(&graph)).unwrap();
+    s.transcript.check(Some(&operands_of(&graph))).unwrap();
 }

@@ -16,15 +16,20 @@ pub enum Cheat {
     Collude,
     /// Compute and commit honestly, then never answer the reveal: a node stalling a job.
     Withhold,
+    /// Lie at one op deep inside the graph: flip the lowest bit of node `%K`'s first byte as
+    /// the job runs (on the reference interpreter), so every later value, the outputs and the
+    /// node's trace all follow from the lie — what a dispute by bisection must pin down.
+    Op(u32),
 }
 
 impl Cheat {
-    /// Parse `flip`, `noise=AMPLITUDE`, `collude` or `withhold`.
+    /// Parse `flip`, `noise=AMPLITUDE`, `collude`, `withhold` or `op=K`.
     pub fn parse(text: &str) -> Option<Cheat> {
         match text {
             "flip" => Some(Cheat::Flip),
             "collude" => Some(Cheat::Collude),
             "withhold" => Some(Cheat::Withhold),
+            _ if text.starts_with("op=") => text[3..].parse().ok().map(Cheat::Op),
             _ => {
                 let amp: f32 = text.strip_prefix("noise=")?.parse().ok()?;
                 (amp.is_finite() && amp > 0.0).then_some(Cheat::Noise(amp))
@@ -36,7 +41,7 @@ impl Cheat {
     /// changes, or every one for `noise`; others are left alone; a withholding node's results
     /// are honest).
     pub fn apply(self, t: HostTensor) -> HostTensor {
-        if t.numel() == 0 || self == Cheat::Withhold {
+        if t.numel() == 0 || matches!(self, Cheat::Withhold | Cheat::Op(_)) {
             return t;
         }
         if t.dtype() == DType::I64 {
@@ -59,7 +64,7 @@ impl Cheat {
         match self {
             Cheat::Flip => v[0] = f32::from_bits(v[0].to_bits() ^ 1),
             Cheat::Collude => v[0] += 1.0,
-            Cheat::Withhold => {}
+            Cheat::Withhold | Cheat::Op(_) => {}
             Cheat::Noise(amp) => {
                 let mut state = 0x9E37_79B9u32;
                 for x in &mut v {

@@ -593,6 +593,55 @@ impl NodeClient {
         .await
     }
 
+    /// Job `id`'s trace root (the node computes its trace if it has not yet), for a dispute.
+    pub async fn trace_root(&self, id: &str) -> Result<TraceRoot, ClientError> {
+        self.call_json(Method::POST, &format!("/v1/jobs/{id}/trace"), Bytes::new())
+            .await
+    }
+
+    /// The children of tree node `index` at `depth` in job `id`'s trace tree.
+    pub async fn trace_children(
+        &self,
+        id: &str,
+        depth: u32,
+        index: u64,
+    ) -> Result<(Hash, Hash), ClientError> {
+        let c: TraceChildren = self
+            .call_json(
+                Method::GET,
+                &format!("/v1/jobs/{id}/trace/{depth}/{index}"),
+                Bytes::new(),
+            )
+            .await?;
+        Ok((c.left, c.right))
+    }
+
+    /// Leaf `leaf` of job `id`'s trace: its proof, and the node's value (at most `max_bytes`).
+    pub async fn trace_leaf(
+        &self,
+        id: &str,
+        leaf: u64,
+        max_bytes: u64,
+    ) -> Result<(tenet_proto::trace::Proof, tenet_ir::HostTensor), ClientError> {
+        let bounds = self.bounds(max_bytes.saturating_mul(2).saturating_add(64 << 10));
+        let l: TraceLeaf = self
+            .call_json_within(
+                Method::GET,
+                &format!("/v1/jobs/{id}/trace/leaf/{leaf}"),
+                Bytes::new(),
+                bounds,
+            )
+            .await?;
+        let bad = |message: String| ClientError::Unexpected {
+            status: 200,
+            message,
+        };
+        let blob = tenet_proto::from_hex(&l.value)
+            .ok_or_else(|| bad("a trace leaf's value is not hex".into()))?;
+        let value = tenet_proto::tensor::decode(&blob).map_err(|e| bad(e.to_string()))?;
+        Ok((l.proof, value))
+    }
+
     pub async fn create_session(&self) -> Result<String, ClientError> {
         let s: SessionCreated = self
             .call_json(Method::POST, "/v1/sessions", Bytes::new())
@@ -816,4 +865,24 @@ mod tests {
             assert!(size <= reveal_answer_limit(outputs), "{outputs}: {size}");
         }
     }
+}
+
+/// A node's answer to `POST /v1/jobs/{id}/trace`.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct TraceRoot {
+    pub root: Hash,
+    pub count: u64,
+    pub depth: u32,
+}
+
+#[derive(serde::Deserialize)]
+struct TraceChildren {
+    left: Hash,
+    right: Hash,
+}
+
+#[derive(serde::Deserialize)]
+struct TraceLeaf {
+    proof: tenet_proto::trace::Proof,
+    value: String,
 }

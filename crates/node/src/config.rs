@@ -150,7 +150,7 @@ pub enum ConfigError {
         "the node trusts no keys and is not open: add a coordinator's key (--trust KEY or trusted_keys in the config), or run with --open for local use"
     )]
     NobodyTrusted,
-    #[error("cheat mode `{0}` is not one of flip, noise=AMPLITUDE, collude")]
+    #[error("cheat mode `{0}` is not one of flip, noise=AMPLITUDE, collude, withhold, op=K")]
     BadCheat(String),
     #[error("{0} must be at least 1")]
     Zero(&'static str),

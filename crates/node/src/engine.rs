@@ -88,7 +88,7 @@ fn weights_error(e: WeightsError) -> ApiError {
 }
 
 /// The weights a job binds: at most one file.
-struct Bound<'a>(Option<&'a WeightsFile>);
+pub(crate) struct Bound<'a>(pub(crate) Option<&'a WeightsFile>);
 
 impl WeightSource for Bound<'_> {
     fn weight(&self, file: &WeightsId, tensor: &str) -> Option<&HostTensor> {

@@ -572,6 +572,9 @@ fn route_name(method: &Method, parts: &[&str]) -> &'static str {
         ("GET", ["v1", "jobs", _]) => "job_status",
         ("DELETE", ["v1", "jobs", _]) => "job_cancel",
         ("POST", ["v1", "jobs", _, "reveal"]) => "job_reveal",
+        ("POST", ["v1", "jobs", _, "trace"]) => "job_trace",
+        ("GET", ["v1", "jobs", _, "trace", "leaf", _]) => "job_trace_leaf",
+        ("GET", ["v1", "jobs", _, "trace", _, _]) => "job_trace_node",
         ("POST", ["v1", "sessions"]) => "session_create",
         ("DELETE", ["v1", "sessions", _]) => "session_delete",
         ("PUT" | "GET" | "DELETE", ["v1", "sessions", _, "tensors", _]) => "session_tensor",
@@ -882,6 +885,39 @@ async fn dispatch(
                 std::future::pending::<()>().await;
             }
             json_reply(&node.reveal(id)?)
+        }
+        ("job_trace" | "job_trace_node" | "job_trace_leaf", [_, _, id, ..]) => {
+            // Traces run on the reference interpreter: off the event loop.
+            let (me, id) = (node.clone(), id.to_string());
+            let numbers: Vec<Option<u64>> = parts[4..].iter().map(|p| p.parse().ok()).collect();
+            let answer =
+                tokio::task::spawn_blocking(move || -> Result<serde_json::Value, ApiError> {
+                    let trace = me.job_trace(&id)?;
+                    let tree = trace.tree();
+                    Ok(match (route, numbers.as_slice()) {
+                        ("job_trace", _) => serde_json::json!({
+                            "root": tree.root(), "count": tree.count(), "depth": tree.depth(),
+                        }),
+                        ("job_trace_node", [Some(depth), Some(index)]) => {
+                            let (left, right) = u32::try_from(*depth)
+                                .ok()
+                                .and_then(|d| tree.children(d, *index))
+                                .ok_or_else(|| not_found("no such node in the trace tree"))?;
+                            serde_json::json!({"left": left, "right": right})
+                        }
+                        ("job_trace_leaf", [_, Some(i)]) => {
+                            let (proof, value) = trace.leaf(*i)?;
+                            serde_json::json!({
+                                "proof": proof,
+                                "value": tenet_proto::to_hex(&tensor::encode(&value)),
+                            })
+                        }
+                        _ => return Err(bad_request("a trace path ends in numbers")),
+                    })
+                })
+                .await
+                .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))??;
+            json_reply(&answer)
         }
         ("session_create", _) => json_reply(&node.create_session()?),
         ("session_delete", [_, _, sid]) => {

@@ -25,6 +25,7 @@ mod observe;
 mod pool;
 pub mod service;
 pub mod stages;
+pub mod trace;
 
 use std::sync::Arc;
 

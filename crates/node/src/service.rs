@@ -38,6 +38,8 @@ use crate::pool::Pool;
 
 /// Generation jobs running at once (each waits on a thread of its own while its model's
 /// batcher decodes).
+/// Job traces kept for disputes (each a tree of 64 bytes a node and the job's inputs).
+const MAX_TRACES_KEPT: usize = 4;
 const MAX_GENERATIONS: u64 = 64;
 
 /// `amount` of a counted resource (running generations, their KV-cache bytes) held until
@@ -244,6 +246,8 @@ pub struct Node {
     generation_bytes: Arc<AtomicU64>,
     /// Set only on a node told to lie (demos and tests).
     cheat: Option<crate::cheat::Cheat>,
+    /// Traces of recent jobs computed for disputes, newest last (`trace.rs`).
+    traces: Mutex<VecDeque<(String, Arc<crate::trace::JobTrace>)>>,
     pub(crate) events: EventLog,
     pub(crate) metrics: Metrics,
     info: NodeInfo,
@@ -378,6 +382,7 @@ impl Node {
             generations: Arc::new(AtomicU64::new(0)),
             generation_bytes: Arc::new(AtomicU64::new(0)),
             cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
+            traces: Mutex::new(VecDeque::new()),
             events,
             metrics: Metrics::default(),
             info,
@@ -592,14 +597,28 @@ impl Node {
                 "the job ran past its time limit while its task and inputs were loaded",
             ));
         }
-        let (outputs, stats) = self.run_task(
-            &task,
-            weights.as_deref(),
-            &inputs,
-            spec.seed,
-            cancel,
-            deadline,
-        )?;
+        let (outputs, stats) = match self.cheat {
+            // The one-op liar runs the job on the reference interpreter, lying at its node.
+            Some(crate::cheat::Cheat::Op(k)) => (
+                crate::trace::run_reference(
+                    &task,
+                    weights.as_deref(),
+                    &inputs,
+                    spec.seed,
+                    Some(k),
+                    &mut |_, _| true,
+                )?,
+                tenet_exec::RunStats::default(),
+            ),
+            _ => self.run_task(
+                &task,
+                weights.as_deref(),
+                &inputs,
+                spec.seed,
+                cancel,
+                deadline,
+            )?,
+        };
         let exec_us = started.elapsed().as_micros() as u64;
         self.commit(spec, outputs, exec_us, stats.peak_bytes)
     }
@@ -879,6 +898,55 @@ impl Node {
                 Ok(r)
             }
         }
+    }
+
+    /// The trace of committed job `id` (computed on first asking, on the reference
+    /// interpreter: call it off the event loop), for a dispute by bisection.
+    pub fn job_trace(&self, id: &str) -> Result<Arc<crate::trace::JobTrace>, ApiError> {
+        if let Some((_, t)) = lock(&self.traces).iter().find(|(j, _)| j == id) {
+            return Ok(t.clone());
+        }
+        let spec = match lock(&self.jobs).jobs.get(id) {
+            Some(JobEntry::Committed { commitment, .. }) => commitment.job.clone(),
+            Some(_) => {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("job {id} has not committed: it has no trace"),
+                ));
+            }
+            None => return Err(not_found(format!("no job {id} on this node"))),
+        };
+        if spec.task.0 == tenet_models::generation::task_id() {
+            return Err(ApiError::new(
+                ErrorCode::Conflict,
+                "a generation job has no graph to trace",
+            ));
+        }
+        let task = self.engine.task(&spec.task)?;
+        let weights = spec.weights.map(|w| self.engine.weights(&w)).transpose()?;
+        let mut inputs = HashMap::with_capacity(spec.inputs.len());
+        for (name, hash) in &spec.inputs {
+            let t = self.engine.tensor(hash, None, &format!("input {name}"))?;
+            inputs.insert(name.clone(), (*t).clone());
+        }
+        let lie_at = match self.cheat {
+            Some(crate::cheat::Cheat::Op(k)) => Some(k),
+            _ => None,
+        };
+        let trace = Arc::new(crate::trace::JobTrace::compute(
+            task, weights, inputs, spec.seed, lie_at,
+        )?);
+        let mut traces = lock(&self.traces);
+        traces.push_back((id.to_string(), trace.clone()));
+        while traces.len() > MAX_TRACES_KEPT {
+            traces.pop_front();
+        }
+        self.job_event(
+            id,
+            "traced",
+            serde_json::json!({"root": trace.tree().root()}),
+        );
+        Ok(trace)
     }
 
     // ------------------------------------------------------------------------------ sessions

@@ -229,6 +229,7 @@ mod tests {
             nodes,
             coordinator: key.public(),
             issued_at: 1,
+            dispute: None,
             signature: Sig([0; 64]),
         }
         .sign(key)

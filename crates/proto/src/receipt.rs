@@ -8,6 +8,7 @@
 use crate::Hash;
 use crate::auth::{KeyPair, PublicKey};
 use crate::commit::{Commitment, JobSpec, OutputRef, Sig, Tier, commitment_digest, output_hash};
+use crate::trace::Transcript;
 
 /// One node's part in the agreement.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -37,12 +38,18 @@ pub struct Receipt {
     pub coordinator: PublicKey,
     /// Unix seconds.
     pub issued_at: u64,
+    /// When two replicas disagreed without a majority and a bisection between them decided
+    /// the result: its transcript (`tenet_proto::trace`), signed with the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispute: Option<Transcript>,
     pub signature: Sig,
 }
 
 /// Why a receipt does not check out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReceiptError {
+    #[error("the dispute that decided the job does not check out: {0}")]
+    Dispute(String),
     #[error("unsupported receipt version {0} (this tenet reads version 1)")]
     Version(u32),
     #[error("the coordinator's signature does not verify: the receipt was altered or forged")]
@@ -103,6 +110,12 @@ impl Receipt {
         }
         put(&mut out, &self.coordinator.0);
         out.extend_from_slice(&self.issued_at.to_le_bytes());
+        if let Some(d) = &self.dispute {
+            // Receipts without a dispute sign what they always signed.
+            put(&mut out, b"dispute");
+            let json = serde_json::to_vec(d).unwrap_or_default();
+            put(&mut out, blake3::hash(&json).as_bytes());
+        }
         out
     }
 
@@ -147,7 +160,17 @@ impl Receipt {
                 return Err(ReceiptError::Disagrees { node });
             }
         }
-        if (self.nodes.len() as u64) * 2 <= self.replicas as u64 {
+        if let Some(d) = &self.dispute {
+            // Decided by a dispute: its walk and verdict must hold, and one side lost.
+            d.check(None)
+                .map_err(|e| ReceiptError::Dispute(e.to_string()))?;
+            let crate::trace::Verdict::Lost(lost) = &d.verdict;
+            if lost.len() != 1 || self.nodes.is_empty() {
+                return Err(ReceiptError::Dispute(format!(
+                    "the dispute's verdict names {lost:?}: it decided nothing"
+                )));
+            }
+        } else if (self.nodes.len() as u64) * 2 <= self.replicas as u64 {
             return Err(ReceiptError::NoMajority {
                 agreeing: self.nodes.len(),
                 replicas: self.replicas,
@@ -212,6 +235,7 @@ mod tests {
             nodes: attest,
             coordinator: KeyPair::from_seed([99; 32]).public(),
             issued_at: 1,
+            dispute: None,
             signature: Sig([0; 64]),
         }
         .sign(&KeyPair::from_seed([99; 32]))
