@@ -306,3 +306,123 @@ fn data_parallel_training_over_nodes_matches_local_training() {
     assert!(e.contains("is not the batch the seed cuts"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The dispute in training: two replicas (no third node to break a tie), one node
+/// lying at one op — the first layer's weight gradient — of one job only (its 6th: a shard of
+/// step 2). That job's replicas disagree without a majority; the coordinator's bisection walks
+/// both traces to that op, re-runs it, slashes the liar, and training goes on from the agreed
+/// result: the final weights are the local run's, and the training receipt holds the
+/// dispute's transcript at step 2.
+#[test]
+fn a_liar_at_one_gradient_op_of_one_step_is_found_by_bisection() {
+    if !fetched() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tenet-cli-dp-dispute-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = |p: &str| dir.join(p).display().to_string();
+    let local = json(&tenet(&[
+        "train",
+        "--dataset",
+        "digits",
+        "--seed",
+        "9",
+        "--epochs",
+        "1",
+        "--batch",
+        "30",
+        "--shards",
+        "3",
+        "--json",
+        "--out",
+        &d("local"),
+    ]));
+    // The op: the node computing the shard graph's gradient of fc1.weight.
+    let spec = tenet_train::StepSpec {
+        model: tenet_train::Model::new(tenet_train::Arch::Mlp, &[1, 8, 8], 10),
+        optimizer: tenet_train::Optimizer::adamw(5e-4),
+        batch: 30,
+        shards: 3,
+    };
+    let shard = spec.shard().unwrap();
+    let k = shard
+        .outputs()
+        .iter()
+        .find(|o| o.name == "grad/fc1.weight")
+        .unwrap()
+        .node
+        .0;
+    assert_eq!(shard.node(tenet_ir::NodeId(k)).op.name(), "matmul");
+
+    let (_coord, line) = common::spawn_tenet([
+        "coordinator",
+        "--open",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d("coord"),
+        "--replicas",
+        "2",
+    ]);
+    let curl = common::url_of(&line);
+    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
+    let cheat = format!("op={k}@6");
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
+        if i == 1 {
+            extra.extend(["--cheat", cheat.as_str()]);
+        }
+        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
+    }
+    let mut answer = None;
+    for _ in 0..40 {
+        let o = tenet(&[
+            "train",
+            "--dataset",
+            "digits",
+            "--seed",
+            "9",
+            "--epochs",
+            "1",
+            "--batch",
+            "30",
+            "--data-parallel",
+            "3",
+            "--coordinator",
+            &curl,
+            "--json",
+            "--out",
+            &d("net"),
+        ]);
+        if o.status.success() {
+            answer = Some(json(&o));
+            break;
+        }
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(err.contains("node"), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let net = answer.expect("the nodes joined");
+    assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
+    let disputes = net["disputes"].as_array().unwrap();
+    assert_eq!(disputes.len(), 1, "{net}");
+    assert_eq!(disputes[0]["step"], 2, "{net}");
+    assert_eq!(
+        disputes[0]["node"], k,
+        "the walk names the op that lied: {net}"
+    );
+    assert_eq!(disputes[0]["op"], "matmul");
+    let slashed = net["slashed"].as_array().unwrap();
+    assert_eq!(slashed.len(), 1, "{net}");
+    assert_eq!(slashed[0]["step"], 2, "{net}");
+    let receipt = net["receipt"].as_str().unwrap();
+    let ok = tenet(&["receipt", "verify", receipt, "--coordinator", &ckey]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

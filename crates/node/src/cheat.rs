@@ -18,18 +18,25 @@ pub enum Cheat {
     Withhold,
     /// Lie at one op deep inside the graph: flip the lowest bit of node `%K`'s first byte as
     /// the job runs (on the reference interpreter), so every later value, the outputs and the
-    /// node's trace all follow from the lie — what a dispute by bisection must pin down.
-    Op(u32),
+    /// node's trace all follow from the lie — what a dispute by bisection must pin down. In
+    /// every graph job, or (`op=K@N`) only in the `N`th graph job this node runs.
+    Op { node: u32, job: Option<u64> },
 }
 
 impl Cheat {
-    /// Parse `flip`, `noise=AMPLITUDE`, `collude`, `withhold` or `op=K`.
+    /// Parse `flip`, `noise=AMPLITUDE`, `collude`, `withhold`, `op=K` or `op=K@N`.
     pub fn parse(text: &str) -> Option<Cheat> {
         match text {
             "flip" => Some(Cheat::Flip),
             "collude" => Some(Cheat::Collude),
             "withhold" => Some(Cheat::Withhold),
-            _ if text.starts_with("op=") => text[3..].parse().ok().map(Cheat::Op),
+            _ if text.starts_with("op=") => {
+                let (node, job) = match text[3..].split_once('@') {
+                    Some((k, n)) => (k.parse().ok()?, Some(n.parse().ok().filter(|&n| n > 0)?)),
+                    None => (text[3..].parse().ok()?, None),
+                };
+                Some(Cheat::Op { node, job })
+            }
             _ => {
                 let amp: f32 = text.strip_prefix("noise=")?.parse().ok()?;
                 (amp.is_finite() && amp > 0.0).then_some(Cheat::Noise(amp))
@@ -41,7 +48,7 @@ impl Cheat {
     /// changes, or every one for `noise`; others are left alone; a withholding node's results
     /// are honest).
     pub fn apply(self, t: HostTensor) -> HostTensor {
-        if t.numel() == 0 || matches!(self, Cheat::Withhold | Cheat::Op(_)) {
+        if t.numel() == 0 || matches!(self, Cheat::Withhold | Cheat::Op { .. }) {
             return t;
         }
         if t.dtype() == DType::I64 {
@@ -64,7 +71,7 @@ impl Cheat {
         match self {
             Cheat::Flip => v[0] = f32::from_bits(v[0].to_bits() ^ 1),
             Cheat::Collude => v[0] += 1.0,
-            Cheat::Withhold | Cheat::Op(_) => {}
+            Cheat::Withhold | Cheat::Op { .. } => {}
             Cheat::Noise(amp) => {
                 let mut state = 0x9E37_79B9u32;
                 for x in &mut v {

@@ -248,6 +248,10 @@ pub struct Node {
     cheat: Option<crate::cheat::Cheat>,
     /// Traces of recent jobs computed for disputes, newest last (`trace.rs`).
     traces: Mutex<VecDeque<(String, Arc<crate::trace::JobTrace>)>>,
+    /// Graph jobs run so far, and the recent ones a `--cheat op=K` node lied in (job, node):
+    /// its trace must tell the same lie.
+    graph_jobs: AtomicU64,
+    lied: Mutex<VecDeque<(String, u32)>>,
     pub(crate) events: EventLog,
     pub(crate) metrics: Metrics,
     info: NodeInfo,
@@ -383,6 +387,8 @@ impl Node {
             generation_bytes: Arc::new(AtomicU64::new(0)),
             cheat: config.cheat.as_deref().and_then(crate::cheat::Cheat::parse),
             traces: Mutex::new(VecDeque::new()),
+            graph_jobs: AtomicU64::new(0),
+            lied: Mutex::new(VecDeque::new()),
             events,
             metrics: Metrics::default(),
             info,
@@ -597,9 +603,21 @@ impl Node {
                 "the job ran past its time limit while its task and inputs were loaded",
             ));
         }
-        let (outputs, stats) = match self.cheat {
+        let nth = self.graph_jobs.fetch_add(1, Ordering::Relaxed) + 1;
+        let lie_at = match self.cheat {
+            Some(crate::cheat::Cheat::Op { node, job }) if job.is_none_or(|j| j == nth) => {
+                let mut lied = lock(&self.lied);
+                lied.push_back((spec.job_id.clone(), node));
+                while lied.len() > MAX_JOBS_KEPT {
+                    lied.pop_front();
+                }
+                Some(node)
+            }
+            _ => None,
+        };
+        let (outputs, stats) = match lie_at {
             // The one-op liar runs the job on the reference interpreter, lying at its node.
-            Some(crate::cheat::Cheat::Op(k)) => (
+            Some(k) => (
                 crate::trace::run_reference(
                     &task,
                     weights.as_deref(),
@@ -929,10 +947,10 @@ impl Node {
             let t = self.engine.tensor(hash, None, &format!("input {name}"))?;
             inputs.insert(name.clone(), (*t).clone());
         }
-        let lie_at = match self.cheat {
-            Some(crate::cheat::Cheat::Op(k)) => Some(k),
-            _ => None,
-        };
+        let lie_at = lock(&self.lied)
+            .iter()
+            .find(|(j, _)| j == id)
+            .map(|(_, k)| *k);
         let trace = Arc::new(crate::trace::JobTrace::compute(
             task, weights, inputs, spec.seed, lie_at,
         )?);

@@ -133,6 +133,34 @@ pub(super) fn train(
         .and_then(Value::as_f64)
         .unwrap_or(f64::NAN);
     let slashed = result["slashed"].clone();
+    // Jobs decided by a dispute: where in the training, and the op the walk ended at.
+    let (shard_graph, update_graph) = (spec.shard()?, spec.update()?);
+    let mut disputes = Vec::new();
+    for (k, step) in receipt.steps.iter().enumerate() {
+        let jobs = step
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(s, r)| (format!("shard {s}"), r, &shard_graph))
+            .chain(std::iter::once((
+                "update".to_string(),
+                &step.update,
+                &update_graph,
+            )));
+        for (job, r, graph) in jobs {
+            if let Some(d) = &r.dispute {
+                let leaf = d.leaf.unwrap_or(u64::MAX);
+                let op = graph
+                    .nodes()
+                    .get(leaf as usize)
+                    .map_or("?", |n| n.op.name());
+                disputes.push(json!({
+                    "step": k + 1, "job": job, "node": leaf, "op": op,
+                    "rounds": d.rounds.len(),
+                }));
+            }
+        }
+    }
     let jobs = 1 + receipt
         .steps
         .iter()
@@ -147,7 +175,8 @@ pub(super) fn train(
                 "data_parallel": s.shards, "final_loss": final_loss,
                 "test_accuracy": test_accuracy, "test_loss": test_loss,
                 "weights_hash": weights_hash, "weights": weights, "receipt": receipt_path,
-                "jobs": jobs, "slashed": slashed, "verified": true, "seconds": seconds,
+                "jobs": jobs, "slashed": slashed, "disputes": disputes,
+                "verified": true, "seconds": seconds,
                 "coordinator": key.to_hex(),
             })
         );
@@ -164,6 +193,16 @@ pub(super) fn train(
             "training receipt verified: every job signed by {}, chained step to step, the graphs and batches this run's",
             &key.to_hex()[..12]
         );
+        for d in &disputes {
+            println!(
+                "  step {}, {}: replicas disagreed; bisection in {} rounds found %{} ({}) and the coordinator re-ran it",
+                d["step"],
+                d["job"].as_str().unwrap_or("?"),
+                d["rounds"],
+                d["node"],
+                d["op"].as_str().unwrap_or("?")
+            );
+        }
         for x in slashed.as_array().into_iter().flatten() {
             let node: String = x["node"].as_str().unwrap_or("?").chars().take(12).collect();
             println!(
