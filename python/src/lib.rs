@@ -417,6 +417,92 @@ fn open_device(
     .map_err(err)
 }
 
+/// `graph` extended with the gradient of its scalar f32 output `loss` with respect to each
+/// input named in `wrt`: outputs `grad/<name>` after the graph's own.
+#[pyfunction]
+fn grad(graph: PyRef<'_, Graph>, loss: &str, wrt: Vec<String>) -> PyResult<Graph> {
+    let names: Vec<&str> = wrt.iter().map(String::as_str).collect();
+    let g = tenet_autodiff::grad(&graph.graph, loss, &names).map_err(err)?;
+    Ok(Graph {
+        graph: g,
+        weights: graph.weights.clone(),
+        imported_weights: None,
+    })
+}
+
+/// Train a bundled model on a fetched dataset, as `tenet train` does; the report as a dict.
+#[pyfunction]
+#[pyo3(signature = (dataset, model="mlp", seed=0, epochs=None, batch=32, shards=1, optimizer="adamw", lr=None, out="tenet-train", threads=None, device="cpu"))]
+#[allow(clippy::too_many_arguments)]
+fn train<'py>(
+    py: Python<'py>,
+    dataset: &str,
+    model: &str,
+    seed: u64,
+    epochs: Option<u32>,
+    batch: u64,
+    shards: u64,
+    optimizer: &str,
+    lr: Option<f32>,
+    out: &str,
+    threads: Option<usize>,
+    device: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    let arch = tenet_train::Arch::from_name(model)
+        .ok_or_else(|| err(format!("model {model:?}: choose mlp or cnn")))?;
+    if lr.is_some_and(|l| !(l.is_finite() && l > 0.0)) {
+        return Err(err("lr must be a positive number"));
+    }
+    let mnist = dataset == "mnist";
+    let optimizer = match optimizer {
+        "adamw" => tenet_train::Optimizer::adamw(lr.unwrap_or(if mnist { 1e-3 } else { 5e-4 })),
+        "sgd" => tenet_train::Optimizer::sgd(lr.unwrap_or(0.05)),
+        other => return Err(err(format!("optimizer {other:?}: choose adamw or sgd"))),
+    };
+    if batch == 0 || shards == 0 || !batch.is_multiple_of(shards) {
+        return Err(err(format!(
+            "shards {shards} must divide batch {batch} (each at least 1)"
+        )));
+    }
+    let backend = open_device(device, threads)?;
+    let out_dir = std::path::PathBuf::from(out);
+    let dataset = dataset.to_string();
+    let report = py
+        .detach(|| -> Result<tenet_train::TrainReport, String> {
+            let data = tenet_train::data::load(&dataset).map_err(|e| e.to_string())?;
+            let config = tenet_train::TrainConfig {
+                arch,
+                optimizer,
+                seed,
+                epochs: epochs.unwrap_or(if data.name == "mnist" { 2 } else { 40 }),
+                batch,
+                shards,
+                eval_rows: 500,
+                out_dir,
+            };
+            tenet_train::train(&config, &data, backend.as_ref(), None, &mut |_| {})
+                .map_err(|e| e.to_string())
+        })
+        .map_err(err)?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("dataset", report.dataset)?;
+    d.set_item("model", report.model)?;
+    d.set_item("optimizer", report.optimizer)?;
+    d.set_item("seed", report.seed)?;
+    d.set_item("steps", report.steps)?;
+    d.set_item("epochs", report.epochs)?;
+    d.set_item("final_loss", report.final_loss)?;
+    d.set_item("test_accuracy", report.test_accuracy)?;
+    d.set_item("test_loss", report.test_loss)?;
+    d.set_item("weights_hash", report.weights_hash)?;
+    d.set_item("weights", report.weights.display().to_string())?;
+    d.set_item("checkpoint", report.checkpoint.display().to_string())?;
+    d.set_item("loss_csv", report.curve_csv.display().to_string())?;
+    d.set_item("loss_svg", report.curve_svg.display().to_string())?;
+    d.set_item("train_seconds", report.train_seconds)?;
+    Ok(d)
+}
+
 /// Sentence embeddings with all-MiniLM-L6-v2 (`tenet models fetch minilm`): one 384-float
 /// vector per sentence, run as one padded batch.
 #[pyfunction]
@@ -591,6 +677,18 @@ impl GraphBuilder {
         let refs: Vec<&tenet_ir::Tensor> = xs.iter().map(|x| &x.t).collect();
         let t = self.g.concat(&refs, axis);
         self.wrap(t)
+    }
+
+    /// `d loss / d x` for each `x` of `wrt` (reverse-mode autodiff, `tenet_autodiff`),
+    /// appended to this builder: `loss` a scalar f32.
+    fn gradients(
+        &self,
+        loss: PyRef<'_, Tensor>,
+        wrt: Vec<PyRef<'_, Tensor>>,
+    ) -> PyResult<Vec<Tensor>> {
+        let refs: Vec<&tenet_ir::Tensor> = wrt.iter().map(|x| &x.t).collect();
+        let grads = tenet_autodiff::gradients(&loss.t, &refs).map_err(err)?;
+        grads.into_iter().map(|t| self.wrap(t)).collect()
     }
 
     /// The finished, validated graph with the given named outputs.
@@ -789,5 +887,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NodeConnection>()?;
     m.add_function(wrap_pyfunction!(embed, m)?)?;
     m.add_function(wrap_pyfunction!(generate, m)?)?;
+    m.add_function(wrap_pyfunction!(grad, m)?)?;
+    m.add_function(wrap_pyfunction!(train, m)?)?;
     Ok(())
 }

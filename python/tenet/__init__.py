@@ -43,8 +43,10 @@ __all__ = [
     "embed",
     "generate",
     "import_onnx",
+    "grad",
     "load",
     "remote",
+    "train",
     "verify_receipt",
 ]
 
@@ -399,6 +401,12 @@ class GraphBuilder:
     def concat(self, xs: Sequence[Tensor], axis: int = 0) -> Tensor:
         return Tensor(_located(self._b.concat, [x._t for x in xs], axis), self)
 
+    def gradients(self, loss: Tensor, wrt: Sequence[Tensor]) -> List[Tensor]:
+        """``d loss / d x`` for each ``x`` of ``wrt``, built into this graph by reverse-mode
+        autodiff (``loss`` a scalar f32; each gradient has its variable's shape)."""
+        grads = _located(self._b.gradients, loss._t, [x._t for x in wrt])
+        return [Tensor(g, self) for g in grads]
+
     def finish(self, outputs: Mapping[str, Tensor]) -> Graph:
         """The validated graph with these named outputs."""
         pairs = [(name, t._t) for name, t in outputs.items()]
@@ -568,6 +576,32 @@ class Client:
 
 # ---------------------------------------------------------------------------------------------
 # The bundled models (`tenet models fetch minilm smollm2`), loaded once per process.
+
+
+def grad(graph: Graph, loss: str, wrt: Sequence[str]) -> Graph:
+    """``graph`` extended with the gradient of its scalar f32 output ``loss`` with respect to
+    each input named in ``wrt``: its outputs are the graph's own, then ``grad/<name>``."""
+    return Graph(_located(_native.grad, graph._g, loss, list(wrt)))
+
+
+def train(
+    dataset: str,
+    model: str = "mlp",
+    seed: int = 0,
+    epochs: Optional[int] = None,
+    batch: int = 32,
+    shards: int = 1,
+    optimizer: str = "adamw",
+    lr: Optional[float] = None,
+    out: PathLike = "tenet-train",
+    threads: Optional[int] = None,
+    device: str = "cpu",
+) -> dict:
+    """Train a bundled model (``mlp`` or ``cnn``) on a fetched dataset (``digits`` or
+    ``mnist``: ``tenet models fetch digits``), as ``tenet train`` does: the same seed gives the
+    same ``weights_hash`` on every machine and thread count. Returns the report: ``test_accuracy``,
+    ``final_loss``, ``steps``, ``weights_hash``, and the files written under ``out``."""
+    return _native.train(dataset, model, seed, epochs, batch, shards, optimizer, lr, str(out), threads, device)
 
 
 def embed(sentences: Union[str, Sequence[str]], threads: Optional[int] = None, device: str = "cpu") -> np.ndarray:
