@@ -94,9 +94,10 @@ pub struct NodeArgs {
     #[arg(long, value_name = "PRICE")]
     price_per_gflop: Option<f64>,
     /// Lie on purpose: flip, noise=AMPLITUDE, collude, withhold (commit, then never reveal),
-    /// or op=K (lie at node %K inside the graph as it runs, on the reference interpreter, so
-    /// the outputs and the node's trace follow from the lie: what a dispute by bisection pins
-    /// down). For demos and tests of the coordinator only: a cheating node's commitments are
+    /// op=K (lie at node %K inside the graph as it runs, on the reference interpreter, so the
+    /// outputs and the node's trace follow from the lie: what a dispute by bisection pins
+    /// down; op=K@N: only in the Nth graph job), or stall=K (lie as op=K, then never answer a
+    /// dispute's questions). For demos and tests of the coordinator only: a cheating node's commitments are
     /// signed lies (or broken promises) and will be slashed.
     #[arg(long, value_name = "MODE")]
     cheat: Option<String>,

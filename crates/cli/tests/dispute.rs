@@ -145,3 +145,109 @@ fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
     assert!(!bad.status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A liar that stalls the dispute (`--cheat stall=9`: lies at `%9`, then never answers the
+/// walk's questions) loses by rule once the node timeout passes: it is slashed as a node that
+/// withholds, the whole job is refereed, the honest output is the answer, and the receipt
+/// records the stall.
+#[test]
+fn a_node_stalling_the_walk_loses_by_rule() {
+    let dir = std::env::temp_dir().join(format!("tenet-dispute-stall-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let (_coord, line) = spawn_tenet([
+        "coordinator",
+        "--open",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d("coord"),
+        "--replicas",
+        "2",
+        "--node-timeout",
+        "2",
+    ]);
+    let curl = common::url_of(&line);
+    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
+    let mut nodes = Vec::new();
+    for (i, cheat) in [None, Some("stall=9")].into_iter().enumerate() {
+        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
+        if let Some(c) = cheat {
+            extra.extend(["--cheat", c]);
+        }
+        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
+    }
+    let remote = ["--coordinator", curl.as_str()];
+    let task: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args([
+            "deploy",
+            "examples/mlp.tg",
+            "--weights",
+            "examples/mlp.safetensors",
+            "--json",
+        ])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap();
+    let task = task["id"].as_str().unwrap().to_string();
+    let x: Vec<Vec<f32>> = (0..8)
+        .map(|i| (0..64).map(|j| ((i * 5 + j) % 11) as f32 / 11.0).collect())
+        .collect();
+    std::fs::write(d("x.json"), serde_json::to_string(&x).unwrap()).unwrap();
+    ok(tenet()
+        .args([
+            "run",
+            "examples/mlp.tg",
+            "--weights",
+            "examples/mlp.safetensors",
+        ])
+        .args(["-i", &format!("x={}", d("x.json")), "-o", &d("local.json")])
+        .output()
+        .unwrap());
+    let mut answer = None;
+    for _ in 0..40 {
+        let o = tenet()
+            .args(["call", &task, "-i", &format!("x={}", d("x.json"))])
+            .args([
+                "-o",
+                &d("y.json"),
+                "--receipt",
+                &d("receipt.json"),
+                "--json",
+            ])
+            .args(remote)
+            .output()
+            .unwrap();
+        if o.status.success() {
+            answer = Some(String::from_utf8(o.stdout).unwrap());
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let r: serde_json::Value = serde_json::from_str(&answer.expect("both nodes joined")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(d("y.json")).unwrap(),
+        std::fs::read_to_string(d("local.json")).unwrap()
+    );
+    assert_eq!(r["slashed"].as_array().unwrap().len(), 1, "{r}");
+    let dispute = &r["receipt"]["dispute"];
+    let stalled = dispute["stalled"].as_u64().expect("the stall is recorded");
+    assert_eq!(
+        dispute["verdict"]["Lost"],
+        serde_json::json!([stalled]),
+        "{dispute}"
+    );
+    ok(tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &ckey,
+        ])
+        .output()
+        .unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -120,14 +120,15 @@ impl TraceParty for ReferenceParty<'_> {
 }
 
 /// A node answering for its trace of job `job_id` over the network (`POST
-/// /v1/jobs/{id}/trace` and the routes under it); every call bounded by the node client's
-/// timeout.
+/// /v1/jobs/{id}/trace` and the routes under it); every answer awaited at most `timeout`.
 pub struct NodeParty {
     pub client: std::sync::Arc<tenet_node::client::NodeClient>,
     pub job_id: String,
     pub root: Hash,
     /// The most bytes a leaf's value may have (the graph's largest node).
     pub max_leaf_bytes: u64,
+    /// How long an answer may take (the coordinator's node timeout).
+    pub timeout: Duration,
 }
 
 impl TraceParty for NodeParty {
@@ -136,17 +137,15 @@ impl TraceParty for NodeParty {
     }
 
     async fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
-        self.client
-            .trace_children(&self.job_id, depth, index)
-            .await
-            .ok()
+        let ask = self.client.trace_children(&self.job_id, depth, index);
+        tokio::time::timeout(self.timeout, ask).await.ok()?.ok()
     }
 
     async fn leaf(&self, leaf: u64) -> Option<(Proof, HostTensor)> {
-        self.client
-            .trace_leaf(&self.job_id, leaf, self.max_leaf_bytes)
-            .await
-            .ok()
+        let ask = self
+            .client
+            .trace_leaf(&self.job_id, leaf, self.max_leaf_bytes);
+        tokio::time::timeout(self.timeout, ask).await.ok()?.ok()
     }
 }
 
@@ -165,6 +164,7 @@ pub struct Settled {
 /// Why a dispute could not be settled by bisection (then the whole-job referee decides).
 #[derive(Debug, thiserror::Error)]
 pub enum DisputeError {
+    /// A party did not hand over an operand (recomputing a value may take long: no verdict).
     #[error("party {party} did not answer {what}")]
     Silent { party: usize, what: String },
     #[error("the referee could not run the op: {0}")]
@@ -197,22 +197,30 @@ pub async fn settle<A: TraceParty, B: TraceParty>(
         bad_operands: bad,
         referee,
         verdict: Verdict::Lost(lost),
+        stalled: None,
     };
     loop {
         match walk.next() {
             Step::Ask { depth, index } => {
                 rounds += 1;
                 bytes += 128;
-                let what = || format!("for tree node ({depth}, {index})");
-                let first = a
-                    .children(depth, index)
-                    .await
-                    .ok_or_else(|| silent(0, what()))?;
-                let second = b
-                    .children(depth, index)
-                    .await
-                    .ok_or_else(|| silent(1, what()))?;
-                walk.answer([first, second]);
+                // Each answer is a lookup in a tree the party has built: silence (past the
+                // client's timeout) is stalling, and the party loses by rule.
+                let answers = [
+                    a.children(depth, index).await,
+                    b.children(depth, index).await,
+                ];
+                if let Some(p) = answers.iter().position(Option::is_none) {
+                    let mut t = done(&walk, None, Vec::new(), 0, Vec::new(), None, vec![p]);
+                    t.stalled = Some(p);
+                    return Ok(Settled {
+                        transcript: t,
+                        rounds,
+                        bytes,
+                        referee: Duration::ZERO,
+                    });
+                }
+                walk.answer([answers[0].expect("answered"), answers[1].expect("answered")]);
             }
             Step::Agree => {
                 return Ok(Settled {

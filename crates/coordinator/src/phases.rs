@@ -56,6 +56,16 @@ struct Revealed {
     unrecorded: Vec<(String, String, String)>,
 }
 
+/// How a dispute between two replicas ended.
+enum Disputed {
+    /// The winner's output hash, and the transcript for the receipt.
+    Decided(Hash, tenet_proto::trace::Transcript),
+    /// This node stalled the walk: it loses by rule.
+    Stalled(String, tenet_proto::trace::Transcript),
+    /// Nothing was decided (a trace could not be had, both lost): the whole job decides.
+    Undecided,
+}
+
 /// Why a replica did not commit.
 struct Failure {
     message: String,
@@ -136,7 +146,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     state.as_str()
                 )));
             }
-            let seen = self.reveal_phase(&spec).await?;
+            let mut seen = self.reveal_phase(&spec).await?;
             let mut decision = match spec.tier {
                 Tier::Exact => compare::exact(&seen.replicas),
                 Tier::Tolerant => compare::tolerant(&seen.replicas, self.config.tolerance),
@@ -155,17 +165,30 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     // re-run); the whole job on this machine when it decides nothing.
                     refereed = true;
                     match self.dispute(&spec, &seen.replicas).await {
-                        Some((winner, transcript)) => {
+                        Disputed::Decided(winner, transcript) => {
                             decision = compare::decide_by_hash(&seen.replicas, Some(winner), None);
                             return self
                                 .settle(&spec, seen, decision, refereed, Some(transcript))
                                 .await;
                         }
-                        None => {
+                        Disputed::Stalled(node, transcript) => {
+                            // Lost by rule: slashed as a node that withholds; the whole job
+                            // decides among the others, the stall on the receipt.
+                            if let Some(i) = seen.replicas.iter().position(|r| r.node == node) {
+                                seen.replicas.remove(i);
+                                seen.attestations.remove(i);
+                                seen.withheld.push(node);
+                            }
                             let local = self.referee(&spec).await?;
                             decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
+                            return self
+                                .settle(&spec, seen, decision, refereed, Some(transcript))
+                                .await;
                         }
+                        Disputed::Undecided => {}
                     }
+                    let local = self.referee(&spec).await?;
+                    decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
                 }
             }
             return self.settle(&spec, seen, decision, refereed, None).await;
@@ -653,11 +676,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
     /// on, and that one op re-run here names the loser. The winner's output hash and the
     /// transcript, or `None` when the dispute decides nothing (a node could not be asked, or
     /// both lost): then the whole job is refereed.
-    async fn dispute(
+    async fn dispute(&self, spec: &JobSpec, replicas: &[crate::compare::Replica]) -> Disputed {
+        match self.try_dispute(spec, replicas).await {
+            Some(d) => d,
+            None => Disputed::Undecided,
+        }
+    }
+
+    async fn try_dispute(
         &self,
         spec: &JobSpec,
         replicas: &[crate::compare::Replica],
-    ) -> Option<(Hash, tenet_proto::trace::Transcript)> {
+    ) -> Option<Disputed> {
         let first = replicas.first()?;
         let second = replicas
             .iter()
@@ -687,7 +717,13 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let mut parties = Vec::new();
         for r in [first, second] {
             let client = self.client(&self.node_record(&r.node).await.ok()?).ok()?;
-            let root = client.trace_root(&spec.job_id).await.ok()?;
+            // Computing a trace takes the node a reference run: a node that cannot within the
+            // node timeout leaves the decision to the whole-job referee, unpunished.
+            let ask = client.trace_root(&spec.job_id);
+            let root = tokio::time::timeout(self.config.node_timeout, ask)
+                .await
+                .ok()?
+                .ok()?;
             if root.count != graph.nodes().len() as u64 {
                 return None;
             }
@@ -696,10 +732,11 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 job_id: spec.job_id.clone(),
                 root: root.root,
                 max_leaf_bytes,
+                timeout: self.config.node_timeout,
             });
         }
         let weights = tenet_models::WeightSet(weights);
-        let settled = crate::dispute::settle(
+        let settled = match crate::dispute::settle(
             &graph,
             &inputs,
             &weights,
@@ -708,14 +745,23 @@ impl<L: Ledger + 'static> Coordinator<L> {
             &parties[1],
         )
         .await
-        .ok()?;
+        {
+            Ok(s) => s,
+            Err(_) => return None,
+        };
+        if let Some(p) = settled.transcript.stalled {
+            return Some(Disputed::Stalled(
+                [first, second][p].node.clone(),
+                settled.transcript,
+            ));
+        }
         let tenet_proto::trace::Verdict::Lost(lost) = &settled.transcript.verdict;
         let winner = match lost.as_slice() {
             [1] => first.output_hash,
             [0] => second.output_hash,
             _ => return None,
         };
-        Some((winner, settled.transcript))
+        Some(Disputed::Decided(winner, settled.transcript))
     }
 
     /// Run the job on the coordinator's own executor: its output hash decides an exact-tier

@@ -21,15 +21,19 @@ pub enum Cheat {
     /// node's trace all follow from the lie — what a dispute by bisection must pin down. In
     /// every graph job, or (`op=K@N`) only in the `N`th graph job this node runs.
     Op { node: u32, job: Option<u64> },
+    /// `stall=K`: lie at node `%K` as `op=K` does, then never answer a dispute's questions
+    /// about the trace (it must lose by rule, not hang the coordinator).
+    Stall(u32),
 }
 
 impl Cheat {
-    /// Parse `flip`, `noise=AMPLITUDE`, `collude`, `withhold`, `op=K` or `op=K@N`.
+    /// Parse `flip`, `noise=AMPLITUDE`, `collude`, `withhold`, `op=K`, `op=K@N` or `stall=K`.
     pub fn parse(text: &str) -> Option<Cheat> {
         match text {
             "flip" => Some(Cheat::Flip),
             "collude" => Some(Cheat::Collude),
             "withhold" => Some(Cheat::Withhold),
+            _ if text.starts_with("stall=") => text[6..].parse().ok().map(Cheat::Stall),
             _ if text.starts_with("op=") => {
                 let (node, job) = match text[3..].split_once('@') {
                     Some((k, n)) => (k.parse().ok()?, Some(n.parse().ok().filter(|&n| n > 0)?)),
@@ -48,7 +52,7 @@ impl Cheat {
     /// changes, or every one for `noise`; others are left alone; a withholding node's results
     /// are honest).
     pub fn apply(self, t: HostTensor) -> HostTensor {
-        if t.numel() == 0 || matches!(self, Cheat::Withhold | Cheat::Op { .. }) {
+        if t.numel() == 0 || matches!(self, Cheat::Withhold | Cheat::Op { .. } | Cheat::Stall(_)) {
             return t;
         }
         if t.dtype() == DType::I64 {
@@ -71,7 +75,7 @@ impl Cheat {
         match self {
             Cheat::Flip => v[0] = f32::from_bits(v[0].to_bits() ^ 1),
             Cheat::Collude => v[0] += 1.0,
-            Cheat::Withhold | Cheat::Op { .. } => {}
+            Cheat::Withhold | Cheat::Op { .. } | Cheat::Stall(_) => {}
             Cheat::Noise(amp) => {
                 let mut state = 0x9E37_79B9u32;
                 for x in &mut v {

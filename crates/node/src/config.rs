@@ -150,7 +150,9 @@ pub enum ConfigError {
         "the node trusts no keys and is not open: add a coordinator's key (--trust KEY or trusted_keys in the config), or run with --open for local use"
     )]
     NobodyTrusted,
-    #[error("cheat mode `{0}` is not one of flip, noise=AMPLITUDE, collude, withhold, op=K")]
+    #[error(
+        "cheat mode `{0}` is not one of flip, noise=AMPLITUDE, collude, withhold, op=K, op=K@N, stall=K"
+    )]
     BadCheat(String),
     #[error("{0} must be at least 1")]
     Zero(&'static str),

@@ -886,6 +886,11 @@ async fn dispatch(
             }
             json_reply(&node.reveal(id)?)
         }
+        ("job_trace_node", _) if node.stalls_disputes() => {
+            // A node stalling a dispute, for tests: the walk's answer never comes.
+            std::future::pending::<()>().await;
+            unreachable!("a pending future never ends")
+        }
         ("job_trace" | "job_trace_node" | "job_trace_leaf", [_, _, id, ..]) => {
             // Traces run on the reference interpreter: off the event loop.
             let (me, id) = (node.clone(), id.to_string());

@@ -605,7 +605,17 @@ impl Node {
         }
         let nth = self.graph_jobs.fetch_add(1, Ordering::Relaxed) + 1;
         let lie_at = match self.cheat {
-            Some(crate::cheat::Cheat::Op { node, job }) if job.is_none_or(|j| j == nth) => {
+            Some(
+                crate::cheat::Cheat::Op { node, job: None } | crate::cheat::Cheat::Stall(node),
+            ) => {
+                let mut lied = lock(&self.lied);
+                lied.push_back((spec.job_id.clone(), node));
+                while lied.len() > MAX_JOBS_KEPT {
+                    lied.pop_front();
+                }
+                Some(node)
+            }
+            Some(crate::cheat::Cheat::Op { node, job: Some(j) }) if j == nth => {
                 let mut lied = lock(&self.lied);
                 lied.push_back((spec.job_id.clone(), node));
                 while lied.len() > MAX_JOBS_KEPT {
@@ -883,6 +893,11 @@ impl Node {
         }
         self.job_event(id, "cancel_requested", serde_json::Value::Null);
         self.job_status(id)
+    }
+
+    /// Whether this node was told to stall disputes (`--cheat stall=K`, for tests).
+    pub fn stalls_disputes(&self) -> bool {
+        matches!(self.cheat, Some(crate::cheat::Cheat::Stall(_)))
     }
 
     /// Whether this node was told to withhold its reveals (`--cheat withhold`, for tests).

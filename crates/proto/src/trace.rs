@@ -269,6 +269,10 @@ pub struct Transcript {
     pub bad_operands: Vec<usize>,
     pub referee: Option<Hash>,
     pub verdict: Verdict,
+    /// The party that did not answer the walk's next question in time: it lost by rule (the
+    /// walk stops there; the whole job was then refereed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<usize>,
 }
 
 /// Why a transcript does not check out.
@@ -307,6 +311,15 @@ impl Transcript {
             step = b.answer(r.answers);
         }
         let Verdict::Lost(lost) = &self.verdict;
+        if let Some(p) = self.stalled {
+            // The walk stopped at a question the party did not answer.
+            if !matches!(step, Step::Ask { .. }) || lost != &[p] {
+                return Err(TranscriptError::Verdict(format!(
+                    "party {p} stalled, but the walk is at {step:?} and the verdict names {lost:?}"
+                )));
+            }
+            return Ok(());
+        }
         match step {
             Step::Inconsistent { parties } => {
                 if &parties != lost {
@@ -477,6 +490,7 @@ mod tests {
             operands: vec![a.proof(121).unwrap(), a.proof(122).unwrap()],
             operands_from: 0,
             bad_operands: vec![],
+            stalled: None,
             referee: Some(honest[123]),
             verdict: Verdict::Lost(vec![1]),
         };
@@ -493,5 +507,25 @@ mod tests {
         let mut wrong = t.clone();
         wrong.rounds.pop();
         assert!(wrong.check(Some(&operands_of)).is_err());
+        // A walk cut short by a stall: the staller, and only the staller, lost.
+        let stalled = Transcript {
+            rounds: t.rounds[..3].to_vec(),
+            leaf: None,
+            operands: vec![],
+            referee: None,
+            verdict: Verdict::Lost(vec![1]),
+            stalled: Some(1),
+            ..t.clone()
+        };
+        stalled.check(Some(&operands_of)).unwrap();
+        let mut wrong = stalled.clone();
+        wrong.verdict = Verdict::Lost(vec![0]);
+        assert!(wrong.check(Some(&operands_of)).is_err());
+        let mut wrong = stalled.clone();
+        wrong.rounds = t.rounds.clone();
+        assert!(
+            wrong.check(Some(&operands_of)).is_err(),
+            "a finished walk did not stall"
+        );
     }
 }
