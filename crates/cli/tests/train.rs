@@ -307,12 +307,12 @@ fn data_parallel_training_over_nodes_matches_local_training() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The dispute in training: two replicas (no third node to break a tie), one node
-/// lying at one op — the first layer's weight gradient — of one job only (its 6th: a shard of
-/// step 2). That job's replicas disagree without a majority; the coordinator's bisection walks
-/// both traces to that op, re-runs it, slashes the liar, and training goes on from the agreed
-/// result: the final weights are the local run's, and the training receipt holds the
-/// dispute's transcript at step 2.
+/// The dispute in training, over three node processes: one node lies at one op — the
+/// first layer's weight gradient — of one job only (its 6th: a shard of step 2). The other two
+/// outvote it; the coordinator's bisection between the majority and the liar walks both traces
+/// to that op and re-runs it (the receipt's evidence), the liar is slashed, and training goes
+/// on from the agreed result: the final weights are the local run's, and the training receipt
+/// holds the dispute's transcript at step 2, naming the op.
 #[test]
 fn a_liar_at_one_gradient_op_of_one_step_is_found_by_bisection() {
     if !fetched() {
@@ -363,15 +363,15 @@ fn a_liar_at_one_gradient_op_of_one_step_is_found_by_bisection() {
         "--data-dir",
         &d("coord"),
         "--replicas",
-        "2",
+        "3",
     ]);
     let curl = common::url_of(&line);
     let ckey = line.split_whitespace().nth(2).unwrap().to_string();
     let cheat = format!("op={k}@6");
     let mut nodes = Vec::new();
-    for i in 0..2 {
+    for i in 0..3 {
         let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
-        if i == 1 {
+        if i == 2 {
             extra.extend(["--cheat", cheat.as_str()]);
         }
         nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));

@@ -191,7 +191,31 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
                 }
             }
-            return self.settle(&spec, seen, decision, refereed, None).await;
+            // A majority decided, and some replica differs: the bisection between the
+            // majority's result and the first dissenter names the op the dissent began at (the
+            // receipt's evidence); should the majority lose it, the whole job decides.
+            let mut evidence = None;
+            if let Some(chosen) = decision.result
+                && spec.tier == Tier::Exact
+                && let Some(dissent) = decision.agreed.iter().position(|a| !a)
+            {
+                let pair = [
+                    seen.replicas[chosen].clone(),
+                    seen.replicas[dissent].clone(),
+                ];
+                match self.dispute(&spec, &pair).await {
+                    Disputed::Decided(winner, t) if winner == pair[0].output_hash => {
+                        evidence = Some(t);
+                    }
+                    Disputed::Decided(..) => {
+                        let local = self.referee(&spec).await?;
+                        refereed = true;
+                        decision = compare::decide_by_hash(&seen.replicas, Some(local), None);
+                    }
+                    Disputed::Stalled(..) | Disputed::Undecided => {}
+                }
+            }
+            return self.settle(&spec, seen, decision, refereed, evidence).await;
         }
     }
 
@@ -714,16 +738,23 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .map(|n| n.ty.bytes().unwrap_or(0))
             .max()
             .unwrap_or(0);
+        let clients = [
+            self.client(&self.node_record(&first.node).await.ok()?)
+                .ok()?,
+            self.client(&self.node_record(&second.node).await.ok()?)
+                .ok()?,
+        ];
+        // Computing a trace takes a node a reference run (both at once): a node that cannot
+        // within the node timeout leaves the decision to the whole-job referee, unpunished.
+        let limit = self.config.node_timeout;
+        let (a, b) = futures_util::future::join(
+            tokio::time::timeout(limit, clients[0].trace_root(&spec.job_id)),
+            tokio::time::timeout(limit, clients[1].trace_root(&spec.job_id)),
+        )
+        .await;
         let mut parties = Vec::new();
-        for r in [first, second] {
-            let client = self.client(&self.node_record(&r.node).await.ok()?).ok()?;
-            // Computing a trace takes the node a reference run: a node that cannot within the
-            // node timeout leaves the decision to the whole-job referee, unpunished.
-            let ask = client.trace_root(&spec.job_id);
-            let root = tokio::time::timeout(self.config.node_timeout, ask)
-                .await
-                .ok()?
-                .ok()?;
+        for (client, root) in clients.into_iter().zip([a, b]) {
+            let root = root.ok()?.ok()?;
             if root.count != graph.nodes().len() as u64 {
                 return None;
             }
@@ -732,7 +763,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 job_id: spec.job_id.clone(),
                 root: root.root,
                 max_leaf_bytes,
-                timeout: self.config.node_timeout,
+                timeout: limit,
             });
         }
         let weights = tenet_models::WeightSet(weights);
