@@ -95,6 +95,47 @@ fn train_reports_resumes_and_is_deterministic() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The same training on an OpenCL device gives the same weights, bit for bit (required when
+/// `TENET_REQUIRE_OPENCL=1`, as `.ci/run` sets with PoCL; skipped, saying so, otherwise).
+#[test]
+fn training_on_opencl_gives_the_cpu_weights() {
+    if !fetched() {
+        return;
+    }
+    let listed: serde_json::Value = json(&tenet(&["devices", "--json"]));
+    let found = listed.as_array().unwrap().iter().any(|d| {
+        d["spec"].as_str().is_some_and(|s| s.starts_with("opencl")) && d["exact_check"] == "passed"
+    });
+    let required = std::env::var("TENET_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+    assert!(found || !required, "TENET_REQUIRE_OPENCL=1 but: {listed}");
+    if !found {
+        eprintln!("SKIPPED: no OpenCL device passed its determinism check");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tenet-cli-train-cl-{}", std::process::id()));
+    let run = |device: &str| {
+        let out = dir.join(device).display().to_string();
+        json(&tenet(&[
+            "train",
+            "--dataset",
+            "digits",
+            "--seed",
+            "3",
+            "--epochs",
+            "1",
+            "--device",
+            device,
+            "--json",
+            "--out",
+            &out,
+        ]))
+    };
+    let (cpu, cl) = (run("cpu"), run("opencl"));
+    assert_eq!(cl["weights_hash"], cpu["weights_hash"], "{cl}");
+    assert_eq!(cl["final_loss"], cpu["final_loss"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn mistakes_are_named_before_anything_runs() {
     let cases: [(&[&str], &str); 5] = [
