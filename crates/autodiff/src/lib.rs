@@ -90,7 +90,10 @@ pub fn gradients(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>, GradErro
     // loss needs.
     let mut varies = vec![false; count];
     for x in wrt {
-        varies[x.id().index()] = true;
+        // A variable made after the loss cannot reach it: its gradient is zeros.
+        if let Some(v) = varies.get_mut(x.id().index()) {
+            *v = true;
+        }
     }
     for (i, (op, t)) in ops.iter().enumerate() {
         if !varies[i] && op.operands().iter().any(|n| varies[n.index()]) {

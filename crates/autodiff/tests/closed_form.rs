@@ -281,4 +281,11 @@ fn mistakes_are_named() {
     );
     assert_eq!(out["gx"], vec![1.0, 1.0]);
     assert_eq!(out["gy"], vec![0.0, 0.0]);
+    // Nor can a variable made after the loss.
+    let b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, &[2]);
+    let loss = x.sum(&[0], false);
+    let later = b.input("later", DType::F32, &[3]);
+    let gs = gradients(&loss, &[&later, &x]).unwrap();
+    assert_eq!(gs[0].shape(), &[3]);
 }
