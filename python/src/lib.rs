@@ -430,14 +430,64 @@ fn grad(graph: PyRef<'_, Graph>, loss: &str, wrt: Vec<String>) -> PyResult<Graph
     })
 }
 
+/// `"mlp"`, `"cnn"`, or a list of layers as tuples: `("linear", name, outputs)`,
+/// `("conv2d", name, channels, kernel, padding)`, `("relu",)`, `("max_pool2d", size)`,
+/// `("flatten",)` (what `tenet.nn`'s layers give).
+fn model_spec(model: &Bound<'_, PyAny>) -> PyResult<tenet_train::ModelSpec> {
+    use tenet_train::Layer;
+    if let Ok(name) = model.extract::<String>() {
+        return tenet_train::Arch::from_name(&name)
+            .map(tenet_train::ModelSpec::Bundled)
+            .ok_or_else(|| {
+                err(format!(
+                    "model {name:?}: choose mlp or cnn, or give a list of layers"
+                ))
+            });
+    }
+    let items: Vec<Bound<'_, PyAny>> = model
+        .extract()
+        .map_err(|_| err("model: a name (mlp, cnn) or a list of layers"))?;
+    let mut layers = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let bad = || err(format!("layer {i}: {item} is not a layer (see tenet.nn)"));
+        let kind: String = item
+            .get_item(0)
+            .and_then(|k| k.extract())
+            .map_err(|_| bad())?;
+        let field = |j: usize| item.get_item(j).map_err(|_| bad());
+        layers.push(match kind.as_str() {
+            "linear" => Layer::Linear {
+                name: field(1)?.extract().map_err(|_| bad())?,
+                outputs: field(2)?.extract().map_err(|_| bad())?,
+            },
+            "conv2d" => Layer::Conv2d {
+                name: field(1)?.extract().map_err(|_| bad())?,
+                channels: field(2)?.extract().map_err(|_| bad())?,
+                kernel: field(3)?.extract().map_err(|_| bad())?,
+                padding: field(4)?.extract().map_err(|_| bad())?,
+            },
+            "relu" => Layer::Relu,
+            "max_pool2d" => Layer::MaxPool2d {
+                size: field(1)?.extract().map_err(|_| bad())?,
+            },
+            "flatten" => Layer::Flatten,
+            _ => return Err(bad()),
+        });
+    }
+    Ok(tenet_train::ModelSpec::Layers {
+        name: "custom".into(),
+        layers,
+    })
+}
+
 /// Train a bundled model on a fetched dataset, as `tenet train` does; the report as a dict.
 #[pyfunction]
-#[pyo3(signature = (dataset, model="mlp", seed=0, epochs=None, batch=32, shards=1, optimizer="adamw", lr=None, out="tenet-train", threads=None, device="cpu"))]
+#[pyo3(signature = (dataset, model=None, seed=0, epochs=None, batch=32, shards=1, optimizer="adamw", lr=None, out="tenet-train", threads=None, device="cpu"))]
 #[allow(clippy::too_many_arguments)]
 fn train<'py>(
     py: Python<'py>,
     dataset: &str,
-    model: &str,
+    model: Option<&Bound<'py, PyAny>>,
     seed: u64,
     epochs: Option<u32>,
     batch: u64,
@@ -448,8 +498,10 @@ fn train<'py>(
     threads: Option<usize>,
     device: &str,
 ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-    let arch = tenet_train::Arch::from_name(model)
-        .ok_or_else(|| err(format!("model {model:?}: choose mlp or cnn")))?;
+    let model = match model {
+        Some(m) => model_spec(m)?,
+        None => tenet_train::ModelSpec::Bundled(tenet_train::Arch::Mlp),
+    };
     if lr.is_some_and(|l| !(l.is_finite() && l > 0.0)) {
         return Err(err("lr must be a positive number"));
     }
@@ -471,7 +523,7 @@ fn train<'py>(
         .detach(|| -> Result<tenet_train::TrainReport, String> {
             let data = tenet_train::data::load(&dataset).map_err(|e| e.to_string())?;
             let config = tenet_train::TrainConfig {
-                arch,
+                model,
                 optimizer,
                 seed,
                 epochs: epochs.unwrap_or(if data.name == "mnist" { 2 } else { 40 }),

@@ -45,6 +45,7 @@ __all__ = [
     "import_onnx",
     "grad",
     "load",
+    "nn",
     "remote",
     "train",
     "verify_receipt",
@@ -586,7 +587,7 @@ def grad(graph: Graph, loss: str, wrt: Sequence[str]) -> Graph:
 
 def train(
     dataset: str,
-    model: str = "mlp",
+    model="mlp",
     seed: int = 0,
     epochs: Optional[int] = None,
     batch: int = 32,
@@ -597,10 +598,13 @@ def train(
     threads: Optional[int] = None,
     device: str = "cpu",
 ) -> dict:
-    """Train a bundled model (``mlp`` or ``cnn``) on a fetched dataset (``digits`` or
-    ``mnist``: ``tenet models fetch digits``), as ``tenet train`` does: the same seed gives the
-    same ``weights_hash`` on every machine and thread count. Returns the report: ``test_accuracy``,
-    ``final_loss``, ``steps``, ``weights_hash``, and the files written under ``out``."""
+    """Train a model — ``"mlp"``, ``"cnn"``, or a list of ``tenet.nn`` layers — on a fetched
+    dataset (``digits`` or ``mnist``: ``tenet models fetch digits``), as ``tenet train`` does:
+    the same seed gives the same ``weights_hash`` on every machine and thread count. Returns
+    the report: ``test_accuracy``, ``final_loss``, ``steps``, ``weights_hash``, and the files
+    written under ``out``."""
+    if not isinstance(model, str):
+        model = [layer.spec() if hasattr(layer, "spec") else tuple(layer) for layer in model]
     return _native.train(dataset, model, seed, epochs, batch, shards, optimizer, lr, str(out), threads, device)
 
 
@@ -635,3 +639,4 @@ def generate(
 
 
 from .remote import RemoteTensor, Session, remote  # noqa: E402  (needs the names above)
+from . import nn  # noqa: E402

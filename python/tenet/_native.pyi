@@ -1,7 +1,7 @@
 """Type stubs of tenet's Rust extension (python/src/lib.rs). Tensors cross as raw
 ``(bytes, dtype, shape)`` triples; the ``tenet`` package converts numpy arrays."""
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 Raw = Tuple[bytes, str, List[int]]
 RawOut = Tuple[bytearray, str, List[int]]
@@ -85,7 +85,7 @@ def tensor_from_blob(blob: bytes) -> RawOut: ...
 def grad(graph: Graph, loss: str, wrt: List[str]) -> Graph: ...
 def train(
     dataset: str,
-    model: str = "mlp",
+    model: Union[str, List[Tuple], None] = None,
     seed: int = 0,
     epochs: Optional[int] = None,
     batch: int = 32,

@@ -62,5 +62,12 @@ def test_training_is_deterministic_and_learns(tmp_path):
     assert other["weights_hash"] != a["weights_hash"]
     with pytest.raises(tenet.TenetError, match="choose mlp or cnn"):
         tenet.train("digits", model="resnet")
+    # The caller's own layers.
+    from tenet import nn
+    mine = [nn.Conv2d("c", 8), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear("out", 10)]
+    r = tenet.train("digits", model=mine, seed=4, epochs=4, lr=3e-3, out=tmp_path / "d")
+    assert r["model"].startswith("custom-") and r["test_accuracy"] > 0.8, r
+    with pytest.raises(tenet.TenetError, match="flatten first"):
+        tenet.train("digits", model=[nn.Linear("out", 10)], epochs=1, out=tmp_path / "e")
     with pytest.raises(tenet.TenetError, match="unknown dataset"):
         tenet.train("cifar")

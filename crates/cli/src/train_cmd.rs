@@ -175,7 +175,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         return network::train(args, &s, url, &data, epochs, device.as_ref());
     }
     let config = TrainConfig {
-        arch: s.arch,
+        model: s.arch.into(),
         optimizer: s.optimizer,
         seed: s.seed,
         epochs,

@@ -22,7 +22,8 @@ fn main() {
     };
     let graph = spec.step().unwrap();
     println!(
-        "step graph: {} nodes, {:.1} MFLOP",
+        "step graph {}: {} nodes, {:.1} MFLOP",
+        graph.id(),
         graph.nodes().len(),
         graph.cost().flops as f64 / 1e6
     );

@@ -22,7 +22,7 @@ pub mod verify;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Meta};
 pub use data::{DataError, Dataset};
-pub use nn::{Arch, Model};
+pub use nn::{Arch, Layer, LayerError, Model, ModelSpec};
 pub use optim::Optimizer;
 pub use step::{StepError, StepSpec};
 pub use trainer::{Event, TrainConfig, TrainError, TrainReport, train};

@@ -18,14 +18,14 @@ use tenet_ir::{HostTensor, NoWeights, TensorType};
 use crate::checkpoint::{Checkpoint, CheckpointError, Meta};
 use crate::curve;
 use crate::data::Dataset;
-use crate::nn::{Arch, Model};
+use crate::nn::{LayerError, Model, ModelSpec};
 use crate::optim::Optimizer;
 use crate::step::{StepError, StepSpec, eval_graph, init_graph};
 
 /// What to train and how.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
-    pub arch: Arch,
+    pub model: ModelSpec,
     pub optimizer: Optimizer,
     pub seed: u64,
     /// Train until this many epochs are done (counting those of a resumed checkpoint).
@@ -87,6 +87,8 @@ pub struct TrainReport {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
+    #[error("the model's layers do not fit the dataset: {0}")]
+    Layers(#[from] LayerError),
     #[error("{0}")]
     Step(#[from] StepError),
     #[error("running on the device: {0}")]
@@ -182,7 +184,7 @@ pub fn train(
     resume: Option<&Checkpoint>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<TrainReport, TrainError> {
-    let model = Model::new(config.arch, &data.sample_shape, data.classes as u64);
+    let model = config.model.fit(&data.sample_shape, data.classes as u64)?;
     let spec = StepSpec {
         model: model.clone(),
         optimizer: config.optimizer,

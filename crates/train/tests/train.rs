@@ -33,7 +33,7 @@ fn out_dir(name: &str) -> PathBuf {
 
 fn config(name: &str, epochs: u32) -> TrainConfig {
     TrainConfig {
-        arch: Arch::Mlp,
+        model: Arch::Mlp.into(),
         optimizer: Optimizer::adamw(5e-4),
         seed: 7,
         epochs,
@@ -294,4 +294,59 @@ fn mistakes_in_the_spec_are_named() {
     );
     let err = Checkpoint::find("nothing-like-a-hash", &out_dir("none")).unwrap_err();
     assert!(err.to_string().contains("8+ characters"), "{err}");
+}
+
+/// A model of the caller's own layers trains like a bundled one, and layers whose shapes do not
+/// flow are refused by name before anything runs.
+#[test]
+fn custom_layers_train_and_bad_ones_are_named() {
+    use tenet_train::{Layer, Model, ModelSpec};
+    let Some(data) = digits() else { return };
+    let layers = vec![
+        Layer::Conv2d {
+            name: "c".into(),
+            channels: 8,
+            kernel: 3,
+            padding: 1,
+        },
+        Layer::Relu,
+        Layer::MaxPool2d { size: 2 },
+        Layer::Flatten,
+        Layer::Linear {
+            name: "out".into(),
+            outputs: 10,
+        },
+    ];
+    let cfg = TrainConfig {
+        model: ModelSpec::Layers {
+            name: "tiny".into(),
+            layers: layers.clone(),
+        },
+        optimizer: Optimizer::adamw(3e-3),
+        ..config("custom", 4)
+    };
+    let r = run(&cfg, &data, cpu(2, None).as_ref());
+    assert!(r.model.starts_with("tiny-1x8x8-10"), "{}", r.model);
+    assert!(r.test_accuracy > 0.8, "{}", r.test_accuracy);
+    let m = Model::from_layers("tiny", layers, &[1, 8, 8], 10).unwrap();
+    let names: Vec<String> = m.params().into_iter().map(|p| p.name).collect();
+    assert_eq!(names, ["c.weight", "c.bias", "out.weight", "out.bias"]);
+    for (layers, want) in [
+        (
+            vec![Layer::Linear {
+                name: "out".into(),
+                outputs: 10,
+            }],
+            "flatten first",
+        ),
+        (
+            vec![Layer::Flatten],
+            "end with a linear layer of 10 outputs",
+        ),
+        (vec![Layer::MaxPool2d { size: 9 }], "does not fit"),
+    ] {
+        let e = Model::from_layers("bad", layers, &[1, 8, 8], 10).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&cfg.out_dir);
 }
