@@ -19,6 +19,10 @@ use crate::Hash;
 /// The hash standing in for the leaves past the end of a trace.
 pub const PAD: Hash = Hash([0u8; 32]);
 
+/// The most leaves a trace may have (a graph's node limit is far below): a transcript naming
+/// more is refused before anything is computed from its count.
+pub const MAX_LEAVES: u64 = 1 << 32;
+
 /// The parent of two tree nodes.
 pub fn parent(left: &Hash, right: &Hash) -> Hash {
     let mut h = blake3::Hasher::new();
@@ -79,11 +83,11 @@ impl TraceTree {
     /// The two children of tree node `index` at `depth` from the root (the root is depth 0,
     /// index 0); `None` past the leaves.
     pub fn children(&self, depth: u32, index: u64) -> Option<(Hash, Hash)> {
-        let below = self.depth().checked_sub(depth + 1)? as usize;
+        // Any numbers may come in a question: nothing here may overflow.
+        let below = self.depth().checked_sub(depth.checked_add(1)?)? as usize;
         let level = &self.levels[below];
-        let l = level.get(2 * index as usize)?;
-        let r = level.get(2 * index as usize + 1)?;
-        Some((*l, *r))
+        let left = usize::try_from(index.checked_mul(2)?).ok()?;
+        Some((*level.get(left)?, *level.get(left.checked_add(1)?)?))
     }
 
     /// The proof of leaf `i`.
@@ -114,7 +118,7 @@ pub struct Proof {
 impl Proof {
     /// True when the proof leads from its leaf to `root` in a tree of `depth` levels.
     pub fn verifies(&self, root: &Hash, depth: u32) -> bool {
-        if self.siblings.len() != depth as usize || self.index >> depth != 0 {
+        if self.siblings.len() != depth as usize || depth >= 64 || self.index >> depth != 0 {
             return false;
         }
         let mut h = self.leaf;
@@ -296,6 +300,12 @@ impl Transcript {
         &self,
         operands_of: Option<&dyn Fn(u64) -> Vec<u64>>,
     ) -> Result<(), TranscriptError> {
+        if self.count == 0 || self.count > MAX_LEAVES {
+            return Err(TranscriptError::Walk(format!(
+                "a trace of {} leaves (1 to {MAX_LEAVES})",
+                self.count
+            )));
+        }
         let mut b = Bisection::new(self.count, self.roots);
         let mut step = b.next();
         for r in &self.rounds {
@@ -378,6 +388,46 @@ impl Transcript {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A transcript is a stranger's file (a receipt anyone verifies): whatever it holds,
+        /// checking it answers, never panics.
+        #[test]
+        fn any_transcript_is_checked_without_panicking(
+            count in prop_oneof![Just(0u64), 1u64..5000, Just(u64::MAX), Just(MAX_LEAVES + 1)],
+            rounds in proptest::collection::vec((0u32..70, any::<u64>(), any::<[u8; 4]>()), 0..20),
+            leaf in proptest::option::of(any::<u64>()),
+            index in any::<u64>(),
+            siblings in 0usize..70,
+            lost in proptest::collection::vec(0usize..3, 0..3),
+            stalled in proptest::option::of(0usize..3),
+            from in 0usize..3,
+        ) {
+            let h = |b: u8| Hash([b; 32]);
+            let t = Transcript {
+                count,
+                roots: [h(1), h(2)],
+                rounds: rounds
+                    .into_iter()
+                    .map(|(depth, index, b)| Round {
+                        depth,
+                        index,
+                        answers: [(h(b[0]), h(b[1])), (h(b[2]), h(b[3]))],
+                    })
+                    .collect(),
+                leaf,
+                operands: vec![Proof { index, leaf: h(9), siblings: vec![h(3); siblings] }],
+                operands_from: from,
+                bad_operands: vec![],
+                referee: Some(h(4)),
+                verdict: Verdict::Lost(lost),
+                stalled,
+            };
+            let _ = t.check(None);
+            let _ = t.check(Some(&|l: u64| vec![l.wrapping_sub(1)]));
+        }
+    }
 
     fn h(i: u64) -> Hash {
         Hash::of(&i.to_le_bytes())
@@ -439,6 +489,16 @@ mod tests {
             let same = TraceTree::new(honest.clone());
             assert_eq!(dispute(&same, &same.clone()).0, Step::Agree);
         }
+    }
+
+    #[test]
+    fn questions_out_of_range_get_no_answer() {
+        let t = TraceTree::new((0..10).map(h).collect());
+        for (depth, index) in [(u32::MAX, 0), (0, u64::MAX), (3, 1 << 62), (t.depth(), 0)] {
+            assert_eq!(t.children(depth, index), None, "({depth}, {index})");
+        }
+        assert!(t.children(0, 0).is_some());
+        assert_eq!(t.proof(u64::MAX), None);
     }
 
     #[test]
