@@ -1,48 +1,37 @@
 //! A dispute by bisection on the live network: a coordinator asking two replicas (and no
 //! third node to break the tie), one honest node and one that lies at a single op inside the
-//! graph (`--cheat op=9`, the logits' bias add). The replicas disagree with no majority;
-//! the coordinator walks both nodes' trace trees to that op, re-runs it alone, and decides:
-//! the honest output is the answer, the liar is slashed, and the receipt carries the dispute's
-//! transcript, which `tenet receipt verify` checks offline (and refuses once edited).
+//! graph (`--cheat op=9`, the logits' bias add). The replicas disagree with no majority; the
+//! coordinator walks both nodes' trace trees to that op, re-runs it alone, and decides: the
+//! honest output is the answer, the liar is slashed, and the receipt carries the dispute's
+//! transcript, which `tenet receipt verify` checks offline (and refuses once edited). A liar
+//! that stalls the walk loses by rule.
 
+use std::path::PathBuf;
 use std::process::Output;
 
 mod common;
 
-use common::{spawn_tenet, tenet};
+use common::tenet;
 
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
 }
 
-#[test]
-fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
-    let dir = std::env::temp_dir().join(format!("tenet-dispute-{}", std::process::id()));
+/// The example MLP deployed on a network of an honest node and one told `cheat`, called once
+/// the nodes have joined: the call's JSON answer, the coordinator's key, and the folder
+/// holding `y.json` (the answer's outputs), `local.json` (a local run's) and `receipt.json`.
+fn call_with_a_liar(
+    name: &str,
+    cheat: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("tenet-dispute-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
-    let (_coord, line) = spawn_tenet([
-        "coordinator",
-        "--open",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        &d("coord"),
-        "--replicas",
-        "2",
-    ]);
-    let curl = common::url_of(&line);
-    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
-    let mut nodes = Vec::new();
-    for (i, cheat) in [None, Some("op=9")].into_iter().enumerate() {
-        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
-        if let Some(c) = cheat {
-            extra.extend(["--cheat", c]);
-        }
-        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
-    }
-    let remote = ["--coordinator", curl.as_str()];
+    let net = common::spawn_network(&dir, 2, extra, &[None, Some(cheat)]);
+    let remote = ["--coordinator", net.url.as_str()];
     let task: serde_json::Value = serde_json::from_str(&ok(tenet()
         .args([
             "deploy",
@@ -64,7 +53,6 @@ fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
         })
         .collect();
     std::fs::write(d("x.json"), serde_json::to_string(&x).unwrap()).unwrap();
-    // The local answer, to compare with.
     ok(tenet()
         .args([
             "run",
@@ -75,10 +63,8 @@ fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
         .args(["-i", &format!("x={}", d("x.json")), "-o", &d("local.json")])
         .output()
         .unwrap());
-    // Nodes join by themselves: retry while both have not.
-    let mut answer = None;
-    for _ in 0..40 {
-        let o = tenet()
+    let answer = ok(common::once_joined(|| {
+        tenet()
             .args(["call", &task, "-i", &format!("x={}", d("x.json"))])
             .args([
                 "-o",
@@ -89,21 +75,31 @@ fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
             ])
             .args(remote)
             .output()
-            .unwrap();
-        if o.status.success() {
-            answer = Some(String::from_utf8(o.stdout).unwrap());
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-    let r: serde_json::Value = serde_json::from_str(&answer.expect("both nodes joined")).unwrap();
+            .unwrap()
+    }));
+    let r: serde_json::Value = serde_json::from_str(&answer).unwrap();
     // The honest output, bit for bit.
     assert_eq!(
         std::fs::read_to_string(d("y.json")).unwrap(),
         std::fs::read_to_string(d("local.json")).unwrap()
     );
-    let slashed = r["slashed"].as_array().unwrap();
-    assert_eq!(slashed.len(), 1, "{r}");
+    assert_eq!(r["slashed"].as_array().unwrap().len(), 1, "{r}");
+    ok(tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &net.key,
+        ])
+        .output()
+        .unwrap());
+    (r, net.key.clone(), dir)
+}
+
+#[test]
+fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
+    let (r, key, dir) = call_with_a_liar("op", "op=9", &[]);
     let dispute = &r["receipt"]["dispute"];
     assert_eq!(
         dispute["leaf"], 9,
@@ -116,29 +112,21 @@ fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
     );
     let rounds = dispute["rounds"].as_array().unwrap().len();
     assert_eq!(rounds, 4, "11 nodes: a tree of depth 4");
-    // Offline: the receipt with its dispute verifies; an edited walk does not.
-    ok(tenet()
-        .args([
-            "receipt",
-            "verify",
-            &d("receipt.json"),
-            "--coordinator",
-            &ckey,
-        ])
-        .output()
-        .unwrap());
+    // An edited verdict does not verify.
+    let receipt = dir.join("receipt.json");
     let mut edited: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d("receipt.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&receipt).unwrap()).unwrap();
     let lost = edited["dispute"]["verdict"]["Lost"][0].as_u64().unwrap();
     edited["dispute"]["verdict"]["Lost"] = serde_json::json!([1 - lost]);
-    std::fs::write(d("edited.json"), edited.to_string()).unwrap();
+    let path = dir.join("edited.json");
+    std::fs::write(&path, edited.to_string()).unwrap();
     let bad = tenet()
         .args([
             "receipt",
             "verify",
-            &d("edited.json"),
+            path.to_str().unwrap(),
             "--coordinator",
-            &ckey,
+            &key,
         ])
         .output()
         .unwrap();
@@ -152,86 +140,7 @@ fn a_liar_at_one_op_is_found_by_bisection_and_slashed() {
 /// records the stall.
 #[test]
 fn a_node_stalling_the_walk_loses_by_rule() {
-    let dir = std::env::temp_dir().join(format!("tenet-dispute-stall-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
-    let (_coord, line) = spawn_tenet([
-        "coordinator",
-        "--open",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        &d("coord"),
-        "--replicas",
-        "2",
-        "--node-timeout",
-        "2",
-    ]);
-    let curl = common::url_of(&line);
-    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
-    let mut nodes = Vec::new();
-    for (i, cheat) in [None, Some("stall=9")].into_iter().enumerate() {
-        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
-        if let Some(c) = cheat {
-            extra.extend(["--cheat", c]);
-        }
-        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
-    }
-    let remote = ["--coordinator", curl.as_str()];
-    let task: serde_json::Value = serde_json::from_str(&ok(tenet()
-        .args([
-            "deploy",
-            "examples/mlp.tg",
-            "--weights",
-            "examples/mlp.safetensors",
-            "--json",
-        ])
-        .args(remote)
-        .output()
-        .unwrap()))
-    .unwrap();
-    let task = task["id"].as_str().unwrap().to_string();
-    let x: Vec<Vec<f32>> = (0..8)
-        .map(|i| (0..64).map(|j| ((i * 5 + j) % 11) as f32 / 11.0).collect())
-        .collect();
-    std::fs::write(d("x.json"), serde_json::to_string(&x).unwrap()).unwrap();
-    ok(tenet()
-        .args([
-            "run",
-            "examples/mlp.tg",
-            "--weights",
-            "examples/mlp.safetensors",
-        ])
-        .args(["-i", &format!("x={}", d("x.json")), "-o", &d("local.json")])
-        .output()
-        .unwrap());
-    let mut answer = None;
-    for _ in 0..40 {
-        let o = tenet()
-            .args(["call", &task, "-i", &format!("x={}", d("x.json"))])
-            .args([
-                "-o",
-                &d("y.json"),
-                "--receipt",
-                &d("receipt.json"),
-                "--json",
-            ])
-            .args(remote)
-            .output()
-            .unwrap();
-        if o.status.success() {
-            answer = Some(String::from_utf8(o.stdout).unwrap());
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-    let r: serde_json::Value = serde_json::from_str(&answer.expect("both nodes joined")).unwrap();
-    assert_eq!(
-        std::fs::read_to_string(d("y.json")).unwrap(),
-        std::fs::read_to_string(d("local.json")).unwrap()
-    );
-    assert_eq!(r["slashed"].as_array().unwrap().len(), 1, "{r}");
+    let (r, _, dir) = call_with_a_liar("stall", "stall=9", &["--node-timeout", "2"]);
     let dispute = &r["receipt"]["dispute"];
     let stalled = dispute["stalled"].as_u64().expect("the stall is recorded");
     assert_eq!(
@@ -239,15 +148,5 @@ fn a_node_stalling_the_walk_loses_by_rule() {
         serde_json::json!([stalled]),
         "{dispute}"
     );
-    ok(tenet()
-        .args([
-            "receipt",
-            "verify",
-            &d("receipt.json"),
-            "--coordinator",
-            &ckey,
-        ])
-        .output()
-        .unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -205,26 +205,8 @@ fn data_parallel_training_over_nodes_matches_local_training() {
         &d("local"),
     ]));
 
-    let (_coord, line) = common::spawn_tenet([
-        "coordinator",
-        "--open",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        &d("coord"),
-        "--replicas",
-        "2",
-    ]);
-    let curl = common::url_of(&line);
-    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
-        if i == 2 {
-            extra.extend(["--cheat", "flip"]);
-        }
-        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
-    }
+    let network = common::spawn_network(&dir, 2, &[], &[None, None, Some("flip")]);
+    let (curl, ckey) = (network.url.clone(), network.key.clone());
     let config = dir.join("train.yaml");
     std::fs::write(
         &config,
@@ -233,26 +215,16 @@ fn data_parallel_training_over_nodes_matches_local_training() {
         ),
     )
     .unwrap();
-    // Nodes join by themselves: retry while not all have.
-    let mut answer = None;
-    for _ in 0..40 {
-        let o = tenet(&[
+    let net = json(&common::once_joined(|| {
+        tenet(&[
             "train",
             "--config",
             config.to_str().unwrap(),
             "--json",
             "--out",
             &d("net"),
-        ]);
-        if o.status.success() {
-            answer = Some(json(&o));
-            break;
-        }
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(err.contains("node"), "{err}");
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-    let net = answer.expect("the nodes joined");
+        ])
+    }));
     assert_eq!(net["verified"], true, "{net}");
     assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
     assert_eq!(net["steps"], local["steps"]);
@@ -396,30 +368,11 @@ fn a_liar_at_one_gradient_op_of_one_step_is_found_by_bisection() {
         .0;
     assert_eq!(shard.node(tenet_ir::NodeId(k)).op.name(), "matmul");
 
-    let (_coord, line) = common::spawn_tenet([
-        "coordinator",
-        "--open",
-        "--listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        &d("coord"),
-        "--replicas",
-        "3",
-    ]);
-    let curl = common::url_of(&line);
-    let ckey = line.split_whitespace().nth(2).unwrap().to_string();
     let cheat = format!("op={k}@6");
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let mut extra = vec!["--coordinator", curl.as_str(), "--stake", "1000"];
-        if i == 2 {
-            extra.extend(["--cheat", cheat.as_str()]);
-        }
-        nodes.push(common::spawn_node(&d(&format!("node{i}")), &ckey, &extra));
-    }
-    let mut answer = None;
-    for _ in 0..40 {
-        let o = tenet(&[
+    let network = common::spawn_network(&dir, 3, &[], &[None, None, Some(cheat.as_str())]);
+    let (curl, ckey) = (network.url.clone(), network.key.clone());
+    let net = json(&common::once_joined(|| {
+        tenet(&[
             "train",
             "--dataset",
             "digits",
@@ -436,16 +389,8 @@ fn a_liar_at_one_gradient_op_of_one_step_is_found_by_bisection() {
             "--json",
             "--out",
             &d("net"),
-        ]);
-        if o.status.success() {
-            answer = Some(json(&o));
-            break;
-        }
-        let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert!(err.contains("node"), "{err}");
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
-    let net = answer.expect("the nodes joined");
+        ])
+    }));
     assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
     let disputes = net["disputes"].as_array().unwrap();
     assert_eq!(disputes.len(), 1, "{net}");

@@ -101,3 +101,75 @@ fn spawn_test_node(data_dir: &str, access: &[&str], extra: &[&str]) -> (Proc, St
 pub fn url_of(line: &str) -> String {
     line.rsplit(' ').next().unwrap_or_default().to_string()
 }
+
+/// A coordinator and its nodes on loopback, killed when dropped.
+pub struct Network {
+    pub coordinator: Proc,
+    pub url: String,
+    /// The coordinator's key (hex).
+    pub key: String,
+    pub nodes: Vec<(Proc, String)>,
+}
+
+/// An `--open` coordinator asking `replicas` nodes a job (and `extra` flags), and one node per
+/// entry of `cheats` (a `--cheat` mode, or `None` for an honest one) that joins it with stake
+/// 1000, all keeping their data under `dir`.
+pub fn spawn_network(
+    dir: &std::path::Path,
+    replicas: u32,
+    extra: &[&str],
+    cheats: &[Option<&str>],
+) -> Network {
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let replicas = replicas.to_string();
+    let mut args = vec![
+        "coordinator",
+        "--open",
+        "--listen",
+        "127.0.0.1:0",
+        "--replicas",
+        &replicas,
+    ];
+    let data = d("coord");
+    args.extend(["--data-dir", &data]);
+    args.extend(extra);
+    let (coordinator, line) = spawn_tenet(&args);
+    let url = url_of(&line);
+    let key = line.split_whitespace().nth(2).unwrap().to_string();
+    let nodes = cheats
+        .iter()
+        .enumerate()
+        .map(|(i, cheat)| {
+            let mut flags = vec!["--coordinator", url.as_str(), "--stake", "1000"];
+            if let Some(c) = cheat {
+                flags.extend(["--cheat", c]);
+            }
+            spawn_node(&d(&format!("node{i}")), &key, &flags)
+        })
+        .collect();
+    Network {
+        coordinator,
+        url,
+        key,
+        nodes,
+    }
+}
+
+/// Run `command` until it succeeds — nodes join a coordinator by themselves, a moment after
+/// they start — at most 40 times, 250 ms apart; its output.
+pub fn once_joined(mut command: impl FnMut() -> std::process::Output) -> std::process::Output {
+    let mut last = None;
+    for _ in 0..40 {
+        let o = command();
+        if o.status.success() {
+            return o;
+        }
+        last = Some(o);
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let o = last.expect("tried at least once");
+    panic!(
+        "still failing once the nodes should have joined: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
