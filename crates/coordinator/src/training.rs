@@ -16,7 +16,7 @@ use tenet_proto::Hash;
 use tenet_proto::commit::Tier;
 use tenet_proto::receipt::Receipt;
 use tenet_proto::training_receipt::{TrainingReceipt, TrainingStep};
-use tenet_train::{Arch, Model, Optimizer, StepSpec};
+use tenet_train::{Arch, Optimizer, StepSpec};
 
 use crate::dispatch::{Coordinator, DispatchError, JobOutcome, JobRequest};
 
@@ -69,7 +69,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<TrainingOutcome, DispatchError> {
         let data = tenet_train::data::load(&req.dataset).map_err(bad)?;
-        let model = Model::new(req.arch, &data.sample_shape, data.classes as u64);
+        let model = tenet_train::ModelSpec::Bundled(req.arch)
+            .fit(&data.sample_shape, data.classes as u64)
+            .map_err(bad)?;
         let spec = StepSpec {
             model: model.clone(),
             optimizer: req.optimizer,

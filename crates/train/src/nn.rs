@@ -298,7 +298,12 @@ pub enum ModelSpec {
 impl ModelSpec {
     pub fn fit(&self, input: &[u64], classes: u64) -> Result<Model, LayerError> {
         match self {
-            ModelSpec::Bundled(arch) => Ok(Model::new(*arch, input, classes)),
+            ModelSpec::Bundled(arch) => {
+                // The bundled layers still have to fit the samples (two pools need 4×4).
+                let m = Model::new(*arch, input, classes);
+                m.walk()?;
+                Ok(m)
+            }
             ModelSpec::Layers { name, layers } => {
                 Model::from_layers(name, layers.clone(), input, classes)
             }

@@ -348,5 +348,10 @@ fn custom_layers_train_and_bad_ones_are_named() {
         let e = Model::from_layers("bad", layers, &[1, 8, 8], 10).unwrap_err();
         assert!(e.to_string().contains(want), "{e}");
     }
+    // A bundled model on samples too small for it is refused, not run.
+    let e = ModelSpec::Bundled(Arch::Cnn)
+        .fit(&[1, 2, 2], 10)
+        .unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
     let _ = std::fs::remove_dir_all(&cfg.out_dir);
 }

@@ -11,7 +11,7 @@ use tenet_exec::Device;
 use tenet_ir::{DType, TensorType};
 use tenet_node::Method;
 use tenet_proto::training_receipt::TrainingReceipt;
-use tenet_train::{Dataset, Model, StepSpec};
+use tenet_train::{Dataset, StepSpec};
 
 use super::Settings;
 use crate::coord_cmd::{Client, coordinator_key, runtime};
@@ -25,7 +25,8 @@ pub(super) fn train(
     device: &dyn Device,
 ) -> Result<()> {
     let client = Client::with_optional_key(url, args.api_key.as_deref())?;
-    let model = Model::new(s.arch, &data.sample_shape, data.classes as u64);
+    let model =
+        tenet_train::ModelSpec::Bundled(s.arch).fit(&data.sample_shape, data.classes as u64)?;
     let spec = StepSpec {
         model: model.clone(),
         optimizer: s.optimizer,
