@@ -505,12 +505,8 @@ fn train<'py>(
     if lr.is_some_and(|l| !(l.is_finite() && l > 0.0)) {
         return Err(err("lr must be a positive number"));
     }
-    let mnist = dataset == "mnist";
-    let optimizer = match optimizer {
-        "adamw" => tenet_train::Optimizer::adamw(lr.unwrap_or(if mnist { 1e-3 } else { 5e-4 })),
-        "sgd" => tenet_train::Optimizer::sgd(lr.unwrap_or(0.05)),
-        other => return Err(err(format!("optimizer {other:?}: choose adamw or sgd"))),
-    };
+    let optimizer = tenet_train::Optimizer::by_name(optimizer, lr, dataset)
+        .ok_or_else(|| err(format!("optimizer {optimizer:?}: choose adamw or sgd")))?;
     if batch == 0 || shards == 0 || !batch.is_multiple_of(shards) {
         return Err(err(format!(
             "shards {shards} must divide batch {batch} (each at least 1)"
@@ -526,7 +522,7 @@ fn train<'py>(
                 model,
                 optimizer,
                 seed,
-                epochs: epochs.unwrap_or(if data.name == "mnist" { 2 } else { 40 }),
+                epochs: epochs.unwrap_or_else(|| tenet_train::data::default_epochs(data.name)),
                 batch,
                 shards,
                 eval_rows: 500,

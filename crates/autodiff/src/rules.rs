@@ -184,16 +184,7 @@ pub fn backward(
             if let Some(bt) = beta {
                 give(*bt, unbroadcast(g, operand(*bt).shape()));
             }
-            let gxhat = match gamma {
-                Some(gm) => {
-                    let gmt = operand(*gm);
-                    if wanted(*gm) {
-                        give(*gm, unbroadcast(&(g * &xhat), gmt.shape()));
-                    }
-                    g * &gmt
-                }
-                None => g.clone(),
-            };
+            let gxhat = through_gamma(*gamma, &xhat, g, operand, wanted, &mut give);
             if wanted(*x) {
                 let centred = &gxhat - &gxhat.mean(&[-1], true);
                 let gx = r * (centred - xhat.clone() * (&gxhat * &xhat).mean(&[-1], true));
@@ -204,16 +195,7 @@ pub fn backward(
             let xt = operand(*x);
             let r = ((&xt * &xt).mean(&[-1], true) + f32::from_bits(*eps_bits) as f64).rsqrt();
             let y0 = &xt * &r;
-            let gy0 = match gamma {
-                Some(gm) => {
-                    let gmt = operand(*gm);
-                    if wanted(*gm) {
-                        give(*gm, unbroadcast(&(g * &y0), gmt.shape()));
-                    }
-                    g * &gmt
-                }
-                None => g.clone(),
-            };
+            let gy0 = through_gamma(*gamma, &y0, g, operand, wanted, &mut give);
             if wanted(*x) {
                 let gx = r * (&gy0 - &(&y0 * &(&gy0 * &y0).mean(&[-1], true)));
                 give(*x, gx);
@@ -264,6 +246,26 @@ pub fn backward(
         | Op::Dequantize { .. } => {}
     }
     out
+}
+
+/// A norm's adjoint before its scale: `g · gamma` (or `g` without one), giving `gamma` its
+/// own contribution, `g · normalized` summed to its shape, on the way.
+fn through_gamma(
+    gamma: Option<NodeId>,
+    normalized: &Tensor,
+    g: &Tensor,
+    operand: &dyn Fn(NodeId) -> Tensor,
+    wanted: &dyn Fn(NodeId) -> bool,
+    give: &mut dyn FnMut(NodeId, Tensor),
+) -> Tensor {
+    let Some(gm) = gamma else {
+        return g.clone();
+    };
+    let gmt = operand(gm);
+    if wanted(gm) {
+        give(gm, unbroadcast(&(g * normalized), gmt.shape()));
+    }
+    g * &gmt
 }
 
 /// `d y / d x · g` for an elementwise op of one operand; `None` where the derivative is zero.

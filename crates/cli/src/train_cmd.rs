@@ -127,14 +127,10 @@ fn settings(args: &TrainArgs) -> Result<Settings> {
     {
         bail!("--lr must be a positive number, got {lr}");
     }
-    let mnist = dataset == "mnist";
     let optimizer_name: String =
         pick(args.optimizer.clone(), &file, "optimizer")?.unwrap_or("adamw".into());
-    let optimizer = match optimizer_name.as_str() {
-        "adamw" => Optimizer::adamw(lr.unwrap_or(if mnist { 1e-3 } else { 5e-4 })),
-        "sgd" => Optimizer::sgd(lr.unwrap_or(0.05)),
-        other => bail!("--optimizer {other:?}: choose adamw or sgd"),
-    };
+    let optimizer = Optimizer::by_name(&optimizer_name, lr, &dataset)
+        .with_context(|| format!("--optimizer {optimizer_name:?}: choose adamw or sgd"))?;
     let batch = pick(args.batch, &file, "batch")?.unwrap_or(32);
     if batch == 0 {
         bail!("--batch must be at least 1");
@@ -166,7 +162,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     let data = tenet_train::data::load(&s.dataset)?;
     let epochs = s
         .epochs
-        .unwrap_or(if data.name == "mnist" { 2 } else { 40 });
+        .unwrap_or_else(|| tenet_train::data::default_epochs(data.name));
     let device = args.device.open()?;
     if let Some(url) = &s.coordinator {
         if args.resume.is_some() {

@@ -716,22 +716,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let second = replicas
             .iter()
             .find(|r| r.output_hash != first.output_hash)?;
-        let graph = tenet_ir::codec::decode(&self.store.get(&spec.task).ok()?).ok()?;
-        let weights = match spec.weights {
-            Some(w) => vec![
-                tenet_models::WeightsFile::from_bytes_within(
-                    self.store.get(&w).ok()?,
-                    &w.short(),
-                    self.task_memory(),
-                )
-                .ok()?,
-            ],
-            None => Vec::new(),
-        };
-        let mut inputs = HashMap::new();
-        for (name, h) in &spec.inputs {
-            inputs.insert(name.clone(), tensor::decode(&self.store.get(h).ok()?).ok()?);
-        }
+        let (graph, weights, inputs) = load_job(&self.store, spec, self.task_memory()).ok()?;
         let max_leaf_bytes = graph
             .nodes()
             .iter()
@@ -766,7 +751,6 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 timeout: limit,
             });
         }
-        let weights = tenet_models::WeightSet(weights);
         let settled = match crate::dispute::settle(
             &graph,
             &inputs,
@@ -806,25 +790,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             if spec.task.0 == tenet_models::generation::task_id() {
                 return referee_generation(&store, &spec, memory);
             }
-            let graph = tenet_ir::codec::decode(&store.get(&spec.task).map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
-            let weights = match spec.weights {
-                Some(w) => vec![
-                    tenet_models::WeightsFile::from_bytes_within(
-                        store.get(&w).map_err(|e| e.to_string())?,
-                        &w.short(),
-                        memory,
-                    )
-                    .map_err(|e| e.to_string())?,
-                ],
-                None => Vec::new(),
-            };
-            let mut inputs = HashMap::new();
-            for (name, h) in &spec.inputs {
-                let t = tensor::decode(&store.get(h).map_err(|e| e.to_string())?)
-                    .map_err(|e| e.to_string())?;
-                inputs.insert(name.clone(), t);
-            }
+            let (graph, weights, inputs) = load_job(&store, &spec, memory)?;
             // The referee runs on this machine's CPU, the device every other device's exact
             // bits are checked against.
             let device = tenet_devices::open(
@@ -838,7 +804,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             let outs = device
                 .compile(&graph)
                 .map_err(|e| e.to_string())?
-                .run(&inputs, &tenet_models::WeightSet(weights), spec.seed)
+                .run(&inputs, &weights, spec.seed)
                 .map_err(|e| e.to_string())?;
             Ok(output_hash(&output_refs(&outs)))
         })
@@ -849,6 +815,37 @@ impl<L: Ledger + 'static> Coordinator<L> {
 }
 
 /// Referee a generation job: the model loaded from the store with its weights quantised, as
+/// A job's graph, weights and inputs from the store, as the referee and a dispute need them
+/// (a weights file no larger than `memory`).
+type LoadedJob = (
+    tenet_ir::Graph,
+    tenet_models::WeightSet,
+    HashMap<String, tenet_ir::HostTensor>,
+);
+
+fn load_job(store: &Store, spec: &JobSpec, memory: u64) -> Result<LoadedJob, String> {
+    let graph = tenet_ir::codec::decode(&store.get(&spec.task).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let weights = match spec.weights {
+        Some(w) => vec![
+            tenet_models::WeightsFile::from_bytes_within(
+                store.get(&w).map_err(|e| e.to_string())?,
+                &w.short(),
+                memory,
+            )
+            .map_err(|e| e.to_string())?,
+        ],
+        None => Vec::new(),
+    };
+    let mut inputs = HashMap::new();
+    for (name, h) in &spec.inputs {
+        let t =
+            tensor::decode(&store.get(h).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        inputs.insert(name.clone(), t);
+    }
+    Ok((graph, tenet_models::WeightSet(weights), inputs))
+}
+
 /// nodes load it, the request decoded on this machine's CPU; the output hash of its tokens.
 fn referee_generation(store: &Store, spec: &JobSpec, memory: u64) -> Result<Hash, String> {
     use tenet_models::generation;

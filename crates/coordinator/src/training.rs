@@ -123,9 +123,12 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let mut steps = Vec::with_capacity(total as usize);
         let mut losses = Vec::with_capacity(total as usize);
         let rows_per_shard = (req.batch / req.shards) as usize;
+        let mut order = Vec::new();
         for done in 0..total {
-            let epoch = (done / per_epoch) as u32;
-            let order = tenet_train::trainer::epoch_order(req.seed, epoch, data.train_len());
+            if done % per_epoch == 0 {
+                let epoch = (done / per_epoch) as u32;
+                order = tenet_train::trainer::epoch_order(req.seed, epoch, data.train_len());
+            }
             let k = (done % per_epoch) as usize;
             let rows = &order[k * req.batch as usize..(k + 1) * req.batch as usize];
             let shard_jobs = rows.chunks(rows_per_shard).map(|part| {
@@ -237,7 +240,6 @@ impl TrainingRequest {
         };
         let arch = Arch::from_name(v["model"].as_str().unwrap_or("mlp"))
             .ok_or_else(|| bad("model: mlp or cnn"))?;
-        let mnist = dataset == "mnist";
         let lr = match &v["lr"] {
             serde_json::Value::Null => None,
             x => Some(
@@ -246,13 +248,16 @@ impl TrainingRequest {
                     .ok_or_else(|| bad("lr: a positive number"))? as f32,
             ),
         };
-        let optimizer = match v["optimizer"].as_str().unwrap_or("adamw") {
-            "adamw" => Optimizer::adamw(lr.unwrap_or(if mnist { 1e-3 } else { 5e-4 })),
-            "sgd" => Optimizer::sgd(lr.unwrap_or(0.05)),
-            _ => return Err(bad("optimizer: adamw or sgd")),
-        };
+        let optimizer =
+            Optimizer::by_name(v["optimizer"].as_str().unwrap_or("adamw"), lr, &dataset)
+                .ok_or_else(|| bad("optimizer: adamw or sgd"))?;
         let batch = int("batch", 32, 4096)?;
         let shards = int("data_parallel", 1, 64)?;
+        let epochs = int(
+            "epochs",
+            u64::from(tenet_train::data::default_epochs(&dataset)),
+            1000,
+        )? as u32;
         if !batch.is_multiple_of(shards) {
             return Err(bad(format!(
                 "data_parallel {shards} must divide batch {batch}"
@@ -263,7 +268,7 @@ impl TrainingRequest {
             arch,
             optimizer,
             seed: int("seed", 0, u64::MAX)?,
-            epochs: int("epochs", if mnist { 2 } else { 40 }, 1000)? as u32,
+            epochs,
             batch,
             shards,
         })

@@ -573,6 +573,24 @@ impl Node {
         result
     }
 
+    /// A job's inputs by name: from the blobs sent with it (`inline`), the engine's cache or
+    /// the store.
+    fn job_inputs(
+        &self,
+        spec: &JobSpec,
+        inline: &HashMap<Hash, Vec<u8>>,
+    ) -> Result<HashMap<String, HostTensor>, ApiError> {
+        let mut inputs = HashMap::with_capacity(spec.inputs.len());
+        for (name, hash) in &spec.inputs {
+            let what = format!("input {name}");
+            let t = self
+                .engine
+                .tensor(hash, inline.get(hash).map(Vec::as_slice), &what)?;
+            inputs.insert(name.clone(), (*t).clone());
+        }
+        Ok(inputs)
+    }
+
     /// The blocking part of a job: load, check, run, commit.
     fn execute(
         &self,
@@ -587,14 +605,7 @@ impl Node {
         let task = self.engine.task(&spec.task)?;
         self.engine.check_time(&task, limit)?;
         let weights = spec.weights.map(|w| self.engine.weights(&w)).transpose()?;
-        let mut inputs = HashMap::with_capacity(spec.inputs.len());
-        for (name, hash) in &spec.inputs {
-            let what = format!("input {name}");
-            let t = self
-                .engine
-                .tensor(hash, inline.get(hash).map(Vec::as_slice), &what)?;
-            inputs.insert(name.clone(), (*t).clone());
-        }
+        let inputs = self.job_inputs(&spec, inline)?;
         self.job_event(&spec.job_id, "started", serde_json::Value::Null);
         let started = Instant::now();
         if started > deadline {
@@ -734,14 +745,7 @@ impl Node {
             )
         })?;
         let llm = self.engine.llm(&weights)?;
-        let mut inputs = HashMap::with_capacity(spec.inputs.len());
-        for (name, hash) in &spec.inputs {
-            let what = format!("input {name}");
-            let t = self
-                .engine
-                .tensor(hash, inline.get(hash).map(Vec::as_slice), &what)?;
-            inputs.insert(name.clone(), (*t).clone());
-        }
+        let inputs = self.job_inputs(&spec, inline)?;
         let config = &llm.model.config;
         let (ids, params) = generation::parse_inputs(&inputs, config.vocab, config.context)
             .map_err(|e| ApiError::new(ErrorCode::BadInputs, e))?;
@@ -957,11 +961,7 @@ impl Node {
         }
         let task = self.engine.task(&spec.task)?;
         let weights = spec.weights.map(|w| self.engine.weights(&w)).transpose()?;
-        let mut inputs = HashMap::with_capacity(spec.inputs.len());
-        for (name, hash) in &spec.inputs {
-            let t = self.engine.tensor(hash, None, &format!("input {name}"))?;
-            inputs.insert(name.clone(), (*t).clone());
-        }
+        let inputs = self.job_inputs(&spec, &HashMap::new())?;
         let lie_at = lock(&self.lied)
             .iter()
             .find(|(j, _)| j == id)
