@@ -63,7 +63,30 @@ pub enum GradError {
 /// be a scalar f32; each `x` an f32 tensor of the same builder. A variable the loss does not
 /// depend on gets zeros.
 pub fn gradients(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>, GradError> {
+    Ok(gradients_marked(loss, wrt, &[])?.0)
+}
+
+/// [`gradients`], and for each tensor of `marks` (of the same builder, computed before the loss)
+/// where the backward pass reached it: the builder's length at that moment. Every node appended
+/// before that position belongs to the backward rules of nodes after the mark, every node from
+/// it on to the rules of the mark and the nodes before it — so for a mark that separates two
+/// groups of layers, cutting the forward pass before the mark and the backward pass at its
+/// position gives each group its forward and its backward as runs of consecutive nodes (how a
+/// training step is cut into pipeline stages). The gradients are the same nodes, in the same
+/// order, as [`gradients`] builds.
+pub fn gradients_marked(
+    loss: &Tensor,
+    wrt: &[&Tensor],
+    marks: &[&Tensor],
+) -> Result<(Vec<Tensor>, Vec<usize>), GradError> {
     let b = loss.builder();
+    for m in marks {
+        if !b.owns(m) {
+            return Err(GradError::ForeignTensor);
+        }
+    }
+    // A mark after the loss is reached before the pass starts.
+    let mut positions = vec![b.len(); marks.len()];
     if let Some(e) = b.error() {
         return Err(e.into());
     }
@@ -124,6 +147,11 @@ pub fn gradients(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>, GradErro
         adjoint.insert(count - 1, b.scalar(DType::F32, 1.0));
     }
     for i in (0..count).rev() {
+        for (m, mark) in marks.iter().enumerate() {
+            if mark.id().index() == i {
+                positions[m] = b.len();
+            }
+        }
         if !needed[i] {
             continue;
         }
@@ -157,7 +185,7 @@ pub fn gradients(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>, GradErro
     if let Some(e) = b.error() {
         return Err(e.into());
     }
-    Ok(grads)
+    Ok((grads, positions))
 }
 
 /// The graph `graph` extended with the gradient of its scalar f32 output `loss` with respect

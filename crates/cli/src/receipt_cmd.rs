@@ -302,28 +302,47 @@ fn verify_training(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
     let jobs = 1 + receipt
         .steps
         .iter()
-        .map(|s| s.shards.len() + 1)
+        .map(|s| s.shard_jobs().iter().map(Vec::len).sum::<usize>() + 1)
         .sum::<usize>();
-    let shards = receipt.steps.first().map_or(0, |s| s.shards.len());
+    let first = receipt.steps.first().map(|s| s.shard_jobs());
+    let shards = first.as_ref().map_or(0, Vec::len);
+    // Pipeline-parallel training: each shard a pipeline of this many stages.
+    let stages = first.as_ref().and_then(|f| f.first()).map_or(1, Vec::len);
+    let disputes: usize = receipt
+        .steps
+        .iter()
+        .flat_map(|s| s.shard_jobs().into_iter().flatten().chain([&s.update]))
+        .filter(|r| r.dispute.is_some())
+        .count();
     if a.json {
         println!(
             "{}",
             serde_json::json!({
-                "verified": true, "steps": receipt.steps.len(), "shards": shards, "jobs": jobs,
+                "verified": true, "steps": receipt.steps.len(), "shards": shards,
+                "pipeline_stages": stages, "jobs": jobs, "disputes": disputes,
                 "seed": receipt.init.job.seed, "coordinator": receipt.init.coordinator,
                 "coordinator_pinned": a.coordinator.is_some(),
                 "final_params": receipt.final_params(),
             })
         );
     } else {
+        let layout = if stages > 1 {
+            format!("{shards} shards, each a pipeline of {stages} stages")
+        } else {
+            format!("{shards} shards")
+        };
         println!(
-            "verified: training of {} steps × {} shards ({} jobs, seed {}), chained from the initialisation to the final parameters, signed by coordinator {}",
+            "verified: training of {} steps × {layout} ({} jobs, seed {}), chained from the initialisation to the final parameters, signed by coordinator {}",
             receipt.steps.len(),
-            shards,
             jobs,
             receipt.init.job.seed,
             receipt.init.coordinator.to_hex()
         );
+        if disputes > 0 {
+            println!(
+                "{disputes} job(s) decided by a dispute, each transcript checked with its receipt"
+            );
+        }
     }
     Ok(())
 }

@@ -38,6 +38,14 @@ pub struct TrainArgs {
     /// a verified job of its own (data-parallel training) [default: 1].
     #[arg(long, visible_alias = "data-parallel")]
     shards: Option<u64>,
+    /// Pipeline-parallel training: the layers where pipeline stages begin, by name (`fc2`,
+    /// `conv2`) or 0-based position, comma-separated. With --coordinator each shard's step runs
+    /// as a pipeline of 2n+1 stages (each group of layers' forward pass, then the last group's
+    /// forward, loss and backward together, then each earlier group's backward), every stage a
+    /// verified job on nodes whose limits take it; the result is the same bits as without.
+    /// Locally the step runs whole.
+    #[arg(long, value_name = "LAYERS", value_delimiter = ',')]
+    stage_boundaries: Vec<String>,
     /// `adamw` or `sgd` (with momentum 0.9) [default: adamw].
     #[arg(long)]
     optimizer: Option<String>,
@@ -53,7 +61,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "CHECKPOINT")]
     resume: Option<String>,
     /// Settings from a YAML file of flat `key: value` lines (dataset, model, seed, epochs,
-    /// batch, data_parallel, optimizer, lr, coordinator, out); flags given as well win.
+    /// batch, data_parallel, stage_boundaries, optimizer, lr, coordinator, out); flags given as
+    /// well win.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Train on the network: the coordinator at this URL runs every step's shards as
@@ -86,6 +95,8 @@ struct Settings {
     epochs: Option<u32>,
     batch: u64,
     shards: u64,
+    /// Layers where pipeline stages begin (names or positions), checked against the model.
+    stage_boundaries: Vec<String>,
     out: PathBuf,
     coordinator: Option<String>,
 }
@@ -141,6 +152,16 @@ fn settings(args: &TrainArgs) -> Result<Settings> {
             "--shards {shards} must divide --batch {batch} (each shard takes the same number of rows)"
         );
     }
+    let stage_boundaries = if !args.stage_boundaries.is_empty() {
+        args.stage_boundaries
+            .iter()
+            .map(|b| b.trim().to_string())
+            .collect()
+    } else {
+        file.get("stage_boundaries")
+            .map(|v| tenet_train::config::list(v))
+            .unwrap_or_default()
+    };
     Ok(Settings {
         dataset,
         model,
@@ -152,6 +173,7 @@ fn settings(args: &TrainArgs) -> Result<Settings> {
         epochs: pick(args.epochs, &file, "epochs")?,
         batch,
         shards,
+        stage_boundaries,
         out: pick(args.out.clone(), &file, "out")?.unwrap_or("tenet-train".into()),
         coordinator: pick(args.coordinator.clone(), &file, "coordinator")?,
     })
@@ -164,11 +186,33 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         .epochs
         .unwrap_or_else(|| tenet_train::data::default_epochs(data.name));
     let device = args.device.open()?;
+    // Boundaries that do not fit the model are refused here, before anything runs.
+    let model =
+        tenet_train::ModelSpec::Bundled(s.arch).fit(&data.sample_shape, data.classes as u64)?;
+    let spec = tenet_train::StepSpec {
+        model,
+        optimizer: s.optimizer,
+        batch: s.batch,
+        shards: s.shards,
+    };
+    let stage_starts = spec.stage_starts(&s.stage_boundaries)?;
+    if !stage_starts.is_empty() {
+        spec.shard_stages(&stage_starts)?;
+    }
     if let Some(url) = &s.coordinator {
         if args.resume.is_some() {
             bail!("--resume continues a local run; a run on the network starts from its seed");
         }
-        return network::train(args, &s, url, &data, epochs, device.as_ref());
+        return network::train(
+            args,
+            &s,
+            url,
+            &data,
+            epochs,
+            device.as_ref(),
+            &spec,
+            &stage_starts,
+        );
     }
     let config = TrainConfig {
         model: s.arch.into(),

@@ -291,7 +291,7 @@ fn data_parallel_training_over_nodes_matches_local_training() {
                  data: &tenet_train::Dataset,
                  seed: u64,
                  params: &[(String, tenet_ir::HostTensor)]| {
-        tenet_train::verify::check_run(&r, &key, spec, data, seed, 1, params)
+        tenet_train::verify::check_run(&r, &key, spec, &[], data, seed, 1, params)
             .map_err(|e| e.to_string())
     };
     check(&spec, &data, 9, &params).unwrap();
@@ -410,5 +410,171 @@ fn a_liar_at_one_gradient_op_of_one_step_is_found_by_bisection() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Pipeline-parallel training over three node processes, configured by a YAML file: each step's
+/// shard runs as a pipeline of three stages (fc1's forward; fc2's forward, the loss and fc2's
+/// backward; fc1's backward), each stage a verified job, then the update. One node lies at one
+/// op of one stage job — fc1's weight gradient, in the last stage of step 2 — and only there.
+/// The bisection inside that stage names the op, the liar is slashed, and the final weights
+/// are those of training on one machine, bit for bit. The receipt verifies offline as a
+/// pipelined training, and checking it against other stage boundaries fails.
+#[test]
+fn pipeline_parallel_training_over_nodes_matches_local_training() {
+    if !fetched() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tenet-cli-pp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = |p: &str| dir.join(p).display().to_string();
+    let local = json(&tenet(&[
+        "train",
+        "--dataset",
+        "digits",
+        "--seed",
+        "4",
+        "--epochs",
+        "1",
+        "--batch",
+        "30",
+        "--json",
+        "--out",
+        &d("local"),
+    ]));
+    let spec = tenet_train::StepSpec {
+        model: tenet_train::Model::new(tenet_train::Arch::Mlp, &[1, 8, 8], 10),
+        optimizer: tenet_train::Optimizer::adamw(5e-4),
+        batch: 30,
+        shards: 1,
+    };
+    let bad = tenet(&[
+        "train",
+        "--dataset",
+        "digits",
+        "--stage-boundaries",
+        "fc2,fc9",
+    ]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains(
+            "\"fc9\" is not a layer of mlp-1x8x8-10 (layers: 0 flatten, 1 fc1, 2 relu, 3 fc2)"
+        ),
+        "{err}"
+    );
+    let starts = spec.stage_starts(&["fc2".to_string()]).unwrap();
+    let stages = spec.shard_stages(&starts).unwrap();
+    assert_eq!(stages.len(), 3);
+    let last = &stages[2].graph;
+    let k = last
+        .outputs()
+        .iter()
+        .find(|o| o.name == "grad/fc1.weight")
+        .expect("fc1's gradient leaves at the last stage")
+        .node
+        .0;
+    assert_eq!(last.node(tenet_ir::NodeId(k)).op.name(), "matmul");
+
+    // Jobs every node runs in order: the initialisation, then per step three stages and the
+    // update; step 2's last stage is the 8th.
+    let cheat = format!("op={k}@8");
+    let network = common::spawn_network(&dir, 3, &[], &[None, None, Some(cheat.as_str())]);
+    let (curl, ckey) = (network.url.clone(), network.key.clone());
+    let config = dir.join("train.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "dataset: digits\nseed: 4\nepochs: 1\nbatch: 30\nstage_boundaries: [fc2]   # fc1 | fc2\ncoordinator: {curl}\n"
+        ),
+    )
+    .unwrap();
+    let net = json(&common::once_joined(|| {
+        tenet(&[
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+            "--out",
+            &d("net"),
+        ])
+    }));
+    assert_eq!(net["verified"], true, "{net}");
+    assert_eq!(net["pipeline_stages"], 3, "{net}");
+    assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
+    assert_eq!(net["steps"], local["steps"]);
+    let steps = net["steps"].as_u64().unwrap();
+    assert_eq!(net["jobs"], 1 + 4 * steps, "{net}");
+    let disputes = net["disputes"].as_array().unwrap();
+    assert_eq!(disputes.len(), 1, "{net}");
+    assert_eq!(disputes[0]["step"], 2, "{net}");
+    assert_eq!(disputes[0]["job"], "shard 0, stage 3", "{net}");
+    assert_eq!(disputes[0]["node"], k, "{net}");
+    assert_eq!(disputes[0]["op"], "matmul");
+    let slashed = net["slashed"].as_array().unwrap();
+    assert_eq!(slashed.len(), 1, "{net}");
+    assert_eq!(slashed[0]["step"], 2, "{net}");
+
+    let receipt = net["receipt"].as_str().unwrap();
+    let ok = tenet(&[
+        "receipt",
+        "verify",
+        receipt,
+        "--coordinator",
+        &ckey,
+        "--json",
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let v = json(&ok);
+    assert_eq!(v["pipeline_stages"], 3, "{v}");
+    assert_eq!(v["disputes"], 1, "{v}");
+    // A stage's receipt taken out of its pipeline breaks the pipeline's signature.
+    let mut r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(receipt).unwrap()).unwrap();
+    r["steps"][3]["pipelined"][0]["stages"]
+        .as_array_mut()
+        .unwrap()
+        .swap(0, 1);
+    let swapped = dir.join("swapped.json");
+    std::fs::write(&swapped, r.to_string()).unwrap();
+    let bad = tenet(&["receipt", "verify", swapped.to_str().unwrap()]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("step 4, shard 0"), "{err}");
+
+    // Checked as another cut of the same training, the stage graphs differ.
+    let r: tenet_proto::training_receipt::TrainingReceipt =
+        serde_json::from_str(&std::fs::read_to_string(receipt).unwrap()).unwrap();
+    let key = tenet_proto::auth::PublicKey::parse(&ckey).unwrap();
+    let data = tenet_train::data::load("digits").unwrap();
+    let weights = std::fs::read(net["weights"].as_str().unwrap()).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&weights).unwrap();
+    let params: Vec<(String, tenet_ir::HostTensor)> = spec
+        .model
+        .params()
+        .into_iter()
+        .map(|p| {
+            let view = st.tensor(&p.name).unwrap();
+            let ty = tenet_ir::TensorType::new(tenet_ir::DType::F32, p.shape.clone());
+            (
+                p.name,
+                tenet_ir::HostTensor::new(ty, view.data().to_vec()).unwrap(),
+            )
+        })
+        .collect();
+    let check = |starts: &[usize]| {
+        tenet_train::verify::check_run(&r, &key, &spec, starts, &data, 4, 1, &params)
+            .map_err(|e| e.to_string())
+    };
+    check(&starts).unwrap();
+    let e = check(&[2]).unwrap_err();
+    assert!(e.contains("shard jobs ran graph"), "{e}");
+    let e = check(&[]).unwrap_err();
+    assert!(e.contains("shard jobs ran graph"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

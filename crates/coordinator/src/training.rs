@@ -14,14 +14,17 @@ use tenet_ir::{DType, Graph, HostTensor, TensorType};
 use tenet_ledger::Ledger;
 use tenet_proto::Hash;
 use tenet_proto::commit::Tier;
+use tenet_proto::pipeline_receipt::PipelineReceipt;
 use tenet_proto::receipt::Receipt;
 use tenet_proto::training_receipt::{TrainingReceipt, TrainingStep};
 use tenet_train::{Arch, Optimizer, StepSpec};
 
-use crate::dispatch::{Coordinator, DispatchError, JobOutcome, JobRequest};
+use crate::dispatch::{Coordinator, DispatchError, JobRequest};
 
 /// The most steps one training request may run (a bound on the work and on the receipt).
 pub const MAX_STEPS: u64 = 20_000;
+/// The most stage boundaries a training request may name (a pipeline of `2n + 1` stages).
+pub const MAX_STAGE_BOUNDARIES: usize = 8;
 
 /// What to train: a dataset this coordinator has fetched (`tenet models fetch`), a bundled
 /// model, and the settings of `tenet train`.
@@ -35,6 +38,9 @@ pub struct TrainingRequest {
     pub batch: u64,
     /// Shards per step, each a job of its own (`data_parallel`).
     pub shards: u64,
+    /// The layers (names or 0-based positions) where pipeline stages begin; empty: each shard
+    /// is one job (`stage_boundaries`).
+    pub stage_boundaries: Vec<String>,
 }
 
 /// A finished training run.
@@ -92,8 +98,21 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 "{total} steps asked for; a training request runs at most {MAX_STEPS}"
             )));
         }
+        let starts = spec.stage_starts(&req.stage_boundaries).map_err(bad)?;
         let init_task = self.deploy_graph(&tenet_train::step::init_graph(&model).map_err(bad)?)?;
-        let shard_task = self.deploy_graph(&spec.shard().map_err(bad)?)?;
+        let shard_graph = spec.shard().map_err(bad)?;
+        let shard_run = if starts.is_empty() {
+            ShardRun::Job(self.deploy_graph(&shard_graph)?)
+        } else {
+            // Each stage a task of its own, the manifest chaining them a pipeline.
+            let stages = spec.shard_stages(&starts).map_err(bad)?;
+            for stage in &stages {
+                self.deploy_graph(&stage.graph)?;
+            }
+            let manifest = tenet_pipeline::manifest_of(&shard_graph, &stages).map_err(bad)?;
+            let (id, manifest) = self.deploy_pipeline(manifest.to_json().as_bytes())?;
+            ShardRun::Pipeline(id, Arc::new(manifest))
+        };
         let update_task = self.deploy_graph(&spec.update().map_err(bad)?)?;
         let job = |task: Hash, inputs: BTreeMap<String, HostTensor>, seed: u64| JobRequest {
             task,
@@ -103,14 +122,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
             seed,
         };
         let mut slashed = Vec::new();
-        let mut note = |step: u64, out: &JobOutcome| {
-            for (node, amount) in &out.slashed {
+        let note = |slashed: &mut Vec<(u64, String, i64)>, step: u64, by: &[(String, i64)]| {
+            for (node, amount) in by {
                 slashed.push((step, node.clone(), *amount));
             }
         };
 
         let init = self.run(job(init_task, BTreeMap::new(), req.seed)).await?;
-        note(0, &init);
+        note(&mut slashed, 0, &init.slashed);
         let mut params: BTreeMap<String, HostTensor> = init.outputs.iter().cloned().collect();
         let mut state: BTreeMap<String, HostTensor> = BTreeMap::new();
         for p in model.params() {
@@ -136,14 +155,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 let mut inputs = params.clone();
                 inputs.insert("x".into(), x);
                 inputs.insert("y".into(), y);
-                self.run(job(shard_task, inputs, 0))
+                self.run_shard(&shard_run, inputs)
             });
             let shards = try_join_all(shard_jobs).await?;
             let mut inputs = params.clone();
             inputs.extend(state.clone());
             let mut loss = 0f32;
             for (s, out) in shards.iter().enumerate() {
-                note(done + 1, out);
+                note(&mut slashed, done + 1, &out.slashed);
                 for (name, t) in &out.outputs {
                     if let Some(p) = name.strip_prefix("grad/") {
                         inputs.insert(format!("grad{s}/{p}"), t.clone());
@@ -160,7 +179,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             let t = HostTensor::from_f32(&[], &[(done + 1) as f32]).map_err(bad)?;
             inputs.insert("step".into(), t);
             let update = self.run(job(update_task, inputs, 0)).await?;
-            note(done + 1, &update);
+            note(&mut slashed, done + 1, &update.slashed);
             for (name, t) in &update.outputs {
                 if name.starts_with("param/") {
                     params.insert(name.clone(), t.clone());
@@ -169,13 +188,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 }
             }
             losses.push(loss);
-            steps.push(TrainingStep {
-                shards: shards
-                    .into_iter()
-                    .map(|o| o.receipt)
-                    .collect::<Vec<Receipt>>(),
+            let mut step = TrainingStep {
+                shards: Vec::new(),
+                pipelined: Vec::new(),
                 update: update.receipt,
-            });
+            };
+            for out in shards {
+                match out.receipt {
+                    ShardReceipt::Job(r) => step.shards.push(*r),
+                    ShardReceipt::Pipeline(r) => step.pipelined.push(r),
+                }
+            }
+            steps.push(step);
             progress(done + 1, total);
         }
         let receipt = TrainingReceipt {
@@ -196,6 +220,61 @@ impl<L: Ledger + 'static> Coordinator<L> {
     }
 }
 
+/// How a step's shard runs: one job of this task, or a call of this pipeline.
+enum ShardRun {
+    Job(Hash),
+    Pipeline(Hash, Arc<tenet_pipeline::Manifest>),
+}
+
+enum ShardReceipt {
+    Job(Box<Receipt>),
+    Pipeline(PipelineReceipt),
+}
+
+/// A shard's agreed outputs, its receipt, and the nodes slashed on its way.
+struct ShardOutcome {
+    outputs: Vec<(String, HostTensor)>,
+    receipt: ShardReceipt,
+    slashed: Vec<(String, i64)>,
+}
+
+impl<L: Ledger + 'static> Coordinator<L> {
+    async fn run_shard(
+        self: &Arc<Self>,
+        how: &ShardRun,
+        inputs: BTreeMap<String, HostTensor>,
+    ) -> Result<ShardOutcome, DispatchError> {
+        match how {
+            ShardRun::Job(task) => {
+                let out = self
+                    .run(JobRequest {
+                        task: *task,
+                        weights: None,
+                        inputs,
+                        tier: Tier::Exact,
+                        seed: 0,
+                    })
+                    .await?;
+                Ok(ShardOutcome {
+                    outputs: out.outputs,
+                    receipt: ShardReceipt::Job(Box::new(out.receipt)),
+                    slashed: out.slashed,
+                })
+            }
+            ShardRun::Pipeline(id, manifest) => {
+                let out = self
+                    .run_pipeline(*id, manifest, inputs, Tier::Exact, 0)
+                    .await?;
+                Ok(ShardOutcome {
+                    outputs: out.outputs,
+                    receipt: ShardReceipt::Pipeline(out.receipt),
+                    slashed: out.stages.into_iter().flat_map(|s| s.slashed).collect(),
+                })
+            }
+        }
+    }
+}
+
 /// At most this many trainings run at once on a coordinator; more are refused (busy).
 pub const MAX_RUNNING: usize = 2;
 /// Finished trainings whose results are kept for `GET /v1/trainings/{id}` (oldest dropped).
@@ -203,9 +282,10 @@ pub const MAX_KEPT: usize = 16;
 
 impl TrainingRequest {
     /// The body of `POST /v1/trainings`: `{dataset, model, optimizer, lr, seed, epochs, batch,
-    /// data_parallel}`; unknown fields and out-of-range values are refused by name.
+    /// data_parallel, stage_boundaries}`; unknown fields and out-of-range values are refused by
+    /// name.
     pub fn from_json(v: &serde_json::Value) -> Result<TrainingRequest, DispatchError> {
-        const FIELDS: [&str; 8] = [
+        const FIELDS: [&str; 9] = [
             "dataset",
             "model",
             "optimizer",
@@ -214,6 +294,7 @@ impl TrainingRequest {
             "epochs",
             "batch",
             "data_parallel",
+            "stage_boundaries",
         ];
         let obj = v
             .as_object()
@@ -263,6 +344,25 @@ impl TrainingRequest {
                 "data_parallel {shards} must divide batch {batch}"
             )));
         }
+        let stage_boundaries = match &v["stage_boundaries"] {
+            serde_json::Value::Null => Vec::new(),
+            serde_json::Value::Array(list) if list.len() <= MAX_STAGE_BOUNDARIES => list
+                .iter()
+                .map(|b| match b {
+                    serde_json::Value::String(s) if !s.is_empty() && s.len() <= 64 => Ok(s.clone()),
+                    serde_json::Value::Number(n) if n.is_u64() => Ok(n.to_string()),
+                    _ => Err(()),
+                })
+                .collect::<Result<_, ()>>()
+                .map_err(|()| {
+                    bad("stage_boundaries: layer names (\"fc2\") or 0-based positions (3)")
+                })?,
+            _ => {
+                return Err(bad(format!(
+                    "stage_boundaries: a list of at most {MAX_STAGE_BOUNDARIES} layers"
+                )));
+            }
+        };
         Ok(TrainingRequest {
             dataset,
             arch,
@@ -271,6 +371,7 @@ impl TrainingRequest {
             epochs,
             batch,
             shards,
+            stage_boundaries,
         })
     }
 }
@@ -400,6 +501,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!((r.epochs, r.seed), (2, 7));
+        assert!(r.stage_boundaries.is_empty());
+        let r = TrainingRequest::from_json(
+            &json!({"dataset": "mnist", "model": "cnn", "stage_boundaries": ["conv2", 7]}),
+        )
+        .unwrap();
+        assert_eq!(r.stage_boundaries, ["conv2", "7"]);
         for (body, want) in [
             (json!([1]), "a JSON object"),
             (json!({"dataset": "cifar"}), "dataset: digits or mnist"),
@@ -427,6 +534,22 @@ mod tests {
             (
                 json!({"dataset": "digits", "optimizer": "lion"}),
                 "optimizer: adamw or sgd",
+            ),
+            (
+                json!({"dataset": "digits", "stage_boundaries": "fc2"}),
+                "stage_boundaries: a list of at most 8",
+            ),
+            (
+                json!({"dataset": "digits", "stage_boundaries": vec![1; 9]}),
+                "stage_boundaries: a list of at most 8",
+            ),
+            (
+                json!({"dataset": "digits", "stage_boundaries": [{"layer": 3}]}),
+                "layer names",
+            ),
+            (
+                json!({"dataset": "digits", "stage_boundaries": [-1]}),
+                "layer names",
             ),
         ] {
             let e = TrainingRequest::from_json(&body).unwrap_err().to_string();

@@ -54,7 +54,6 @@ pub fn write_split(
     let stages = tenet_ir::split::split(graph, target)?;
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut entries = Vec::new();
-    let mut output_stage = HashMap::new();
     for (k, stage) in stages.iter().enumerate() {
         progress(k, stages.len());
         let (graph, files) = stage_weights(stage, weights, k + 1)?;
@@ -68,37 +67,75 @@ pub fn write_split(
                 bytes: bytes.len() as u64,
             });
         }
-        let file = format!("stage-{}.tnt", k + 1);
-        let path = dir.join(&file);
+        let entry = stage_entry(stage, &graph, k, entry_weights);
+        let path = dir.join(&entry.file);
         write_atomically(&path, &graph.to_bytes()).map_err(io(&path))?;
-        // A boundary tensor's type: an input of this stage or an output of it.
-        let port = |name: &String| {
-            let ty = graph
-                .inputs()
-                .find(|(_, n, _)| n == name)
-                .map(|(_, _, t)| t.clone())
-                .or_else(|| {
-                    let o = graph.outputs().iter().find(|o| &o.name == name)?;
-                    Some(graph.node(o.node).ty.clone())
-                })
-                .expect("a boundary tensor is an input or an output of its stage");
-            Port::new(name, &ty)
-        };
+        entries.push(entry);
+    }
+    let manifest = assemble(graph, &stages, entries)?;
+    let path = dir.join(MANIFEST);
+    write_atomically(&path, manifest.to_json().as_bytes()).map_err(io(&path))?;
+    Ok(manifest)
+}
+
+/// The manifest of `stages`, a split of `graph` that reads no weights (a training step's
+/// graph: its parameters are inputs), each stage's graph as the split built it. What a
+/// coordinator deploys to run such a graph as a pipeline, without a folder.
+pub fn manifest_of(graph: &Graph, stages: &[Stage]) -> Result<Manifest, PipelineError> {
+    if let Some((_, op, _)) = graph.weights().next() {
+        return Err(PipelineError::Weights(format!(
+            "the graph reads weights ({}): write it as a split's folder (`write_split`) instead",
+            op.name()
+        )));
+    }
+    let entries = stages
+        .iter()
+        .enumerate()
+        .map(|(k, stage)| stage_entry(stage, &stage.graph, k, Vec::new()))
+        .collect();
+    assemble(graph, stages, entries)
+}
+
+/// Stage `k`'s (0-based) entry: `graph` is the stage's graph as it is stored.
+fn stage_entry(stage: &Stage, graph: &Graph, k: usize, weights: Vec<WeightsEntry>) -> StageEntry {
+    // A boundary tensor's type: an input of this stage or an output of it.
+    let port = |name: &String| {
+        let ty = graph
+            .inputs()
+            .find(|(_, n, _)| n == name)
+            .map(|(_, _, t)| t.clone())
+            .or_else(|| {
+                let o = graph.outputs().iter().find(|o| &o.name == name)?;
+                Some(graph.node(o.node).ty.clone())
+            })
+            .expect("a boundary tensor is an input or an output of its stage");
+        Port::new(name, &ty)
+    };
+    StageEntry {
+        graph: graph.id().to_hex(),
+        file: format!("stage-{}.tnt", k + 1),
+        weights,
+        peak_bytes: graph.cost().peak_bytes,
+        flops: graph.cost().flops,
+        nodes: [stage.nodes.start, stage.nodes.end],
+        inputs: stage.inputs.clone(),
+        boundary_in: stage.boundary_in.iter().map(&port).collect(),
+        boundary_out: stage.boundary_out.iter().map(&port).collect(),
+        outputs: stage.outputs.clone(),
+    }
+}
+
+/// The whole manifest from the stages' entries, checked.
+fn assemble(
+    graph: &Graph,
+    stages: &[Stage],
+    entries: Vec<StageEntry>,
+) -> Result<Manifest, PipelineError> {
+    let mut output_stage = HashMap::new();
+    for (k, stage) in stages.iter().enumerate() {
         for name in &stage.outputs {
             output_stage.insert(name.clone(), k);
         }
-        entries.push(StageEntry {
-            graph: graph.id().to_hex(),
-            file,
-            weights: entry_weights,
-            peak_bytes: graph.cost().peak_bytes,
-            flops: graph.cost().flops,
-            nodes: [stage.nodes.start, stage.nodes.end],
-            inputs: stage.inputs.clone(),
-            boundary_in: stage.boundary_in.iter().map(&port).collect(),
-            boundary_out: stage.boundary_out.iter().map(&port).collect(),
-            outputs: stage.outputs.clone(),
-        });
     }
     let manifest = Manifest {
         format: FORMAT.to_string(),
@@ -115,8 +152,6 @@ pub fn write_split(
         stages: entries,
     };
     manifest.check()?;
-    let path = dir.join(MANIFEST);
-    write_atomically(&path, manifest.to_json().as_bytes()).map_err(io(&path))?;
     Ok(manifest)
 }
 

@@ -15,7 +15,7 @@ pub mod run;
 /// The manifest is a wire format too (a pipeline's deploy body): it lives in `tenet-proto`.
 pub use tenet_proto::manifest;
 
-pub use folder::{SplitModel, StageFiles, is_split_dir, load, write_split};
+pub use folder::{SplitModel, StageFiles, is_split_dir, load, manifest_of, write_split};
 pub use manifest::{Manifest, ManifestError, Port, StageEntry, WeightsEntry};
 pub use run::{run_stages, run_stages_with};
 

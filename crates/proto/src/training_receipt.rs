@@ -5,7 +5,8 @@
 //! checks every signature and that the steps chain: each job read exactly the parameters the
 //! previous update (or the initialisation) wrote, the update read exactly the gradients its
 //! shards agreed on and the state it wrote the step before (zeros at first), and the step
-//! counter counts. What it cannot know — which graphs and which batches — the caller checks
+//! counter counts. In pipeline-parallel training a shard is a pipeline call: its
+//! [`PipelineReceipt`] chains the stages, and each stage read the parameters of the step. What it cannot know — which graphs and which batches — the caller checks
 //! against its own: [`TrainingReceipt::tasks`] and [`TrainingReceipt::shard_inputs`].
 
 use std::collections::BTreeMap;
@@ -14,13 +15,32 @@ use tenet_ir::{DType, HostTensor, TensorType};
 
 use crate::Hash;
 use crate::auth::PublicKey;
+use crate::pipeline_receipt::{PipelineReceipt, PipelineReceiptError};
 use crate::receipt::{Receipt, ReceiptError};
 
-/// One step's jobs.
+/// One step's jobs: each shard's gradients as one job (`shards`) or, in pipeline-parallel
+/// training, as a pipeline call whose stages each ran as a job (`pipelined`); then the update.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainingStep {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<Receipt>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pipelined: Vec<PipelineReceipt>,
     pub update: Receipt,
+}
+
+impl TrainingStep {
+    /// Each shard's job receipts: its one job, or its pipeline's stages in order.
+    pub fn shard_jobs(&self) -> Vec<Vec<&Receipt>> {
+        if self.pipelined.is_empty() {
+            self.shards.iter().map(|r| vec![r]).collect()
+        } else {
+            self.pipelined
+                .iter()
+                .map(|p| p.stages.iter().collect())
+                .collect()
+        }
+    }
 }
 
 /// The jobs of a training run, in order.
@@ -38,6 +58,11 @@ pub enum TrainingReceiptError {
     Version(u32),
     #[error("{job}: {source}")]
     Job { job: String, source: ReceiptError },
+    #[error("{job}: {source}")]
+    Pipeline {
+        job: String,
+        source: PipelineReceiptError,
+    },
     #[error("{job} read {input} with hash {got}, but the job before wrote {want}")]
     Chain {
         job: String,
@@ -113,10 +138,10 @@ impl TrainingReceipt {
         };
         for (k, step) in self.steps.iter().enumerate() {
             let n = k + 1;
-            if step.shards.is_empty() {
+            if step.shards.is_empty() == step.pipelined.is_empty() {
                 return Err(TrainingReceiptError::Shape {
                     job: format!("step {n}"),
-                    what: "has no shard jobs".into(),
+                    what: "needs its shards as jobs or as pipelines (one of the two)".into(),
                 });
             }
             for (s, shard) in step.shards.iter().enumerate() {
@@ -126,6 +151,31 @@ impl TrainingReceipt {
                     chain(&job, shard, name, hash)?;
                 }
             }
+            for (s, pipeline) in step.pipelined.iter().enumerate() {
+                // Signatures, and the stages chained by their boundary tensors.
+                pipeline.verify_from(coordinator).map_err(|source| {
+                    TrainingReceiptError::Pipeline {
+                        job: format!("step {n}, shard {s}"),
+                        source,
+                    }
+                })?;
+                // Every stage read the parameters the step before wrote, and only those.
+                for (i, stage) in pipeline.stages.iter().enumerate() {
+                    let job = format!("step {n}, shard {s}, stage {}", i + 1);
+                    for name in stage.job.inputs.keys() {
+                        if !name.starts_with("param/") {
+                            continue;
+                        }
+                        let Some((hash, _)) = params.get(name) else {
+                            return Err(TrainingReceiptError::Shape {
+                                job,
+                                what: format!("read {name}, which the model does not have"),
+                            });
+                        };
+                        chain(&job, stage, name, hash)?;
+                    }
+                }
+            }
             let job = format!("step {n}, update");
             check(&step.update, &job)?;
             let u = &step.update;
@@ -133,8 +183,8 @@ impl TrainingReceipt {
                 chain(&job, u, name, hash)?;
             }
             chain(&job, u, "step", &step_hash(n as u64))?;
-            for (s, shard) in step.shards.iter().enumerate() {
-                for o in &shard.outputs {
+            for (s, jobs) in step.shard_jobs().iter().enumerate() {
+                for o in jobs.iter().flat_map(|r| &r.outputs) {
                     if let Some(p) = o.name.strip_prefix("grad/") {
                         chain(&job, u, &format!("grad{s}/{p}"), &o.hash)?;
                     }
@@ -206,15 +256,22 @@ impl TrainingReceipt {
             .collect()
     }
 
-    /// The graphs the jobs ran: (initialisation, shard, update) task ids, or `None` when the
-    /// steps do not all run the same two.
-    pub fn tasks(&self) -> Option<(Hash, Hash, Hash)> {
+    /// The graphs the jobs ran: the initialisation's task id, the shards' (one, or a pipeline's
+    /// stages in order) and the update's; `None` when the steps do not all run the same ones.
+    pub fn tasks(&self) -> Option<(Hash, Vec<Hash>, Hash)> {
+        let shard_tasks = |s: &TrainingStep| -> Vec<Vec<Hash>> {
+            s.shard_jobs()
+                .iter()
+                .map(|jobs| jobs.iter().map(|r| r.job.task).collect())
+                .collect()
+        };
         let first = self.steps.first()?;
-        let (shard, update) = (first.shards[0].job.task, first.update.job.task);
+        let shard = shard_tasks(first).first()?.clone();
+        let update = first.update.job.task;
         let same = self
             .steps
             .iter()
-            .all(|s| s.update.job.task == update && s.shards.iter().all(|r| r.job.task == shard));
+            .all(|s| s.update.job.task == update && shard_tasks(s).iter().all(|t| *t == shard));
         same.then_some((self.init.job.task, shard, update))
     }
 
@@ -224,14 +281,14 @@ impl TrainingReceipt {
         self.steps
             .iter()
             .map(|s| {
-                s.shards
+                // In a pipeline, the stages that read `x` or `y` read the same tensor (the
+                // pipeline receipt checks that): the first one's.
+                let read = |jobs: &[&Receipt], name: &str| {
+                    jobs.iter().find_map(|r| r.job.inputs.get(name).copied())
+                };
+                s.shard_jobs()
                     .iter()
-                    .map(|r| {
-                        (
-                            r.job.inputs.get("x").copied(),
-                            r.job.inputs.get("y").copied(),
-                        )
-                    })
+                    .map(|jobs| (read(jobs, "x"), read(jobs, "y")))
                     .collect()
             })
             .collect()

@@ -7,23 +7,25 @@
 //! epochs: 2
 //! batch: 32
 //! data_parallel: 3        # shards per step, each on its own verified job
+//! stage_boundaries: [fc2] # pipeline stages begin at these layers
 //! coordinator: http://127.0.0.1:7070
 //! ```
 //!
-//! Only flat `key: value` lines are read (comments after `#`, quotes around a value allowed);
-//! anything else — nesting, lists, an unknown key, a key twice — is refused with its line, so
-//! a typo never silently falls back to a default.
+//! Only flat `key: value` lines are read (comments after `#`, quotes around a value allowed,
+//! a list written inline as `[a, b]`); anything else — nesting, block lists, an unknown key, a
+//! key twice — is refused with its line, so a typo never silently falls back to a default.
 
 use std::collections::BTreeMap;
 
 /// The keys a training file may set.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "dataset",
     "model",
     "seed",
     "epochs",
     "batch",
     "data_parallel",
+    "stage_boundaries",
     "optimizer",
     "lr",
     "coordinator",
@@ -88,6 +90,20 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
     Ok(out)
 }
 
+/// An inline list value, `[a, "b", 3]` or `a, b, 3`, as its items (quotes removed).
+pub fn list(value: &str) -> Vec<String> {
+    let inner = value
+        .trim()
+        .strip_prefix('[')
+        .and_then(|v| v.strip_suffix(']'))
+        .unwrap_or(value);
+    inner
+        .split(',')
+        .map(|item| item.trim().trim_matches(['"', '\'']).to_string())
+        .filter(|item| !item.is_empty())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +131,9 @@ mod tests {
             assert!(e.starts_with(want), "{text:?}: {e}");
         }
         assert!(parse(&"#".repeat(MAX_CONFIG_BYTES + 1)).is_err());
+        let m = parse("stage_boundaries: [conv2, \"fc1\"]\n").unwrap();
+        assert_eq!(list(&m["stage_boundaries"]), ["conv2", "fc1"]);
+        assert_eq!(list("7, fc2"), ["7", "fc2"]);
+        assert!(list("[]").is_empty());
     }
 }

@@ -259,10 +259,18 @@ impl Model {
 
     /// Logits `[B, classes]` of a batch `x: f32[B, C, H, W]`.
     pub fn forward(&self, p: &HashMap<String, Tensor>, x: &Tensor) -> Tensor {
+        self.forward_layers(p, x).0
+    }
+
+    /// The logits and each layer's input, in layer order (where a pipeline cuts the forward
+    /// pass between layers).
+    pub fn forward_layers(&self, p: &HashMap<String, Tensor>, x: &Tensor) -> (Tensor, Vec<Tensor>) {
         let batch = x.shape()[0] as i64;
         // Pixels in [0, 1] centred to [-1, 1]: He initialisation assumes inputs around zero.
         let mut h = x * 2.0 - 1.0;
+        let mut inputs = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
+            inputs.push(h.clone());
             h = match layer {
                 Layer::Linear { name, .. } => {
                     h.matmul(&p[&format!("{name}.weight")]) + &p[&format!("{name}.bias")]
@@ -277,7 +285,35 @@ impl Model {
                 Layer::Flatten => h.reshape(&[batch, -1]),
             };
         }
-        h
+        (h, inputs)
+    }
+
+    /// The position of a layer named by its name (a layer with parameters: `fc1`, `conv2`) or
+    /// by its 0-based position in the layer list.
+    pub fn layer_position(&self, layer: &str) -> Option<usize> {
+        if let Ok(i) = layer.parse::<usize>() {
+            return (i < self.layers.len()).then_some(i);
+        }
+        self.layers.iter().position(|l| match l {
+            Layer::Linear { name, .. } | Layer::Conv2d { name, .. } => name == layer,
+            _ => false,
+        })
+    }
+
+    /// The layers one per line with their positions, for messages that ask for one.
+    pub fn describe_layers(&self) -> String {
+        let names: Vec<String> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| match l {
+                Layer::Linear { name, .. } | Layer::Conv2d { name, .. } => format!("{i} {name}"),
+                Layer::Relu => format!("{i} relu"),
+                Layer::MaxPool2d { .. } => format!("{i} max_pool2d"),
+                Layer::Flatten => format!("{i} flatten"),
+            })
+            .collect();
+        names.join(", ")
     }
 
     /// The model's name in reports and checkpoints, e.g. `mlp-1x8x8-10`.

@@ -14,7 +14,8 @@
 
 use std::collections::HashMap;
 
-use tenet_autodiff::{GradError, gradients};
+use tenet_autodiff::{GradError, gradients_marked};
+use tenet_ir::split::{Stage, split_at};
 use tenet_ir::{BuildError, DType, Graph, GraphBuilder, Tensor};
 
 use crate::loss::{correct, cross_entropy};
@@ -28,6 +29,8 @@ pub enum StepError {
     Shards { batch: u64, shards: u64 },
     #[error("{0}")]
     Grad(#[from] GradError),
+    #[error("stage boundaries: {0}")]
+    Stages(String),
     #[error("{0}")]
     Build(#[from] BuildError),
 }
@@ -69,11 +72,39 @@ fn shard_terms(
     x: &Tensor,
     y: &Tensor,
 ) -> Result<(Tensor, Tensor, Vec<Tensor>), StepError> {
-    let logits = spec.model.forward(params, x);
+    let (terms, _) = shard_terms_cut(spec, names, params, x, y, &[])?;
+    Ok(terms)
+}
+
+/// Where a pipeline may cut a shard's graph around the layers `starts` (each the first layer
+/// of a stage): the node where each such layer's forward begins, and the builder positions
+/// where the backward pass has finished the layers from it on (in layer order).
+struct Cuts {
+    forward: Vec<usize>,
+    backward: Vec<usize>,
+}
+
+type Terms = (Tensor, Tensor, Vec<Tensor>);
+
+/// [`shard_terms`], noting where the layers `starts` begin in the forward pass and end in the
+/// backward. The count of rows predicted right is computed before the gradients, so that the
+/// forward pass and the loss stay together, ahead of the whole backward pass.
+fn shard_terms_cut(
+    spec: &StepSpec,
+    names: &[String],
+    params: &HashMap<String, Tensor>,
+    x: &Tensor,
+    y: &Tensor,
+    starts: &[usize],
+) -> Result<(Terms, Cuts), StepError> {
+    let (logits, layer_inputs) = spec.model.forward_layers(params, x);
     let loss = cross_entropy(&logits, y, 1.0 / spec.batch as f64);
+    let right = correct(&logits, y);
     let wrt: Vec<&Tensor> = names.iter().map(|n| &params[n]).collect();
-    let grads = gradients(&loss, &wrt)?;
-    Ok((loss, correct(&logits, y), grads))
+    let marks: Vec<&Tensor> = starts.iter().map(|&l| &layer_inputs[l]).collect();
+    let (grads, backward) = gradients_marked(&loss, &wrt, &marks)?;
+    let forward = marks.iter().map(|m| m.id().index() + 1).collect();
+    Ok(((loss, right, grads), Cuts { forward, backward }))
 }
 
 /// The optimizer's update of every parameter from the shards' gradients, added in shard
@@ -155,16 +186,79 @@ impl StepSpec {
     /// One shard's half of a step (what a data-parallel worker runs): the shard's loss term,
     /// correct count and gradients.
     pub fn shard(&self) -> Result<Graph, StepError> {
+        Ok(self.shard_cut(&[])?.0)
+    }
+
+    fn shard_cut(&self, starts: &[usize]) -> Result<(Graph, Cuts), StepError> {
         let rows = self.shard_rows()?;
         let b = GraphBuilder::new();
         let (names, params) = param_inputs(&b, &self.model);
         let (x, y) = batch_inputs(&b, &self.model, rows);
-        let (l, c, g) = shard_terms(self, &names, &params, &x, &y)?;
+        let ((l, c, g), cuts) = shard_terms_cut(self, &names, &params, &x, &y, starts)?;
         let mut outputs = vec![("loss".to_string(), l), ("correct".to_string(), c)];
         for (name, g) in names.iter().zip(g) {
             outputs.push((format!("grad/{name}"), g));
         }
-        finish(&b, &outputs)
+        Ok((finish(&b, &outputs)?, cuts))
+    }
+
+    /// The layers (by name or 0-based position, see [`Model::layer_position`]) where pipeline
+    /// stages begin, as positions: strictly increasing, none the first layer.
+    pub fn stage_starts(&self, boundaries: &[String]) -> Result<Vec<usize>, StepError> {
+        let mut starts: Vec<usize> = Vec::with_capacity(boundaries.len());
+        for b in boundaries {
+            let at = self.model.layer_position(b.trim()).ok_or_else(|| {
+                StepError::Stages(format!(
+                    "{b:?} is not a layer of {} (layers: {})",
+                    self.model.label(),
+                    self.model.describe_layers()
+                ))
+            })?;
+            if at == 0 {
+                return Err(StepError::Stages(format!(
+                    "{b:?} is the first layer: the first stage begins there already; name the layers where later stages begin"
+                )));
+            }
+            if starts.last().is_some_and(|&last| at <= last) {
+                return Err(StepError::Stages(format!(
+                    "{b:?} comes before or at the boundary named ahead of it: list the layers in order, each once"
+                )));
+            }
+            starts.push(at);
+        }
+        Ok(starts)
+    }
+
+    /// A shard's graph ([`StepSpec::shard`], the same graph) cut into pipeline stages around
+    /// the layer groups that begin at `starts` (positions, [`StepSpec::stage_starts`]): with
+    /// `G` groups, `2G − 1` stages — each group's forward pass in turn, the last group's forward,
+    /// the loss and its backward together, then each earlier group's backward in reverse — so
+    /// that no stage holds the whole model's work and each group's gradients leave the pipeline
+    /// at the stage that computes them. What a later stage reads of an earlier one (activations,
+    /// the gradient flowing back) crosses as boundary tensors; running the stages in order gives
+    /// every output bit for bit as the shard's graph does (`tenet_ir::split`).
+    pub fn shard_stages(&self, starts: &[usize]) -> Result<Vec<Stage>, StepError> {
+        let (graph, cuts) = self.shard_cut(starts)?;
+        let allowed = tenet_ir::split::cut_points(&graph);
+        let n = graph.nodes().len();
+        let mut at = Vec::new();
+        let wanted = cuts
+            .forward
+            .iter()
+            .zip(starts)
+            .chain(cuts.backward.iter().zip(starts).rev());
+        for (&c, &layer) in wanted {
+            // A cut goes before a computed node: past any constants the pass appended there.
+            let snapped = allowed.iter().copied().find(|&a| a >= c).unwrap_or(n);
+            if snapped >= n || at.last().is_some_and(|&last| snapped <= last) {
+                return Err(StepError::Stages(format!(
+                    "a stage beginning at layer {layer} ({}) would compute nothing: put the boundaries between layers that compute something",
+                    self.model.describe_layers()
+                )));
+            }
+            at.push(snapped);
+        }
+        split_at(&graph, &at).map_err(|e| StepError::Stages(e.to_string()))
     }
 
     /// The other half: the update from every shard's gradients (`grad<s>/<name>`).

@@ -46,11 +46,14 @@ fn graph_hash(g: &tenet_ir::Graph) -> Hash {
 }
 
 /// Check `receipt` (signed by `coordinator`) as the run of `spec` on `data` with `seed` for
-/// `epochs`, ending with `params` (by parameter name).
+/// `epochs` — each shard cut into pipeline stages at the layers `stage_starts` where that is
+/// not empty ([`StepSpec::shard_stages`]) — ending with `params` (by parameter name).
+#[allow(clippy::too_many_arguments)]
 pub fn check_run(
     receipt: &TrainingReceipt,
     coordinator: &PublicKey,
     spec: &StepSpec,
+    stage_starts: &[usize],
     data: &Dataset,
     seed: u64,
     epochs: u32,
@@ -61,11 +64,24 @@ pub fn check_run(
         r.map(|g| graph_hash(&g))
             .map_err(|e| VerifyError::Graph(e.to_string()))
     };
+    let shard_tasks = if stage_starts.is_empty() {
+        vec![graph(spec.shard())?]
+    } else {
+        spec.shard_stages(stage_starts)
+            .map_err(|e| VerifyError::Graph(e.to_string()))?
+            .iter()
+            .map(|s| graph_hash(&s.graph))
+            .collect()
+    };
     let want = (
         graph(init_graph(&spec.model))?,
-        graph(spec.shard())?,
+        shard_tasks,
         graph(spec.update())?,
     );
+    let hexes = |tasks: &[Hash]| {
+        let hex: Vec<String> = tasks.iter().map(Hash::to_hex).collect();
+        hex.join(", ")
+    };
     let per_epoch = data.train_len() as u64 / spec.batch;
     let total = per_epoch * u64::from(epochs);
     if receipt.steps.len() as u64 != total {
@@ -88,19 +104,24 @@ pub fn check_run(
         });
     }
     if total > 0 {
-        let (_, shard, update) = receipt.tasks().ok_or(VerifyError::Task {
+        let (_, shard, update) = receipt.tasks().ok_or_else(|| VerifyError::Task {
             which: "step",
             got: "several graphs".into(),
-            want: want.1.to_hex(),
+            want: hexes(&want.1),
         })?;
-        for (which, got, want) in [("shard", shard, want.1), ("update", update, want.2)] {
-            if got != want {
-                return Err(VerifyError::Task {
-                    which,
-                    got: got.to_hex(),
-                    want: want.to_hex(),
-                });
-            }
+        if shard != want.1 {
+            return Err(VerifyError::Task {
+                which: "shard",
+                got: hexes(&shard),
+                want: hexes(&want.1),
+            });
+        }
+        if update != want.2 {
+            return Err(VerifyError::Task {
+                which: "update",
+                got: update.to_hex(),
+                want: want.2.to_hex(),
+            });
         }
     }
     let rows_per_shard = (spec.batch / spec.shards) as usize;

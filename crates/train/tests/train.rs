@@ -278,6 +278,102 @@ fn a_step_equals_its_shards_then_the_update() {
     }
 }
 
+/// A shard's graph cut into pipeline stages at layer boundaries computes the shard's outputs
+/// bit for bit, run stage after stage; each layer group's gradients leave at the stage that
+/// computes them (the last group's in the middle stage, with the loss; the first group's last).
+#[test]
+fn a_shard_cut_into_stages_equals_the_shard() {
+    for (arch, boundaries, first_group) in [
+        (Arch::Mlp, vec!["fc2"], "fc1"),
+        (Arch::Cnn, vec!["conv2", "7"], "conv1"),
+    ] {
+        let model = tenet_train::Model::new(arch, &[1, 8, 8], 10);
+        let spec = StepSpec {
+            model: model.clone(),
+            optimizer: Optimizer::sgd(0.1),
+            batch: 6,
+            shards: 2,
+        };
+        let names: Vec<String> = boundaries.iter().map(|b| b.to_string()).collect();
+        let starts = spec.stage_starts(&names).unwrap();
+        let stages = spec.shard_stages(&starts).unwrap();
+        assert_eq!(stages.len(), 2 * boundaries.len() + 1, "{arch:?}");
+        let device = cpu(2, None);
+        let init = device
+            .compile(&tenet_train::step::init_graph(&model).unwrap())
+            .unwrap();
+        let mut inputs: HashMap<String, HostTensor> = init
+            .run(&HashMap::new(), &NoWeights, 9)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let x: Vec<f32> = (0..3 * 64).map(|i| ((i * 13) % 11) as f32 / 11.0).collect();
+        inputs.insert("x".into(), HostTensor::from_f32(&[3, 1, 8, 8], &x).unwrap());
+        inputs.insert("y".into(), HostTensor::from_i64(&[3], &[4, 0, 9]).unwrap());
+        let whole = device
+            .compile(&spec.shard().unwrap())
+            .unwrap()
+            .run(&inputs, &NoWeights, 0)
+            .unwrap();
+
+        let mut carried: HashMap<String, HostTensor> = HashMap::new();
+        let mut got: HashMap<String, (usize, HostTensor)> = HashMap::new();
+        for (k, stage) in stages.iter().enumerate() {
+            let mut stage_in = std::mem::take(&mut carried);
+            for name in &stage.inputs {
+                stage_in.insert(name.clone(), inputs[name].clone());
+            }
+            let out = device
+                .compile(&stage.graph)
+                .unwrap()
+                .run(&stage_in, &NoWeights, 0)
+                .unwrap();
+            for (name, t) in out {
+                if stage.boundary_out.contains(&name) {
+                    carried.insert(name, t);
+                } else {
+                    got.insert(name, (k, t));
+                }
+            }
+        }
+        assert_eq!(got.len(), whole.len());
+        for (name, t) in &whole {
+            assert_eq!(got[name].1.bytes(), t.bytes(), "{arch:?}: {name}");
+        }
+        let middle = boundaries.len();
+        assert_eq!(got["loss"].0, middle, "{arch:?}: the loss");
+        assert_eq!(got["grad/fc2.weight"].0, middle, "{arch:?}");
+        let first = format!("grad/{first_group}.weight");
+        assert_eq!(got[&first].0, stages.len() - 1, "{arch:?}");
+        // The first stage runs only the first group's forward pass: it reads no later weights.
+        assert!(
+            stages[0].inputs.iter().all(|i| !i.contains("fc2")),
+            "{arch:?}: {:?}",
+            stages[0].inputs
+        );
+    }
+
+    let spec = StepSpec {
+        model: tenet_train::Model::new(Arch::Mlp, &[1, 8, 8], 10),
+        optimizer: Optimizer::sgd(0.1),
+        batch: 4,
+        shards: 1,
+    };
+    for (boundaries, want) in [
+        (
+            vec!["fc9"],
+            "\"fc9\" is not a layer of mlp-1x8x8-10 (layers: 0 flatten, 1 fc1, 2 relu, 3 fc2)",
+        ),
+        (vec!["0"], "is the first layer"),
+        (vec!["fc2", "fc1"], "list the layers in order"),
+        (vec!["fc1", "1"], "list the layers in order"),
+    ] {
+        let names: Vec<String> = boundaries.iter().map(|b| b.to_string()).collect();
+        let err = spec.stage_starts(&names).unwrap_err().to_string();
+        assert!(err.contains(want), "{boundaries:?}: {err}");
+    }
+}
+
 #[test]
 fn mistakes_in_the_spec_are_named() {
     let model = tenet_train::Model::new(Arch::Mlp, &[1, 8, 8], 10);

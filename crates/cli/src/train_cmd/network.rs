@@ -16,6 +16,7 @@ use tenet_train::{Dataset, StepSpec};
 use super::Settings;
 use crate::coord_cmd::{Client, coordinator_key, runtime};
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn train(
     args: &super::TrainArgs,
     s: &Settings,
@@ -23,16 +24,11 @@ pub(super) fn train(
     data: &Dataset,
     epochs: u32,
     device: &dyn Device,
+    spec: &StepSpec,
+    stage_starts: &[usize],
 ) -> Result<()> {
     let client = Client::with_optional_key(url, args.api_key.as_deref())?;
-    let model =
-        tenet_train::ModelSpec::Bundled(s.arch).fit(&data.sample_shape, data.classes as u64)?;
-    let spec = StepSpec {
-        model: model.clone(),
-        optimizer: s.optimizer,
-        batch: s.batch,
-        shards: s.shards,
-    };
+    let model = spec.model.clone();
     let started = Instant::now();
     let (result, key) = runtime()?.block_on(async {
         let info = client
@@ -43,6 +39,9 @@ pub(super) fn train(
             "dataset": s.dataset, "model": s.model, "optimizer": s.optimizer_name,
             "seed": s.seed, "epochs": epochs, "batch": s.batch, "data_parallel": s.shards,
         });
+        if !s.stage_boundaries.is_empty() {
+            body["stage_boundaries"] = json!(s.stage_boundaries);
+        }
         if let Some(lr) = s.lr {
             body["lr"] = json!(lr);
         }
@@ -112,7 +111,16 @@ pub(super) fn train(
             .map_err(|e| anyhow::anyhow!("parameter {}: {e}", p.name))?;
         params.push((p.name, t));
     }
-    tenet_train::verify::check_run(&receipt, &key, &spec, data, s.seed, epochs, &params)?;
+    tenet_train::verify::check_run(
+        &receipt,
+        &key,
+        spec,
+        stage_starts,
+        data,
+        s.seed,
+        epochs,
+        &params,
+    )?;
 
     // Verified: the weights, their hash, and the test set on this machine.
     let weights_file = tenet_train::checkpoint::weights_file(&params)?;
@@ -135,14 +143,34 @@ pub(super) fn train(
         .unwrap_or(f64::NAN);
     let slashed = result["slashed"].clone();
     // Jobs decided by a dispute: where in the training, and the op the walk ended at.
-    let (shard_graph, update_graph) = (spec.shard()?, spec.update()?);
+    let shard_graphs: Vec<tenet_ir::Graph> = if stage_starts.is_empty() {
+        vec![spec.shard()?]
+    } else {
+        let stages = spec.shard_stages(stage_starts)?;
+        stages.into_iter().map(|st| st.graph).collect()
+    };
+    let update_graph = spec.update()?;
     let mut disputes = Vec::new();
     for (k, step) in receipt.steps.iter().enumerate() {
-        let jobs = step
-            .shards
+        let shard_jobs = step.shard_jobs();
+        let jobs = shard_jobs
             .iter()
             .enumerate()
-            .map(|(s, r)| (format!("shard {s}"), r, &shard_graph))
+            .flat_map(|(s, stages)| {
+                let several = stages.len() > 1;
+                stages
+                    .iter()
+                    .zip(&shard_graphs)
+                    .enumerate()
+                    .map(move |(i, (r, g))| {
+                        let job = if several {
+                            format!("shard {s}, stage {}", i + 1)
+                        } else {
+                            format!("shard {s}")
+                        };
+                        (job, *r, g)
+                    })
+            })
             .chain(std::iter::once((
                 "update".to_string(),
                 &step.update,
@@ -165,15 +193,21 @@ pub(super) fn train(
     let jobs = 1 + receipt
         .steps
         .iter()
-        .map(|s| s.shards.len() + 1)
+        .map(|s| s.shard_jobs().iter().map(Vec::len).sum::<usize>() + 1)
         .sum::<usize>();
+    let pipeline_stages = if stage_starts.is_empty() {
+        1
+    } else {
+        shard_graphs.len()
+    };
     if args.json {
         println!(
             "{}",
             json!({
                 "dataset": data.name, "model": model.label(), "optimizer": s.optimizer.describe(),
                 "seed": s.seed, "steps": receipt.steps.len(), "epochs": epochs,
-                "data_parallel": s.shards, "final_loss": final_loss,
+                "data_parallel": s.shards, "pipeline_stages": pipeline_stages,
+                "stage_boundaries": s.stage_boundaries, "final_loss": final_loss,
                 "test_accuracy": test_accuracy, "test_loss": test_loss,
                 "weights_hash": weights_hash, "weights": weights, "receipt": receipt_path,
                 "jobs": jobs, "slashed": slashed, "disputes": disputes,
@@ -182,11 +216,18 @@ pub(super) fn train(
             })
         );
     } else {
+        let layout = if pipeline_stages > 1 {
+            format!(
+                "{} shards a step, each a pipeline of {pipeline_stages} stages",
+                s.shards
+            )
+        } else {
+            format!("{} shards a step", s.shards)
+        };
         println!(
-            "{} on {} across the network ({} shards a step), seed {}: {} steps, {jobs} verified jobs in {seconds:.1} s",
+            "{} on {} across the network ({layout}), seed {}: {} steps, {jobs} verified jobs in {seconds:.1} s",
             model.label(),
             data.name,
-            s.shards,
             s.seed,
             receipt.steps.len()
         );
