@@ -11,6 +11,7 @@ mod numpy;
 pub mod onnx;
 mod peer;
 pub mod pipeline;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::time::Instant;

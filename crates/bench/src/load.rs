@@ -62,6 +62,10 @@ pub struct LoadReport {
     pub max_ms: f64,
     /// The first few errors, if any.
     pub errors: Vec<String>,
+    /// A dashboard watching all along (`watch.rs`).
+    pub watch: crate::watch::WatchReport,
+    /// Event-stream subscribers left once the load ended: the stalled reader must be gone.
+    pub subscribers_after: usize,
 }
 
 /// A small task: one 16→32 layer with tanh, the shape of a tiny model call.
@@ -225,6 +229,28 @@ async fn drive(
         "{} clients × {} jobs, {} replicas each",
         config.clients, config.jobs_per_client, config.replicas
     ));
+    // A dashboard watching all along: a follower of the event stream, a poller of the page,
+    // the nodes and the jobs, and a reader that never reads (it must be dropped).
+    let (stop_watch, watching) = tokio::sync::watch::channel(false);
+    let addr = net
+        .coordinator_url
+        .trim_start_matches("http://")
+        .to_string();
+    let follower = tokio::spawn(crate::watch::follow(
+        addr.clone(),
+        net.api_key.clone(),
+        watching.clone(),
+    ));
+    let staller = tokio::spawn(crate::watch::stall(
+        addr,
+        net.api_key.clone(),
+        watching.clone(),
+    ));
+    let poller = tokio::spawn(crate::watch::poll(
+        net.coordinator_url.clone(),
+        net.api_key.clone(),
+        watching,
+    ));
     let started = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..config.clients {
@@ -282,6 +308,19 @@ async fn drive(
         errors.extend(e.into_iter().take(3));
     }
     let seconds = started.elapsed().as_secs_f64();
+    // The stalled reader's stream is cut once it falls a ring behind or leaves an event
+    // unread past the slow-reader limit: under a full load, long before the end.
+    let subscribers_after = net.core.events.subscribers();
+    let _ = stop_watch.send(true);
+    let (events, follower_ended) = follower.await.map_err(|e| e.to_string())?;
+    let (reads, read_errors) = poller.await.map_err(|e| e.to_string())?;
+    let _ = staller.await;
+    let watch = crate::watch::WatchReport {
+        events,
+        follower_ended,
+        reads,
+        read_errors,
+    };
     progress("checking the ledger");
     // Distinct ids only: two answers naming one job would be a lost job.
     job_ids.sort();
@@ -312,6 +351,8 @@ async fn drive(
         p99_ms: quantile(&latencies, 0.99),
         max_ms: latencies.last().copied().unwrap_or(f64::NAN),
         errors,
+        watch,
+        subscribers_after,
     })
 }
 
@@ -340,6 +381,15 @@ impl LoadReport {
             "p99_ms": self.p99_ms,
             "max_ms": self.max_ms,
             "errors": self.errors,
+            "dashboard": {
+                "events_followed": self.watch.events,
+                "follower_dropped": self.watch.follower_ended,
+                "reads": self.watch.reads.len(),
+                "read_errors": self.watch.read_errors,
+                "read_p50_ms": quantile(&self.watch.reads, 0.5),
+                "read_max_ms": self.watch.reads.last().copied().unwrap_or(f64::NAN),
+                "stalled_reader_dropped": self.subscribers_after <= 1,
+            },
         })
     }
 
@@ -385,6 +435,25 @@ impl LoadReport {
             "latency per call         p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms\n",
             self.p50_ms, self.p99_ms, self.max_ms
         );
+        let w = &self.watch;
+        out += &format!(
+            "dashboard meanwhile      {} reads (page, nodes, jobs) p50 {:.1} ms max {:.1} ms, {} failed; {} events followed live{}; a reader that never reads {}\n",
+            w.reads.len(),
+            quantile(&w.reads, 0.5),
+            w.reads.last().copied().unwrap_or(f64::NAN),
+            w.read_errors,
+            w.events,
+            if w.follower_ended {
+                " (its stream was cut)"
+            } else {
+                ""
+            },
+            if self.subscribers_after <= 1 {
+                "was dropped"
+            } else {
+                "was not dropped yet (it is once it falls 1024 events behind or leaves one unread 10 s)"
+            }
+        );
         for e in &self.errors {
             out += &format!("  error: {e}\n");
         }
@@ -418,5 +487,15 @@ mod tests {
         assert_eq!(report.completed, 40);
         assert_eq!(report.ledger_decided, 40);
         assert!(report.p50_ms <= report.p99_ms && report.p99_ms <= report.max_ms);
+        // The dashboard read the whole time and followed every job's events live.
+        let w = &report.watch;
+        assert!(
+            !w.reads.is_empty() && w.read_errors == 0,
+            "{}",
+            report.table()
+        );
+        assert!(!w.follower_ended, "{}", report.table());
+        // Each job: accepted, 3 assigned, 3 committed, 3 revealed, decided.
+        assert!(w.events >= 40 * 11, "{}", report.table());
     }
 }

@@ -87,6 +87,15 @@ pub struct CoordinatorArgs {
     /// it began); 0: no floor.
     #[arg(long, value_name = "BYTES", default_value_t = 65536)]
     min_body_rate: u64,
+    /// Also write the event stream (jobs phase by phase, decisions, slashes, nodes joining and
+    /// leaving) to FILE, one JSON object a line (`-`: standard error); `tenet timeline` draws
+    /// it. Live, the same events are at GET /v1/events.
+    #[arg(long, value_name = "FILE")]
+    event_log: Option<PathBuf>,
+    /// Let anyone see the dashboard's read-only views (nodes, jobs, receipts, the event stream)
+    /// without an API key. Calls, deploys and stake still take one.
+    #[arg(long)]
+    public_dashboard: bool,
 }
 
 pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
@@ -147,9 +156,11 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
         },
         health_interval: std::time::Duration::from_secs_f64(a.health_interval),
         conn,
+        event_log: a.event_log.clone(),
+        public_dashboard: a.public_dashboard,
     };
     let dir = config.data_dir.clone();
-    let open = a.open;
+    let (open, public) = (a.open, a.public_dashboard);
     tenet_coordinator::run_blocking(config, |s| {
         let (addr, key) = (s.addr, s.key);
         let mut out = std::io::stdout().lock();
@@ -166,6 +177,15 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
             out,
             "  data {}  nodes must trust this key: tenet node --trust {key}",
             dir.display()
+        );
+        let _ = writeln!(
+            out,
+            "  dashboard http://{addr}/{}",
+            if open || public {
+                ""
+            } else {
+                "  (views take an API key)"
+            }
         );
         if open {
             let _ = writeln!(

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use tenet_coordinator::CoordinatorConfig;
-use tenet_coordinator::local::LocalNetwork;
+use tenet_coordinator::local::{LocalNetwork, LocalOptions};
 use tenet_ir::{HostTensor, codec, text};
 use tenet_models::{WeightsFile, check_bindings, examples};
 use tenet_node::Method;
@@ -24,7 +24,17 @@ use crate::report;
 const STAKE: i64 = 1000;
 const CHEAT: &str = "flip";
 
-pub fn run(dir: &Path, as_json: bool) -> Result<()> {
+/// What `tenet demo` does beyond its run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DemoOptions {
+    pub as_json: bool,
+    /// Keep the network running afterwards, its dashboard's views public, calling the MLP every
+    /// couple of seconds, until Ctrl-C.
+    pub dashboard: bool,
+}
+
+pub fn run(dir: &Path, options: DemoOptions) -> Result<()> {
+    let as_json = options.as_json;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let (graph, weights) = examples::mlp()?;
     let (tnt, tg, st) = (
@@ -83,13 +93,68 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
         .build()?;
     let net_dir = dir.join("network");
     let _ = std::fs::remove_dir_all(&net_dir);
+    let events = dir.join("events");
+    let _ = std::fs::remove_dir_all(&events);
     runtime.block_on(async {
         let cheats = [None, None, None, None, Some(CHEAT)];
-        let net =
-            LocalNetwork::start(&net_dir, &cheats, STAKE, CoordinatorConfig::default()).await?;
-        let result = drive(&net, &graph, &weights, &x, &local, dir, as_json).await;
+        let local_options = LocalOptions {
+            event_logs: Some(events.clone()),
+            public_reads: options.dashboard,
+        };
+        let net = LocalNetwork::start_with(
+            &net_dir,
+            &cheats,
+            STAKE,
+            CoordinatorConfig::default(),
+            None,
+            &local_options,
+        )
+        .await?;
+        let mut result = drive(&net, &graph, &weights, &x, &local, dir, options).await;
+        if let (Ok(call), true) = (&result, options.dashboard) {
+            result = keep_serving(&net, call).await;
+        }
         net.shutdown().await;
-        result
+        if result.is_ok() && !as_json {
+            println!(
+                "event logs in {}: draw them with `tenet timeline {}/*.jsonl -o timeline.png`",
+                events.display(),
+                events.display()
+            );
+        }
+        result.map(|_| ())
+    })
+}
+
+/// How the demo calls the MLP: the task's run path and the request body.
+struct Call {
+    path: String,
+    body: Vec<u8>,
+}
+
+/// `--dashboard`: the network stays up, its dashboard's views public, and the MLP is called
+/// every two seconds so that jobs keep appearing, until Ctrl-C.
+async fn keep_serving(net: &LocalNetwork, call: &Call) -> Result<Call> {
+    let client = Client::with_api_key(&net.coordinator_url, &net.api_key)?;
+    let stop = tenet_node::shutdown_signal();
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = tick.tick() => {
+                if let Err(e) = client
+                    .call(Method::POST, &call.path, call.body.clone(), "application/json")
+                    .await
+                {
+                    eprintln!("tenet demo: a call failed: {e:#}");
+                }
+            }
+        }
+    }
+    Ok(Call {
+        path: call.path.clone(),
+        body: call.body.clone(),
     })
 }
 
@@ -100,8 +165,9 @@ async fn drive(
     x: &HostTensor,
     local: &[(String, HostTensor)],
     dir: &Path,
-    as_json: bool,
-) -> Result<()> {
+    options: DemoOptions,
+) -> Result<Call> {
+    let as_json = options.as_json;
     let say = |s: String| {
         if !as_json {
             println!("{s}");
@@ -206,8 +272,8 @@ async fn drive(
         .flatten()
         .map(|n| {
             let id = n["id"].as_str().unwrap_or("");
-            json!({"id": id, "stake": n["stake"], "agreed": n["agreed"], "disagreed": n["disagreed"],
-                   "cheating": id == cheater})
+            json!({"id": id, "url": n["url"], "stake": n["stake"], "agreed": n["agreed"],
+                   "disagreed": n["disagreed"], "cheating": id == cheater})
         })
         .collect();
     let cheater_row = node_list
@@ -215,21 +281,28 @@ async fn drive(
         .find(|n| n["cheating"] == true)
         .cloned()
         .unwrap_or(Value::Null);
+    let dashboard = format!("{}/", net.coordinator_url);
     if as_json {
-        println!(
-            "{}",
-            json!({
-                "verified": verified,
-                "cheaters_caught": if caught { 1 } else { 0 },
-                "jobs": jobs,
-                "task": task_id,
-                "coordinator": coordinator.to_hex(),
-                "receipt": receipt_path,
-                "outputs": shown["outputs"],
-                "nodes": node_list,
-                "graph": report::json(graph, true),
-            })
-        );
+        let mut v = json!({
+            "verified": verified,
+            "cheaters_caught": if caught { 1 } else { 0 },
+            "jobs": jobs,
+            "task": task_id,
+            "coordinator": coordinator.to_hex(),
+            "receipt": receipt_path,
+            "outputs": shown["outputs"],
+            "nodes": node_list,
+            "graph": report::json(graph, true),
+            "event_logs": dir.join("events"),
+        });
+        if options.dashboard {
+            v["dashboard"] = json!(dashboard);
+            v["api_key"] = json!(net.api_key);
+            v["cheater"] = json!(cheater);
+        }
+        println!("{v}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
     } else {
         println!("\nverified result (identical to this machine's own run):");
         for (name, t) in local {
@@ -260,11 +333,22 @@ async fn drive(
             STAKE,
             cheater_row["stake"]
         );
-        println!(
-            "{} calls, all receipts verified: {verified}; network shut down",
-            jobs
-        );
+        if options.dashboard {
+            println!("{jobs} calls, all receipts verified: {verified}");
+            println!(
+                "\ndashboard  {dashboard}   (views public on this loopback network; API key {} for calls)",
+                net.api_key
+            );
+            println!("the demo keeps calling the MLP every 2 s; Ctrl-C stops the network");
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        } else {
+            println!("{jobs} calls, all receipts verified: {verified}; network shut down");
+        }
     }
     ensure!(verified, "a receipt or a result did not verify");
-    Ok(())
+    Ok(Call {
+        path: format!("/v1/tasks/{task_id}/run"),
+        body,
+    })
 }

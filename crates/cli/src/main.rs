@@ -12,6 +12,8 @@ mod receipt_cmd;
 mod report;
 mod run;
 mod split_cmd;
+mod timeline_cmd;
+mod top_cmd;
 mod train_cmd;
 
 use std::io::Write;
@@ -216,6 +218,11 @@ enum Command {
         /// Print one JSON summary object instead of the report.
         #[arg(long)]
         json: bool,
+        /// Keep the network running afterwards and print its dashboard's URL (views public
+        /// on this loopback network); the MLP is called every 2 s so jobs keep appearing.
+        /// Ctrl-C stops it.
+        #[arg(long)]
+        dashboard: bool,
     },
     /// Compile a graph (text or binary) into the canonical binary form and print its id.
     Compile {
@@ -572,6 +579,13 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         weights: Vec<PathBuf>,
     },
+    /// Draw event logs as a timeline (SVG or PNG): one lane per node, each job's phases on
+    /// that node as bars along a shared time axis, disagreements and slashes in red.
+    Timeline(timeline_cmd::TimelineArgs),
+    /// Watch a coordinator live in the terminal: jobs decided per second, queue, jobs in
+    /// flight, one row per node (stake, score, jobs in flight, slashes), the latest slashes
+    /// and recent jobs; `--once` prints the same as text.
+    Top(top_cmd::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -603,11 +617,21 @@ fn render_error(e: &anyhow::Error) -> String {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Demo { dir, json } => {
+        Command::Demo {
+            dir,
+            json,
+            dashboard,
+        } => {
             let dir = dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("tenet-demo-{}", std::process::id()))
             });
-            demo::run(&dir, json)
+            demo::run(
+                &dir,
+                demo::DemoOptions {
+                    as_json: json,
+                    dashboard,
+                },
+            )
         }
         Command::Compile {
             input,
@@ -634,6 +658,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Node(args) => node_cmd::run_node(&args),
         Command::Key { command } => node_cmd::key(&command),
         Command::Coordinator(args) => coord_cmd::run_coordinator(&args),
+        Command::Timeline(args) => timeline_cmd::run(&args),
+        Command::Top(args) => top_cmd::run(&args),
         Command::Register { url, stake, remote } => coord_cmd::register(&remote, &url, stake),
         Command::Bond {
             node,

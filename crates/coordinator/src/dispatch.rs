@@ -133,6 +133,8 @@ pub struct Coordinator<L: Ledger> {
     /// Pipelines whose stages were checked against their tasks (at deploy, or at the first
     /// call after a restart), by id.
     pub(crate) pipelines: Mutex<HashMap<Hash, Arc<tenet_pipeline::Manifest>>>,
+    /// What happens to jobs and nodes, for the event log and live subscribers (`events.rs`).
+    pub events: crate::events::Events,
 }
 
 /// A pipeline stage's job, as its nodes are told.
@@ -210,7 +212,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
             trainings: Default::default(),
             stage_jobs: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
+            events: Default::default(),
         }
+    }
+
+    /// Write the event stream to `log` as well (`--event-log`).
+    pub fn with_event_log(mut self, log: tenet_node::observe::EventLog) -> Self {
+        self.events = crate::events::Events::new(log);
+        self
     }
 
     pub fn key(&self) -> &KeyPair {
@@ -480,6 +489,15 @@ impl<L: Ledger + 'static> Coordinator<L> {
         };
         let ids: Vec<String> = chosen.into_iter().map(|n| n.id).collect();
         self.ledger.create_job(&record, &ids).await?;
+        self.events.job(
+            &job_id,
+            "accepted",
+            serde_json::json!({"task": record.task, "replicas": want, "tier": record.tier}),
+        );
+        for id in &ids {
+            self.events
+                .job(&job_id, "assigned", serde_json::json!({"node": id}));
+        }
         Ok(job_id)
     }
 
@@ -493,9 +511,43 @@ impl<L: Ledger + 'static> Coordinator<L> {
         lock(&self.running).insert(job_id.clone(), watcher);
         let me = self.clone();
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let result = me.drive(&job_id).await;
-            if let Err(e) = &result {
-                let _ = me.ledger.fail_job(&job_id, &e.to_string(), now()).await;
+            match &result {
+                Ok(out) => {
+                    let agreeing: Vec<String> = out
+                        .receipt
+                        .nodes
+                        .iter()
+                        .map(|a| a.commitment.node.to_hex())
+                        .collect();
+                    let dissenting: Vec<&String> = out.slashed.iter().map(|(n, _)| n).collect();
+                    me.events.job(
+                        &job_id,
+                        "decided",
+                        serde_json::json!({
+                            "agreeing": agreeing, "dissenting": dissenting,
+                            "replicas": out.receipt.replicas, "refereed": out.refereed,
+                            "disputed": out.receipt.dispute.is_some(),
+                            "output": out.receipt.output_hash.to_hex(),
+                            "ms": started.elapsed().as_secs_f64() * 1e3,
+                        }),
+                    );
+                    for (node, amount) in &out.slashed {
+                        me.events.emit(
+                            "slashed",
+                            serde_json::json!({"job": job_id, "node": node, "amount": amount}),
+                        );
+                    }
+                }
+                Err(e) => {
+                    let _ = me.ledger.fail_job(&job_id, &e.to_string(), now()).await;
+                    me.events.job(
+                        &job_id,
+                        "failed",
+                        serde_json::json!({"error": e.to_string()}),
+                    );
+                }
             }
             lock(&me.running).remove(&job_id);
             let _ = done.send(true);

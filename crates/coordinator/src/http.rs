@@ -43,6 +43,24 @@ pub struct Access {
     pub max_request_bytes: u64,
     /// Connections, request heads and bodies: the accept loop's limits, shared with nodes.
     pub conn: tenet_node::http::ConnLimits,
+    /// The dashboard's read-only views (nodes, jobs, the event stream) without a key
+    /// (`--public-dashboard`): the operator's choice, off by default.
+    pub public_reads: bool,
+}
+
+/// The reads the dashboard makes: public with [`Access::public_reads`].
+fn dashboard_read(method: &str, path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    method == "GET"
+        && matches!(
+            parts.as_slice(),
+            ["v1", "nodes"]
+                | ["v1", "nodes", _]
+                | ["v1", "nodes", _, "stake"]
+                | ["v1", "jobs"]
+                | ["v1", "jobs", _]
+                | ["v1", "events"]
+        )
 }
 
 /// Who sent a request.
@@ -341,6 +359,12 @@ impl<L: Ledger + 'static> Service<L> {
         if !signed && self.access.open {
             return Ok((Caller::Admin, None));
         }
+        if !signed
+            && self.access.public_reads
+            && dashboard_read(req.method().as_str(), req.uri().path())
+        {
+            return Ok((Caller::Client, None));
+        }
         let itself = if signed {
             self.node_speaking_for_itself(req.uri().path()).await
         } else {
@@ -382,9 +406,15 @@ impl<L: Ledger + 'static> Service<L> {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Reply {
+        // The dashboard's page holds no data (it reads the API like any caller), so it is
+        // served to anyone; what it shows still takes a key unless the reads are public.
         let public = matches!(
             (req.method().as_str(), req.uri().path()),
-            ("GET", "/v1/info") | ("GET", "/openapi.json")
+            ("GET", "/v1/info")
+                | ("GET", "/openapi.json")
+                | ("GET", "/")
+                | ("GET", "/dashboard")
+                | ("GET", "/dashboard/verify.js")
         );
         let openai = openai_path(req.uri().path());
         let result = if public {
@@ -492,6 +522,9 @@ impl<L: Ledger + 'static> Service<L> {
     }
 
     fn public(&self, path: &str) -> Result<Reply, ApiError> {
+        if path == "/" || path.starts_with("/dashboard") {
+            return Ok(crate::dashboard::page(path));
+        }
         if path == "/openapi.json" {
             let mut r = Response::new(body(Bytes::from_static(OPENAPI.as_bytes())));
             r.headers_mut()
@@ -505,7 +538,10 @@ impl<L: Ledger + 'static> Service<L> {
             "replicas": c.replicas,
             "tolerance": c.tolerance,
             "slash_fraction": c.slash_fraction,
+            "reward": c.reward,
+            "spot_check": c.spot_check,
             "open": self.access.open,
+            "public_dashboard": self.access.public_reads || self.access.open,
         }))
     }
 
@@ -578,6 +614,27 @@ impl<L: Ledger + 'static> Service<L> {
                 json_reply(&node_json(
                     &self.core.deregister(id).await.map_err(dispatch_error)?,
                 ))
+            }
+            ("GET", ["v1", "nodes", id, "stake"]) => {
+                // Newest last; each with the stake it left, counted back from the stake now.
+                let limit = query_param(query, "limit")
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(200)
+                    .clamp(1, 5000);
+                let node = ledger
+                    .node(id)
+                    .await
+                    .map_err(ledger_error)?
+                    .ok_or_else(|| not_found(format!("no node {id}")))?;
+                let events = ledger.stake_events(id).await.map_err(ledger_error)?;
+                let mut after = node.stake;
+                let mut out = Vec::with_capacity(limit.min(events.len()));
+                for e in events.iter().rev().take(limit) {
+                    out.push(json!({"at": e.at, "delta": e.delta, "reason": e.reason, "job": e.job_id, "stake": after}));
+                    after -= e.delta;
+                }
+                out.reverse();
+                json_reply(&json!({"node": id, "stake": node.stake, "events": out}))
             }
             ("GET", ["v1", "nodes"]) => {
                 let nodes = ledger.nodes().await.map_err(ledger_error)?;
@@ -840,6 +897,7 @@ impl<L: Ledger + 'static> Service<L> {
                     .ok_or_else(|| not_found(format!("no training {id}")))?;
                 json_reply(&view)
             }
+            ("GET", ["v1", "events"]) => crate::dashboard::event_stream(&self.core.events),
             ("GET", ["v1", "jobs"]) => {
                 let limit = query
                     .split('&')

@@ -7,9 +7,11 @@
 //! [`economics`] prices honesty under spot-checking; [`http`] is the REST API for clients.
 
 pub mod compare;
+pub mod dashboard;
 pub mod dispatch;
 pub mod dispute;
 pub mod economics;
+pub mod events;
 pub mod http;
 pub mod local;
 pub mod openai;
@@ -42,6 +44,10 @@ pub struct ServiceConfig {
     pub health_interval: std::time::Duration,
     /// Connections, request heads and bodies (the node's accept loop and its defaults).
     pub conn: tenet_node::http::ConnLimits,
+    /// Where the event stream is logged too, one JSON object a line (`-`: standard error).
+    pub event_log: Option<PathBuf>,
+    /// The dashboard's read-only views without a key.
+    pub public_dashboard: bool,
 }
 
 /// What a coordinator found when it started.
@@ -124,12 +130,18 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}", config.data_dir.join("ledger.db").display()));
         let ledger = tenet_ledger::SqlLedger::connect(&url).await?;
-        let core = Arc::new(Coordinator::new(
-            ledger,
-            key.clone(),
-            store,
-            config.core.clone(),
-        ));
+        let log = match &config.event_log {
+            Some(path) => {
+                tenet_node::observe::EventLog::open(path).map_err(|e| StartError::DataDir {
+                    path: path.display().to_string(),
+                    message: format!("cannot open the event log: {e}"),
+                })?
+            }
+            None => tenet_node::observe::EventLog::off(),
+        };
+        let core = Arc::new(
+            Coordinator::new(ledger, key.clone(), store, config.core.clone()).with_event_log(log),
+        );
         let llms = openai::Llms::open(&config.data_dir, core.store()).map_err(|message| {
             StartError::DataDir {
                 path: config.data_dir.display().to_string(),
@@ -150,6 +162,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
                 open: config.open,
                 max_request_bytes: 1 << 30,
                 conn: config.conn,
+                public_reads: config.public_dashboard,
             },
         });
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -162,6 +175,10 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             addr: config.listen.to_string(),
             message: e.to_string(),
         })?;
+        service.core.events.emit(
+            "start",
+            serde_json::json!({"coordinator": key.public().to_hex(), "addr": bound.to_string()}),
+        );
         let resumed = service.core.resume().await?;
         let monitor = tokio::spawn(service.core.clone().monitor_health(config.health_interval));
         let _ = std::fs::write(config.data_dir.join("addr"), format!("{bound}\n"));
@@ -170,8 +187,17 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             key: key.public(),
             resumed,
         });
-        http::serve(service, listener, tenet_node::shutdown_signal()).await;
+        let core = service.core.clone();
+        let stopping = {
+            let core = core.clone();
+            async move {
+                tenet_node::shutdown_signal().await;
+                core.events.end();
+            }
+        };
+        http::serve(service, listener, stopping).await;
         monitor.abort();
+        core.events.close();
         Ok(())
     })
 }

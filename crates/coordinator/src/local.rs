@@ -26,6 +26,16 @@ pub struct LocalNetwork {
     servers: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// What a local network does beyond running jobs.
+#[derive(Clone, Debug, Default)]
+pub struct LocalOptions {
+    /// Write every node's and the coordinator's event log into this directory
+    /// (`node<i>.jsonl`, `coordinator.jsonl`), for `tenet timeline`.
+    pub event_logs: Option<std::path::PathBuf>,
+    /// The dashboard's read-only views without the API key (a network on loopback).
+    pub public_reads: bool,
+}
+
 /// Why the network could not start.
 #[derive(Debug, thiserror::Error)]
 #[error("starting the local network: {0}")]
@@ -56,7 +66,23 @@ impl LocalNetwork {
         config: CoordinatorConfig,
         ledger_url: Option<&str>,
     ) -> Result<LocalNetwork, LocalError> {
+        let options = LocalOptions::default();
+        LocalNetwork::start_with(dir, cheats, stake, config, ledger_url, &options).await
+    }
+
+    /// [`LocalNetwork::start_on`] with event logs and the dashboard's access as `options` say.
+    pub async fn start_with(
+        dir: &Path,
+        cheats: &[Option<&str>],
+        stake: i64,
+        config: CoordinatorConfig,
+        ledger_url: Option<&str>,
+        options: &LocalOptions,
+    ) -> Result<LocalNetwork, LocalError> {
         std::fs::create_dir_all(dir).map_err(err)?;
+        if let Some(d) = &options.event_logs {
+            std::fs::create_dir_all(d).map_err(err)?;
+        }
         let (stop, rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -72,6 +98,10 @@ impl LocalNetwork {
                 threads_per_job: 1,
                 durable: false,
                 cheat: cheat.map(str::to_string),
+                event_log: options
+                    .event_logs
+                    .as_ref()
+                    .map(|d| d.join(format!("node{i}.jsonl"))),
                 ..NodeConfig::default()
             };
             let node = Node::start(config).map_err(err)?;
@@ -80,6 +110,10 @@ impl LocalNetwork {
                 .map_err(err)?;
             let url = format!("http://{}", listener.local_addr().map_err(err)?);
             let id = node.info().node_id.to_hex();
+            node.events.emit(
+                "start",
+                serde_json::json!({"addr": url.trim_start_matches("http://"), "node_id": id, "open": false}),
+            );
             servers.push(tokio::spawn(tenet_node::http::serve(
                 node,
                 listener,
@@ -96,7 +130,18 @@ impl LocalNetwork {
             tenet_store::StoreConfig::default(),
         )
         .map_err(err)?;
-        let core = Arc::new(Coordinator::new(ledger, key.clone(), store, config));
+        let log = match &options.event_logs {
+            Some(d) => {
+                tenet_node::observe::EventLog::open(&d.join("coordinator.jsonl")).map_err(err)?
+            }
+            None => tenet_node::observe::EventLog::off(),
+        };
+        let core =
+            Arc::new(Coordinator::new(ledger, key.clone(), store, config).with_event_log(log));
+        core.events.emit(
+            "start",
+            serde_json::json!({"coordinator": key.public().to_hex()}),
+        );
         for (url, _, _) in &nodes {
             core.register_node(url, stake, None).await.map_err(err)?;
         }
@@ -116,6 +161,7 @@ impl LocalNetwork {
                 open: false,
                 max_request_bytes: 1 << 30,
                 conn: tenet_node::http::ConnLimits::default(),
+                public_reads: options.public_reads,
             },
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -140,9 +186,11 @@ impl LocalNetwork {
 
     /// Stop every server and wait for them.
     pub async fn shutdown(self) {
+        self.core.events.end();
         let _ = self.stop.send(true);
         for s in self.servers {
             let _ = s.await;
         }
+        self.core.events.close();
     }
 }

@@ -240,6 +240,11 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let extra = self.pick(replicas, &tried, need).await?;
         for n in &extra {
             self.ledger.assign(job_id, &n.id).await?;
+            self.events.job(
+                job_id,
+                "assigned",
+                serde_json::json!({"node": n.id, "extra": true}),
+            );
         }
         Ok(!extra.is_empty())
     }
@@ -306,9 +311,16 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     Ok(c) => {
                         let json = serde_json::to_string(&c)
                             .map_err(|e| DispatchError::Internal(e.to_string()))?;
+                        self.events
+                            .job(job_id, "committed", serde_json::json!({"node": node}));
                         fresh.push((node, json));
                     }
                     Err(e) => {
+                        self.events.job(
+                            job_id,
+                            "node_failed",
+                            serde_json::json!({"node": node, "error": e.message}),
+                        );
                         failures.push(format!("{}: {}", short(&node), e.message));
                         self.ledger.fail_assignment(job_id, &node).await?;
                         // A node that cannot be reached, or answers wrongly, is not healthy;
@@ -327,6 +339,11 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 let need = self.need(&run.job.task, run.job.tier)?;
                 for r in self.pick(lost, &tried, need).await? {
                     self.ledger.assign(job_id, &r.id).await?;
+                    self.events.job(
+                        job_id,
+                        "assigned",
+                        serde_json::json!({"node": r.id, "replacing": true}),
+                    );
                 }
             }
         }
@@ -431,6 +448,16 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .await;
         let mut seen = Revealed::default();
         for ((state, c), answer) in asked.iter().zip(answers) {
+            let (phase, why) = match &answer {
+                Ok(_) => ("revealed", None),
+                Err(RevealError::Lied(why)) => ("lied", Some(why.clone())),
+                Err(RevealError::Failed(why)) => ("withheld", Some(why.clone())),
+            };
+            self.events.job(
+                job_id,
+                phase,
+                serde_json::json!({"node": c.node, "output": answer.as_ref().ok().map(|(r, _)| r.output_hash.to_hex()), "why": why}),
+            );
             match answer {
                 Ok((replica, salt)) => {
                     if *state == AssignmentState::Committed {

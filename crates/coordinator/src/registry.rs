@@ -121,7 +121,12 @@ impl<L: Ledger + 'static> Coordinator<L> {
         self.ledger
             .set_node_state(&record.id, NodeState::Active)
             .await?;
-        self.registered(&record.id).await
+        let node = self.registered(&record.id).await?;
+        self.events.emit(
+            "node",
+            serde_json::json!({"node": node.id, "phase": "joined", "url": node.url, "stake": node.stake, "device": node.device}),
+        );
+        Ok(node)
     }
 
     /// The admin bonds `delta` more stake to node `id` (negative: takes it back, never below
@@ -149,6 +154,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
         if node.state != NodeState::Active {
             self.ledger.set_node_state(id, NodeState::Active).await?;
             node.state = NodeState::Active;
+            self.events
+                .emit("node", serde_json::json!({"node": id, "phase": "healthy"}));
         }
         Ok(node)
     }
@@ -161,6 +168,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .set_node_state(id, NodeState::Deregistered)
             .await?;
         node.state = NodeState::Deregistered;
+        self.events
+            .emit("node", serde_json::json!({"node": id, "phase": "left"}));
         Ok(node)
     }
 
@@ -221,6 +230,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
             };
             if to != node.state {
                 self.ledger.set_node_state(&node.id, to).await?;
+                let phase = if alive { "healthy" } else { "offline" };
+                self.events
+                    .emit("node", serde_json::json!({"node": node.id, "phase": phase}));
                 changed += 1;
             }
         }

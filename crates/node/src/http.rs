@@ -560,11 +560,15 @@ fn sweep_idle(slots: &Arc<Slots>, timeout: Duration) {
     }
 }
 
+/// The node's own dashboard page (`GET /`): its info and metrics, refreshed in the browser.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
 /// The routes, named for metrics.
 fn route_name(method: &Method, parts: &[&str]) -> &'static str {
     match (method.as_str(), parts) {
         ("GET", ["v1", "info"]) => "info",
         ("GET", ["metrics"]) => "metrics",
+        ("GET", [""]) => "dashboard",
         ("PUT", ["v1", "blobs", _]) => "blob_put",
         ("GET" | "HEAD", ["v1", "blobs", _]) => "blob_get",
         ("PUT" | "DELETE", ["v1", "pins", _]) => "pin",
@@ -796,6 +800,22 @@ async fn dispatch(
 ) -> Result<Reply, ApiError> {
     match route {
         "info" => return json_reply(node.info()),
+        // The node's page shows what `info` and `metrics` say to anyone already.
+        "dashboard" => {
+            let mut r = Response::new(body(Bytes::from_static(DASHBOARD.as_bytes())));
+            let h = r.headers_mut();
+            h.insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            h.insert(
+                "content-security-policy",
+                hyper::header::HeaderValue::from_static(
+                    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                ),
+            );
+            return Ok(r);
+        }
         "metrics" => {
             let mut r = Response::new(body(node.metrics_text()));
             r.headers_mut().insert(

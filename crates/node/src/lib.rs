@@ -21,7 +21,7 @@ pub mod http;
 pub mod identity;
 mod lru;
 pub mod membership;
-mod observe;
+pub mod observe;
 mod pool;
 pub mod service;
 pub mod stages;

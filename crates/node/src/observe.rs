@@ -77,6 +77,14 @@ impl EventLog {
         let _ = tx.send(serde_json::Value::Object(obj).to_string());
     }
 
+    /// Log a line made elsewhere (already a JSON object with its timestamp).
+    pub fn emit_line(&self, line: String) {
+        let Ok(tx) = self.tx.lock() else { return };
+        if let Some(tx) = tx.as_ref() {
+            let _ = tx.send(line);
+        }
+    }
+
     pub fn enabled(&self) -> bool {
         self.tx.lock().is_ok_and(|t| t.is_some())
     }

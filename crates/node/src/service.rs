@@ -252,7 +252,8 @@ pub struct Node {
     /// its trace must tell the same lie.
     graph_jobs: AtomicU64,
     lied: Mutex<VecDeque<(String, u32)>>,
-    pub(crate) events: EventLog,
+    /// The node's event log (`--event-log`); off unless configured.
+    pub events: EventLog,
     pub(crate) metrics: Metrics,
     info: NodeInfo,
 }
