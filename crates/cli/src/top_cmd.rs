@@ -1,6 +1,7 @@
 //! `tenet top`: a coordinator's network on the terminal, live — throughput, queue, jobs in
 //! flight, one row per node, the latest slashes, recent jobs — sorted and filtered from the
-//! keyboard; or, with `--once`, the same as plain text.
+//! keyboard; or, with `--once`, the same as plain text. Given a node's URL, that node's own
+//! view (`node.rs`): its jobs, queue, store and requests, from its public info and metrics.
 //!
 //! The pieces: `state` is the model (events and listings in, figures out, no I/O), `feed`
 //! fills it from the API and the event stream on a thread of its own, `view` draws it. This
@@ -9,6 +10,7 @@
 //! the terminal before the message is printed).
 
 mod feed;
+mod node;
 mod state;
 mod view;
 
@@ -43,7 +45,7 @@ use crate::coord_cmd::{Client, runtime};
     tenet top --once | grep SLASHED"
 )]
 pub struct TopArgs {
-    /// The coordinator's URL.
+    /// The coordinator's URL (or a node's: then that node's own view).
     #[arg(
         value_name = "URL",
         env = "TENET_COORDINATOR",
@@ -80,6 +82,10 @@ pub fn run(a: &TopArgs) -> Result<()> {
     }
     let key = a.api_key.as_deref();
     let rt = runtime()?;
+    // A node's URL: its own, smaller view (what its public info and metrics say).
+    if let Some(info) = rt.block_on(node::info_if_node(&url)) {
+        return node::run(&rt, &url, info, a.once, Duration::from_secs_f64(a.interval));
+    }
     // A first look before anything is drawn: an unreachable coordinator, or one that wants a
     // key, is a plain message on a plain terminal.
     let client = Client::with_optional_key(&url, key)?;
@@ -120,14 +126,27 @@ pub fn run(a: &TopArgs) -> Result<()> {
     let mut term = Tui::enter()?;
     let result = ui(&mut term, &shared, &url, &feed_thread);
     drop(term);
-    if result.is_ok() {
-        // The keyboard thread sits in a read of the terminal: end the process now rather than
-        // leave it to unwind past that thread.
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        std::process::exit(0);
-    }
     result
+}
+
+/// Keys, read on a thread of their own: crossterm's poll spins without returning once the
+/// terminal is gone (a closed pty reads end-of-file forever), and a screen's loop must stay
+/// free to see a signal's quit or a failed draw and end the process.
+fn spawn_keys() -> Result<std::sync::mpsc::Receiver<std::io::Result<Event>>> {
+    let (keys_tx, keys) = std::sync::mpsc::sync_channel::<std::io::Result<Event>>(64);
+    std::thread::Builder::new()
+        .name("tenet-top-keys".into())
+        .spawn(move || {
+            loop {
+                let ev = event::read();
+                let failed = ev.is_err();
+                if keys_tx.send(ev).is_err() || failed {
+                    return;
+                }
+            }
+        })
+        .context("starting the keyboard reader")?;
+    Ok(keys)
 }
 
 /// Whether the terminal is in raw mode on the alternate screen (so the panic hook and the
@@ -197,22 +216,7 @@ fn ui(
     feed_thread: &std::thread::JoinHandle<()>,
 ) -> Result<()> {
     let mut view = ViewState::default();
-    // Keys are read on a thread of their own: crossterm's poll spins without returning once
-    // the terminal is gone (a closed pty reads end-of-file forever), and this loop must stay
-    // free to see a signal's quit or a failed draw and end the process.
-    let (keys_tx, keys) = std::sync::mpsc::sync_channel::<std::io::Result<Event>>(64);
-    std::thread::Builder::new()
-        .name("tenet-top-keys".into())
-        .spawn(move || {
-            loop {
-                let ev = event::read();
-                let failed = ev.is_err();
-                if keys_tx.send(ev).is_err() || failed {
-                    return;
-                }
-            }
-        })
-        .context("starting the keyboard reader")?;
+    let keys = spawn_keys()?;
     // What a pause froze: the model and its "now".
     let mut frozen: Option<(Model, u64)> = None;
     let mut last_draw: Option<Instant> = None;

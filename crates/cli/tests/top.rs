@@ -387,6 +387,18 @@ fn top_watches_a_network_with_a_liar() {
     assert!(figure(&once, "decided").is_some_and(|n| n >= 4), "{once}");
     assert!(once.contains(&net.key), "{once}");
     assert!(once.contains("events live"), "{once}");
+    // A node's URL: that node's own view, from its public info and metrics.
+    let node_url = std::fs::read_to_string(dir.join("node0").join("addr"))
+        .map(|a| format!("http://{}", a.trim()))
+        .unwrap();
+    let node = ok(tenet().args(["top", &node_url, "--once"]).output().unwrap());
+    assert!(
+        ids.iter()
+            .any(|(id, _)| node.contains(&format!("node {}", &id[..12]))),
+        "{node}"
+    );
+    assert!(figure(&node, "committed").is_some_and(|n| n >= 1), "{node}");
+    assert!(node.contains("job_run"), "{node}");
     drop(net);
     let _ = std::fs::remove_dir_all(&dir);
 }
