@@ -129,6 +129,17 @@ pub fn run(a: &TopArgs) -> Result<()> {
     result
 }
 
+/// The next key or resize within one frame, if any.
+fn next_key(keys: &std::sync::mpsc::Receiver<std::io::Result<Event>>) -> Result<Option<Event>> {
+    match keys.recv_timeout(MIN_FRAME) {
+        Ok(ev) => Ok(Some(ev.context("reading the keyboard")?)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            bail!("the keyboard reader stopped")
+        }
+    }
+}
+
 /// Keys, read on a thread of their own: crossterm's poll spins without returning once the
 /// terminal is gone (a closed pty reads end-of-file forever), and a screen's loop must stay
 /// free to see a signal's quit or a failed draw and end the process.
@@ -264,12 +275,8 @@ fn ui(
             last_draw = Some(Instant::now());
             asked = false;
         }
-        let ev = match keys.recv_timeout(MIN_FRAME) {
-            Ok(ev) => ev.context("reading the keyboard")?,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                bail!("the keyboard reader stopped")
-            }
+        let Some(ev) = next_key(&keys)? else {
+            continue;
         };
         match ev {
             Event::Key(k) if k.kind != KeyEventKind::Release => {

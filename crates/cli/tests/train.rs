@@ -175,6 +175,41 @@ fn mistakes_are_named_before_anything_runs() {
 
 mod common;
 
+/// `tenet train --config FILE --json --out OUT`, the file's text being `yaml`, retried until
+/// the network's nodes have joined; its JSON report.
+fn train_with_config(dir: &std::path::Path, yaml: &str, out: &str) -> serde_json::Value {
+    let config = dir.join("train.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    json(&common::once_joined(|| {
+        tenet(&[
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+            "--out",
+            out,
+        ])
+    }))
+}
+
+/// The parameters a run wrote to `weights` (its safetensors file), in the model's order.
+fn params_of(weights: &str, model: &tenet_train::Model) -> Vec<(String, tenet_ir::HostTensor)> {
+    let bytes = std::fs::read(weights).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    model
+        .params()
+        .into_iter()
+        .map(|p| {
+            let view = st.tensor(&p.name).unwrap();
+            let ty = tenet_ir::TensorType::new(tenet_ir::DType::F32, p.shape.clone());
+            (
+                p.name,
+                tenet_ir::HostTensor::new(ty, view.data().to_vec()).unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// Data-parallel training over node processes on 127.0.0.1, configured by a YAML file: each
 /// step's three shards and its update are verified jobs; one node lies in every job it gets.
 /// The weights are the local run's with the same shards, bit for bit; the liar is slashed; the
@@ -207,24 +242,13 @@ fn data_parallel_training_over_nodes_matches_local_training() {
 
     let network = common::spawn_network(&dir, 2, &[], &[None, None, Some("flip")]);
     let (curl, ckey) = (network.url.clone(), network.key.clone());
-    let config = dir.join("train.yaml");
-    std::fs::write(
-        &config,
-        format!(
+    let net = train_with_config(
+        &dir,
+        &format!(
             "# three shards a step, each a verified job\ndataset: digits\nseed: 9\nepochs: 1\nbatch: 30\ndata_parallel: 3\ncoordinator: {curl}\n"
         ),
-    )
-    .unwrap();
-    let net = json(&common::once_joined(|| {
-        tenet(&[
-            "train",
-            "--config",
-            config.to_str().unwrap(),
-            "--json",
-            "--out",
-            &d("net"),
-        ])
-    }));
+        &d("net"),
+    );
     assert_eq!(net["verified"], true, "{net}");
     assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
     assert_eq!(net["steps"], local["steps"]);
@@ -273,20 +297,7 @@ fn data_parallel_training_over_nodes_matches_local_training() {
         batch: 30,
         shards: 3,
     };
-    let weights = std::fs::read(net["weights"].as_str().unwrap()).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&weights).unwrap();
-    let mut params: Vec<(String, tenet_ir::HostTensor)> = model
-        .params()
-        .into_iter()
-        .map(|p| {
-            let view = st.tensor(&p.name).unwrap();
-            let ty = tenet_ir::TensorType::new(tenet_ir::DType::F32, p.shape.clone());
-            (
-                p.name,
-                tenet_ir::HostTensor::new(ty, view.data().to_vec()).unwrap(),
-            )
-        })
-        .collect();
+    let mut params = params_of(net["weights"].as_str().unwrap(), &model);
     let check = |spec: &tenet_train::StepSpec,
                  data: &tenet_train::Dataset,
                  seed: u64,
@@ -482,24 +493,13 @@ fn pipeline_parallel_training_over_nodes_matches_local_training() {
     let cheat = format!("op={k}@8");
     let network = common::spawn_network(&dir, 3, &[], &[None, None, Some(cheat.as_str())]);
     let (curl, ckey) = (network.url.clone(), network.key.clone());
-    let config = dir.join("train.yaml");
-    std::fs::write(
-        &config,
-        format!(
+    let net = train_with_config(
+        &dir,
+        &format!(
             "dataset: digits\nseed: 4\nepochs: 1\nbatch: 30\nstage_boundaries: [fc2]   # fc1 | fc2\ncoordinator: {curl}\n"
         ),
-    )
-    .unwrap();
-    let net = json(&common::once_joined(|| {
-        tenet(&[
-            "train",
-            "--config",
-            config.to_str().unwrap(),
-            "--json",
-            "--out",
-            &d("net"),
-        ])
-    }));
+        &d("net"),
+    );
     assert_eq!(net["verified"], true, "{net}");
     assert_eq!(net["pipeline_stages"], 3, "{net}");
     assert_eq!(net["weights_hash"], local["weights_hash"], "{net}");
@@ -552,21 +552,7 @@ fn pipeline_parallel_training_over_nodes_matches_local_training() {
         serde_json::from_str(&std::fs::read_to_string(receipt).unwrap()).unwrap();
     let key = tenet_proto::auth::PublicKey::parse(&ckey).unwrap();
     let data = tenet_train::data::load("digits").unwrap();
-    let weights = std::fs::read(net["weights"].as_str().unwrap()).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&weights).unwrap();
-    let params: Vec<(String, tenet_ir::HostTensor)> = spec
-        .model
-        .params()
-        .into_iter()
-        .map(|p| {
-            let view = st.tensor(&p.name).unwrap();
-            let ty = tenet_ir::TensorType::new(tenet_ir::DType::F32, p.shape.clone());
-            (
-                p.name,
-                tenet_ir::HostTensor::new(ty, view.data().to_vec()).unwrap(),
-            )
-        })
-        .collect();
+    let params = params_of(net["weights"].as_str().unwrap(), &spec.model);
     let check = |starts: &[usize]| {
         tenet_train::verify::check_run(&r, &key, &spec, starts, &data, 4, 1, &params)
             .map_err(|e| e.to_string())

@@ -218,6 +218,8 @@ fn the_browser_check_agrees_with_the_rust_one() {
     )
     .unwrap();
     let script = r#"
+        // node.js before 19 keeps WebCrypto out of the globals.
+        globalThis.crypto ??= require("node:crypto").webcrypto;
         const V = require(process.argv[1]);
         const input = JSON.parse(require("fs").readFileSync(process.argv[2], "utf8"));
         (async () => {

@@ -15,7 +15,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use serde_json::Value;
 use tenet_node::{Method, NodeClient, RawRequest, identity};
 
-use super::{MAX_FRAME, MIN_FRAME, Tui, spawn_keys};
+use super::{MAX_FRAME, Tui, next_key, spawn_keys};
 
 async fn get(http: &NodeClient, path: &str) -> Result<Vec<u8>> {
     let r = http
@@ -340,12 +340,8 @@ pub(super) fn run(
             last_draw = Some(Instant::now());
             asked = false;
         }
-        let ev = match keys.recv_timeout(MIN_FRAME) {
-            Ok(ev) => ev.context("reading the keyboard")?,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                bail!("the keyboard reader stopped")
-            }
+        let Some(ev) = next_key(&keys)? else {
+            continue;
         };
         match ev {
             Event::Key(k) if k.kind != KeyEventKind::Release => {
