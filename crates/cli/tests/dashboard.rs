@@ -133,6 +133,9 @@ fn the_dashboard_shows_the_network_live_and_verifies_a_receipt_in_the_browser() 
     assert!(report["live_job"].is_string(), "{report}");
     assert!(report["slash_listed"].as_u64().unwrap() >= 1, "{report}");
     assert_eq!(report["verdict"], "verified in this browser", "{report}");
+    // The liar's job was decided by a dispute (its flipped outputs are not its own trace's):
+    // the receipt checked in the page carries that transcript.
+    assert_eq!(report["disputed"], true, "{report}");
     let checks = report["checks"].as_array().unwrap();
     assert!(checks.len() >= 8, "{report}");
     assert!(checks.iter().all(|c| c.as_str().unwrap().starts_with("+ ")));

@@ -150,3 +150,29 @@ fn a_node_stalling_the_walk_loses_by_rule() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A liar that computes honestly and reports flipped outputs (`--cheat flip`): both traces are
+/// the same, so the walk finds no op to re-run; the outputs each side committed to decide it —
+/// the liar's are not its own trace's output leaves, whose proofs the transcript holds. No
+/// whole-job referee is needed, and the receipt verifies (its winner committed to its outputs).
+#[test]
+fn a_liar_whose_result_departs_from_its_own_trace_loses() {
+    let (r, _, dir) = call_with_a_liar("flip", "flip", &[]);
+    let dispute = &r["receipt"]["dispute"];
+    assert!(dispute["leaf"].is_null(), "{dispute}");
+    assert_eq!(dispute["rounds"].as_array().unwrap().len(), 0, "{dispute}");
+    assert_eq!(dispute["roots"][0], dispute["roots"][1], "{dispute}");
+    let committed = dispute["committed"].as_array().unwrap();
+    // The MLP's two outputs, each proven.
+    assert_eq!(dispute["outputs"].as_array().unwrap().len(), 2, "{dispute}");
+    let lost = dispute["verdict"]["Lost"].as_array().unwrap();
+    assert_eq!(lost.len(), 1, "{dispute}");
+    let loser = lost[0].as_u64().unwrap() as usize;
+    assert_ne!(committed[loser], committed[1 - loser], "{dispute}");
+    assert_eq!(
+        committed[1 - loser][0],
+        dispute["outputs"][0]["leaf"],
+        "the winner's result is its trace's"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -181,6 +181,22 @@ pub async fn settle<A: TraceParty, B: TraceParty>(
     a: &A,
     b: &B,
 ) -> Result<Settled, DisputeError> {
+    settle_bound(graph, inputs, weights, seed, a, b, None).await
+}
+
+/// [`settle`], each party bound to the outputs it committed to (`committed`: per party, the
+/// hash of each of the graph's outputs, in order). Traces that agree then still decide: a
+/// party whose committed outputs are not its trace's output leaves — a node that computed
+/// honestly and reported something else — loses, the output leaves' proofs in the transcript.
+pub async fn settle_bound<A: TraceParty, B: TraceParty>(
+    graph: &Graph,
+    inputs: &HashMap<String, HostTensor>,
+    weights: &(dyn WeightSource + Sync),
+    seed: u64,
+    a: &A,
+    b: &B,
+    committed: Option<[Vec<Hash>; 2]>,
+) -> Result<Settled, DisputeError> {
     let count = graph.nodes().len() as u64;
     let roots = [a.root(), b.root()];
     let mut walk = Bisection::new(count, roots);
@@ -198,6 +214,8 @@ pub async fn settle<A: TraceParty, B: TraceParty>(
         referee,
         verdict: Verdict::Lost(lost),
         stalled: None,
+        committed: None,
+        outputs: Vec::new(),
     };
     loop {
         match walk.next() {
@@ -223,8 +241,41 @@ pub async fn settle<A: TraceParty, B: TraceParty>(
                 walk.answer([answers[0].expect("answered"), answers[1].expect("answered")]);
             }
             Step::Agree => {
+                let mut t = done(&walk, None, Vec::new(), 0, Vec::new(), None, Vec::new());
+                if let Some(committed) = committed {
+                    // One trace, two results: the output leaves say whose result it computed.
+                    // Either party may prove them (the roots are the same).
+                    let mut proofs = Vec::new();
+                    for o in graph.outputs() {
+                        let i = u64::from(o.node.0);
+                        rounds += 1;
+                        let mut proof = None;
+                        for p in 0..2 {
+                            let answer = match p {
+                                0 => a.leaf(i).await,
+                                _ => b.leaf(i).await,
+                            };
+                            if let Some((pr, value)) = answer
+                                && pr.index == i
+                                && pr.verifies(&roots[0], walk.depth())
+                                && pr.leaf == tenet_proto::tensor::hash(&value)
+                            {
+                                bytes += 32 * (pr.siblings.len() as u64 + 1)
+                                    + value.bytes().len() as u64;
+                                proof = Some(pr);
+                                break;
+                            }
+                        }
+                        proofs.push(proof.ok_or_else(|| silent(0, format!("output leaf {i}")))?);
+                    }
+                    let leaves: Vec<Hash> = proofs.iter().map(|p| p.leaf).collect();
+                    let lost: Vec<usize> = (0..2).filter(|&p| committed[p] != leaves).collect();
+                    t.verdict = Verdict::Lost(lost);
+                    t.committed = Some(committed);
+                    t.outputs = proofs;
+                }
                 return Ok(Settled {
-                    transcript: done(&walk, None, Vec::new(), 0, Vec::new(), None, Vec::new()),
+                    transcript: t,
                     rounds,
                     bytes,
                     referee: Duration::ZERO,

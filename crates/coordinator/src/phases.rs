@@ -778,13 +778,21 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 timeout: limit,
             });
         }
-        let settled = match crate::dispute::settle(
+        // Each side bound to what it committed to: agreeing traces still decide.
+        let committed = [first, second].map(|r| {
+            r.outputs
+                .iter()
+                .map(|(_, t)| tenet_proto::tensor::hash(t))
+                .collect::<Vec<Hash>>()
+        });
+        let settled = match crate::dispute::settle_bound(
             &graph,
             &inputs,
             &weights,
             spec.seed,
             &parties[0],
             &parties[1],
+            Some(committed),
         )
         .await
         {

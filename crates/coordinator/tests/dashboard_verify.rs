@@ -101,6 +101,8 @@ fn transcript(stalled: bool) -> Transcript {
         referee: None,
         verdict: Verdict::Lost(vec![1]),
         stalled: None,
+        committed: None,
+        outputs: Vec::new(),
     };
     loop {
         match walk.next() {
@@ -125,6 +127,29 @@ fn transcript(stalled: bool) -> Transcript {
     }
     t.rounds = walk.rounds().to_vec();
     t
+}
+
+/// Equal traces, different results: the outputs each side committed to decide (party 1
+/// reported something other than its trace's outputs, which are the receipt's `y`, `logits`).
+fn agreeing_transcript() -> Transcript {
+    let mut leaves: Vec<Hash> = (0..37).map(|i| h(&format!("v{i}"))).collect();
+    leaves[35] = h("y");
+    leaves[36] = h("logits");
+    let tree = TraceTree::new(leaves);
+    Transcript {
+        count: 37,
+        roots: [tree.root(), tree.root()],
+        rounds: Vec::new(),
+        leaf: None,
+        operands: Vec::new(),
+        operands_from: 0,
+        bad_operands: Vec::new(),
+        referee: None,
+        verdict: Verdict::Lost(vec![1]),
+        stalled: None,
+        committed: Some([vec![h("y"), h("logits")], vec![h("y"), h("flipped")]]),
+        outputs: vec![tree.proof(35).unwrap(), tree.proof(36).unwrap()],
+    }
 }
 
 /// As `GET /v1/jobs/{id}` serves a receipt: through a `serde_json::Value`.
@@ -152,7 +177,8 @@ fn the_browser_check_agrees_with_the_rust_one() {
     let plain = receipt(None, 2);
     let disputed = receipt(Some(transcript(false)), 1);
     let stalled = receipt(Some(transcript(true)), 2);
-    for r in [&plain, &disputed, &stalled] {
+    let bound = receipt(Some(agreeing_transcript()), 2);
+    for r in [&plain, &disputed, &stalled, &bound] {
         r.verify_from(&key(1).public())
             .expect("the Rust check passes");
     }
@@ -160,6 +186,7 @@ fn the_browser_check_agrees_with_the_rust_one() {
         ("plain".into(), served(&plain), true),
         ("disputed".into(), served(&disputed), true),
         ("stalled".into(), served(&stalled), true),
+        ("bound by outputs".into(), served(&bound), true),
     ];
     // Every signed field altered, in the served JSON.
     let alter = |name: &str, r: &Receipt, f: &dyn Fn(&mut Value)| {
@@ -194,6 +221,12 @@ fn the_browser_check_agrees_with_the_rust_one() {
     }));
     cases.push(alter("stall", &stalled, &|v| {
         v["dispute"]["stalled"] = json!(0)
+    }));
+    cases.push(alter("committed", &bound, &|v| {
+        v["dispute"]["committed"][1][1] = json!(h("other").to_hex())
+    }));
+    cases.push(alter("output proof", &bound, &|v| {
+        v["dispute"]["outputs"][0]["leaf"] = json!(h("z").to_hex())
     }));
     // A receipt no majority backs, honestly signed: the count check refuses it.
     cases.push(("minority".into(), served(&receipt(None, 1)), false));

@@ -170,6 +170,15 @@ impl Receipt {
                     "the dispute's verdict names {lost:?}: it decided nothing"
                 )));
             }
+            // Decided by the outputs each side committed to: the winner's are the receipt's.
+            if let Some(committed) = &d.committed {
+                let outputs: Vec<crate::Hash> = self.outputs.iter().map(|o| o.hash).collect();
+                if committed[1 - lost[0]] != outputs {
+                    return Err(ReceiptError::Dispute(
+                        "the dispute's winner committed to other outputs than the receipt's".into(),
+                    ));
+                }
+            }
         } else if (self.nodes.len() as u64) * 2 <= self.replicas as u64 {
             return Err(ReceiptError::NoMajority {
                 agreeing: self.nodes.len(),

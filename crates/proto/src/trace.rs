@@ -277,6 +277,14 @@ pub struct Transcript {
     /// walk stops there; the whole job was then refereed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled: Option<usize>,
+    /// When the traces agree (equal roots) but the results do not: each party's committed
+    /// output hashes, in the graph's output order...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<[Vec<Hash>; 2]>,
+    /// ...and the proofs, against the (common) root, of the output nodes' leaves: a party
+    /// whose committed outputs are not what its own trace computed lost by rule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<Proof>,
 }
 
 /// Why a transcript does not check out.
@@ -378,6 +386,28 @@ impl Transcript {
                 }
                 Ok(())
             }
+            Step::Agree => {
+                // Equal traces, different results: whoever committed to other outputs than
+                // the trace's output leaves lost.
+                let Some(committed) = &self.committed else {
+                    return Err(TranscriptError::Walk(
+                        "the traces agree and nothing says whose result departs from them".into(),
+                    ));
+                };
+                for p in &self.outputs {
+                    if !p.verifies(&self.roots[0], b.depth()) {
+                        return Err(TranscriptError::Operand(p.index));
+                    }
+                }
+                let leaves: Vec<Hash> = self.outputs.iter().map(|p| p.leaf).collect();
+                let wrong: Vec<usize> = (0..2).filter(|&p| committed[p] != leaves).collect();
+                if wrong.is_empty() || &wrong != lost {
+                    return Err(TranscriptError::Verdict(format!(
+                        "the committed outputs make {wrong:?} wrong, the verdict names {lost:?}"
+                    )));
+                }
+                Ok(())
+            }
             other => Err(TranscriptError::Walk(format!(
                 "the walk stops early: {other:?}"
             ))),
@@ -423,6 +453,8 @@ mod tests {
                 referee: Some(h(4)),
                 verdict: Verdict::Lost(lost),
                 stalled,
+                committed: (from == 1).then(|| [vec![h(9)], vec![h(8)]]),
+                outputs: vec![Proof { index, leaf: h(9), siblings: vec![h(3); siblings] }],
             };
             let _ = t.check(None);
             let _ = t.check(Some(&|l: u64| vec![l.wrapping_sub(1)]));
@@ -553,6 +585,8 @@ mod tests {
             stalled: None,
             referee: Some(honest[123]),
             verdict: Verdict::Lost(vec![1]),
+            committed: None,
+            outputs: vec![],
         };
         t.check(Some(&operands_of)).unwrap();
         let mut wrong = t.clone();
@@ -586,6 +620,44 @@ mod tests {
         assert!(
             wrong.check(Some(&operands_of)).is_err(),
             "a finished walk did not stall"
+        );
+
+        // Equal traces, different results: the party whose committed outputs are not its
+        // trace's output leaves lost; nothing else decides an agreeing walk.
+        let outputs = vec![a.proof(298).unwrap(), a.proof(299).unwrap()];
+        let leaves: Vec<Hash> = outputs.iter().map(|p| p.leaf).collect();
+        let agree = Transcript {
+            roots: [a.root(), a.root()],
+            rounds: vec![],
+            leaf: None,
+            operands: vec![],
+            referee: None,
+            verdict: Verdict::Lost(vec![1]),
+            committed: Some([leaves.clone(), vec![leaves[0], h(5)]]),
+            outputs,
+            ..t.clone()
+        };
+        agree.check(None).unwrap();
+        let mut wrong = agree.clone();
+        wrong.verdict = Verdict::Lost(vec![0]);
+        assert!(wrong.check(None).is_err());
+        let mut wrong = agree.clone();
+        wrong.outputs[1].leaf = h(5);
+        assert!(
+            wrong.check(None).is_err(),
+            "a proof that does not lead to the root"
+        );
+        let mut wrong = agree.clone();
+        wrong.committed = None;
+        assert!(wrong.check(None).is_err());
+        let mut wrong = agree.clone();
+        wrong.committed = Some([leaves.clone(), leaves.clone()]);
+        assert!(wrong.check(None).is_err(), "nobody departed from the trace");
+        // Transcripts without these fields serialize as they always did.
+        let text = serde_json::to_string(&t).unwrap();
+        assert!(
+            !text.contains("committed") && !text.contains("outputs"),
+            "{text}"
         );
     }
 }

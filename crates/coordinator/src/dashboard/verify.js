@@ -155,6 +155,8 @@ const TenetVerify = (() => {
     s += `,"bad_operands":[${(d.bad_operands || []).join(",")}]`;
     s += `,"referee":${d.referee ? h(d.referee) : "null"},"verdict":{"Lost":[${d.verdict.Lost.join(",")}]}`;
     if (d.stalled !== null && d.stalled !== undefined) s += `,"stalled":${d.stalled}`;
+    if (d.committed) s += `,"committed":[${d.committed.map((c) => `[${c.map((x) => h(x)).join(",")}]`).join(",")}]`;
+    if (d.outputs && d.outputs.length) s += `,"outputs":[${d.outputs.map(proof).join(",")}]`;
     return s + "}";
   }
 
@@ -221,6 +223,10 @@ const TenetVerify = (() => {
       if (r.dispute) {
         const lost = r.dispute.verdict && r.dispute.verdict.Lost;
         check("decided by a dispute with one loser (its transcript bound by the signature)", Array.isArray(lost) && lost.length === 1 && r.nodes.length > 0);
+        if (r.dispute.committed && Array.isArray(lost) && lost.length === 1) {
+          const won = r.dispute.committed[1 - lost[0]] || [];
+          check("the dispute's winner committed to the receipt's outputs", won.length === r.outputs.length && won.every((x, i) => x === r.outputs[i].hash));
+        }
       } else {
         check(`a majority agreed (${r.nodes.length} of ${r.replicas})`, r.nodes.length * 2 > r.replicas);
       }
