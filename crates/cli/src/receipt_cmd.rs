@@ -102,12 +102,22 @@ pub fn verify(a: VerifyArgs<'_>) -> Result<()> {
         );
         if let Some(d) = &receipt.dispute {
             let tenet_proto::trace::Verdict::Lost(lost) = &d.verdict;
-            println!(
-                "  decided by a dispute: {} round(s) down two trace trees of {} nodes to %{}, that one op re-run by the coordinator; party {lost:?} lost (walk and verdict checked)",
-                d.rounds.len(),
-                d.count,
-                d.leaf.map_or("?".to_string(), |l| l.to_string()),
-            );
+            match (d.leaf, d.stalled, &d.committed) {
+                (Some(leaf), _, _) => println!(
+                    "  decided by a dispute: {} round(s) down two trace trees of {} nodes to %{leaf}, that one op re-run by the coordinator; party {lost:?} lost (walk and verdict checked)",
+                    d.rounds.len(),
+                    d.count,
+                ),
+                (None, Some(p), _) => println!(
+                    "  decided by a dispute: party {p} stalled the walk after {} round(s) and lost by rule (walk and verdict checked)",
+                    d.rounds.len()
+                ),
+                (None, None, Some(_)) => println!(
+                    "  decided by a dispute: the two traces of {} nodes are the same; party {lost:?} committed to other outputs than its trace's (output proofs and verdict checked)",
+                    d.count
+                ),
+                _ => println!("  decided by a dispute; party {lost:?} lost"),
+            }
         }
         if let Some(msg) = replayed {
             println!("  {msg}");
