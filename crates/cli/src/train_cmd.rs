@@ -196,9 +196,12 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         shards: s.shards,
     };
     let stage_starts = spec.stage_starts(&s.stage_boundaries)?;
-    if !stage_starts.is_empty() {
-        spec.shard_stages(&stage_starts)?;
-    }
+    // The cut, made once: boundaries that leave a stage empty are refused here.
+    let stages = if stage_starts.is_empty() {
+        Vec::new()
+    } else {
+        spec.shard_stages(&stage_starts)?
+    };
     if let Some(url) = &s.coordinator {
         if args.resume.is_some() {
             bail!("--resume continues a local run; a run on the network starts from its seed");
@@ -212,6 +215,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
             device.as_ref(),
             &spec,
             &stage_starts,
+            &stages,
         );
     }
     let config = TrainConfig {

@@ -26,6 +26,7 @@ pub(super) fn train(
     device: &dyn Device,
     spec: &StepSpec,
     stage_starts: &[usize],
+    stages: &[tenet_ir::split::Stage],
 ) -> Result<()> {
     let client = Client::with_optional_key(url, args.api_key.as_deref())?;
     let model = spec.model.clone();
@@ -143,11 +144,10 @@ pub(super) fn train(
         .unwrap_or(f64::NAN);
     let slashed = result["slashed"].clone();
     // Jobs decided by a dispute: where in the training, and the op the walk ended at.
-    let shard_graphs: Vec<tenet_ir::Graph> = if stage_starts.is_empty() {
+    let shard_graphs: Vec<tenet_ir::Graph> = if stages.is_empty() {
         vec![spec.shard()?]
     } else {
-        let stages = spec.shard_stages(stage_starts)?;
-        stages.into_iter().map(|st| st.graph).collect()
+        stages.iter().map(|st| st.graph.clone()).collect()
     };
     let update_graph = spec.update()?;
     let mut disputes = Vec::new();
@@ -195,11 +195,7 @@ pub(super) fn train(
         .iter()
         .map(|s| s.shard_jobs().iter().map(Vec::len).sum::<usize>() + 1)
         .sum::<usize>();
-    let pipeline_stages = if stage_starts.is_empty() {
-        1
-    } else {
-        shard_graphs.len()
-    };
+    let pipeline_stages = shard_graphs.len();
     if args.json {
         println!(
             "{}",
