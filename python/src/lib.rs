@@ -332,7 +332,7 @@ fn tensor_from_blob<'py>(py: Python<'py>, blob: &[u8]) -> PyResult<RawOut<'py>> 
 /// sessions, blobs and batches, each call one round trip with the GIL released.
 #[pyclass(module = "tenet._native")]
 pub struct NodeConnection {
-    client: tenet_node::NodeClient,
+    client: tenet_net::NodeClient,
     rt: tokio::runtime::Runtime,
     requests: std::sync::atomic::AtomicU64,
 }
@@ -341,7 +341,7 @@ impl NodeConnection {
     fn block<T>(
         &self,
         py: Python<'_>,
-        f: impl std::future::Future<Output = Result<T, tenet_node::ClientError>> + Send,
+        f: impl std::future::Future<Output = Result<T, tenet_net::ClientError>> + Send,
     ) -> PyResult<T>
     where
         T: Send,
@@ -357,7 +357,7 @@ impl NodeConnection {
     #[new]
     fn new(url: &str) -> PyResult<NodeConnection> {
         let client =
-            tenet_node::NodeClient::new(url, tenet_node::identity::generate()).map_err(err)?;
+            tenet_net::NodeClient::new(url, tenet_net::identity::generate()).map_err(err)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -649,9 +649,9 @@ fn auth_headers(
     path: &str,
     body: &[u8],
 ) -> PyResult<Vec<(String, String)>> {
-    let key = tenet_node::identity::read_key(Path::new(key_path)).map_err(err)?;
-    let client = tenet_node::NodeClient::new("http://127.0.0.1:1", key).map_err(err)?;
-    let method = tenet_node::Method::from_bytes(method.as_bytes())
+    let key = tenet_net::identity::read_key(Path::new(key_path)).map_err(err)?;
+    let client = tenet_net::NodeClient::new("http://127.0.0.1:1", key).map_err(err)?;
+    let method = tenet_net::Method::from_bytes(method.as_bytes())
         .map_err(|_| err(format!("{method:?} is not an HTTP method")))?;
     Ok(client.auth_headers(&method, path, body))
 }

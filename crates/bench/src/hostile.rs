@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tenet_ir::{DType, Graph, GraphBuilder, WeightsId};
-use tenet_node::client::Bounds;
-use tenet_node::{Bytes, ClientError, Method, NodeClient, RawRequest, identity};
+use tenet_net::client::Bounds;
+use tenet_net::{Bytes, ClientError, Method, NodeClient, RawRequest, identity};
 use tenet_proto::Hash;
 use tenet_proto::auth::{KeyPair, PublicKey};
 use tenet_proto::commit::{JobSpec, Tier};
@@ -1204,7 +1204,7 @@ impl Api {
     }
 }
 
-fn reply_of(r: Result<tenet_node::RawResponse, ClientError>) -> Reply {
+fn reply_of(r: Result<tenet_net::RawResponse, ClientError>) -> Reply {
     match r {
         Ok(r) => Reply::Answer(
             r.status,

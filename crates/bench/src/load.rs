@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tenet_coordinator::CoordinatorConfig;
-use tenet_coordinator::local::LocalNetwork;
 use tenet_devices::SimdLevel;
 use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder};
 use tenet_ledger::{JobState, Ledger};
-use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
+use tenet_local::LocalNetwork;
+use tenet_net::{Bytes, Method, NodeClient, RawRequest, identity};
 use tenet_proto::receipt::Receipt;
 
 use crate::node::filled;

@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tenet_exec::Device;
 use tenet_ir::{DType, GraphBuilder, HostTensor};
-use tenet_node::{Bytes, NodeClient, identity};
+use tenet_net::{Bytes, NodeClient, identity};
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{Batch, RunJob, SessionOp};
 use tenet_proto::{Hash, tensor};
@@ -359,7 +359,7 @@ async fn measure(
     quick: bool,
     progress: &mut impl FnMut(&str),
 ) -> Result<NodeReport, String> {
-    let err = |e: tenet_node::ClientError| e.to_string();
+    let err = |e: tenet_net::ClientError| e.to_string();
     let info = c.info().await.map_err(err)?;
     let mut rows = Vec::new();
     let reps = if quick { 200 } else { 2000 };

@@ -1,5 +1,5 @@
 //! The generation-across-nodes benchmark: SmolLM2 greedy decoding with its layers in stages on
-//! `tenet node` processes on 127.0.0.1 (`tenet_node::stages`), each stage once (r = 1) and on
+//! `tenet node` processes on 127.0.0.1 (`tenet_net::stages`), each stage once (r = 1) and on
 //! three nodes at once (r = 3), against decoding the same tokens locally in the same run. The
 //! figure the issue sets a goal for is r = 1's decode rate over the local one (≥ 0.7); the
 //! overhead is reported per stage hop (one round trip carrying one boundary row) per token.
@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use tenet_exec::Device;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
 use tenet_models::smollm2::{GGUF_FILE, SmolLm2, Stage, WeightsMode};
-use tenet_node::stages::{StageFiles, StagePipeline};
-use tenet_node::{NodeClient, identity};
+use tenet_net::stages::{StageFiles, StagePipeline};
+use tenet_net::{NodeClient, identity};
 
 use crate::node::{Spawned, spawn_node};
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use tenet_node::{Method, NodeClient, RawRequest, identity};
+use tenet_net::{Method, NodeClient, RawRequest, identity};
 
 /// What the watchers saw.
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tenet_coordinator::{CoordinatorConfig, ServiceConfig};
 use tenet_ir::TensorType;
-use tenet_node::{Bytes, Method, NodeClient, RawRequest, identity};
+use tenet_net::{Bytes, Method, NodeClient, RawRequest, identity};
 use tenet_proto::pipeline_receipt::PipelineReceipt;
 use tenet_proto::receipt::Receipt;
 use tenet_proto::{ApiError, Hash};
@@ -120,10 +120,10 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
     if a.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
-    let conn = tenet_node::http::ConnLimits {
+    let conn = tenet_net::serve::ConnLimits {
         max_connections: a.max_connections,
         header_timeout: secs(a.header_timeout, "--header-timeout")?,
-        body: tenet_node::http::BodyPace {
+        body: tenet_net::serve::BodyPace {
             idle: secs(a.body_timeout, "--body-timeout")?,
             min_rate: a.min_body_rate,
         },
@@ -395,10 +395,8 @@ impl Client {
                     _ => {}
                 },
                 Err(e)
-                    if e.downcast_ref::<tenet_node::ClientError>()
-                        .is_some_and(|c| {
-                            matches!(c, tenet_node::ClientError::Transport { .. })
-                        }) =>
+                    if e.downcast_ref::<tenet_net::ClientError>()
+                        .is_some_and(|c| matches!(c, tenet_net::ClientError::Transport { .. })) =>
                 {
                     if !unreachable_said {
                         eprintln!(

@@ -12,10 +12,10 @@ use std::path::Path;
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use tenet_coordinator::CoordinatorConfig;
-use tenet_coordinator::local::{LocalNetwork, LocalOptions};
 use tenet_ir::{HostTensor, codec, text};
+use tenet_local::{LocalNetwork, LocalOptions};
 use tenet_models::{WeightsFile, check_bindings, examples};
-use tenet_node::Method;
+use tenet_net::Method;
 use tenet_proto::receipt::Receipt;
 
 use crate::coord_cmd::Client;
@@ -136,7 +136,7 @@ struct Call {
 /// every two seconds so that jobs keep appearing, until Ctrl-C.
 async fn keep_serving(net: &LocalNetwork, call: &Call) -> Result<Call> {
     let client = Client::with_api_key(&net.coordinator_url, &net.api_key)?;
-    let stop = tenet_node::shutdown_signal();
+    let stop = tenet_net::serve::shutdown_signal();
     tokio::pin!(stop);
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
     loop {

@@ -7,6 +7,7 @@ mod device_args;
 mod import_cmd;
 mod models_cmd;
 mod node_cmd;
+mod p2p_cmd;
 mod progress;
 mod receipt_cmd;
 mod report;
@@ -79,7 +80,7 @@ enum BenchWhat {
         threads: Option<usize>,
         /// Busy-poll window of the node and of the client, µs (0 measures without busy
         /// polling).
-        #[arg(long, value_name = "MICROS", default_value_t = tenet_node::client::DEFAULT_BUSY_POLL.as_micros() as u64)]
+        #[arg(long, value_name = "MICROS", default_value_t = tenet_net::client::DEFAULT_BUSY_POLL.as_micros() as u64)]
         busy_poll_us: u64,
     },
     /// SmolLM2 decoding across `tenet node` processes on 127.0.0.1 (its layers in stages, each
@@ -431,6 +432,10 @@ enum Command {
         tenet node --trust $(tenet key show coordinator.key)\n  \
         tenet node --open --listen 127.0.0.1:0 --data-dir /tmp/node1 --event-log -")]
     Node(Box<node_cmd::NodeArgs>),
+    /// Run a peer of the peer-to-peer network (no coordinator): host tasks for any caller,
+    /// announced on the DHT and reached over libp2p. Prints its peer id and the addresses
+    /// other peers bootstrap from; runs until Ctrl-C.
+    Peer(Box<p2p_cmd::PeerArgs>),
     /// Is honesty a node's best strategy? Expected values of honest and dishonest play under
     /// spot-checking (EigenTensor's model), and the smallest check rate α that keeps honesty
     /// dominant.
@@ -556,6 +561,21 @@ enum Command {
         /// answers later.
         #[arg(long, default_value_t = 600.0, value_name = "SECS")]
         wait: f64,
+        /// No coordinator: find the task's hosters on the peer-to-peer network (through
+        /// --bootstrap), run the job on --replicas of them, verify their commitments and
+        /// reveals here, and issue the receipt yourself.
+        #[arg(long)]
+        p2p: bool,
+        /// With --p2p: a peer to join through (…/p2p/PEER_ID, as `tenet peer` prints);
+        /// repeatable.
+        #[arg(long, value_name = "MULTIADDR", requires = "p2p")]
+        bootstrap: Vec<String>,
+        /// With --p2p: how many hosters run the job (a strict majority must agree).
+        #[arg(long, default_value_t = 3, requires = "p2p")]
+        replicas: usize,
+        /// With --p2p: the weights the job runs with [default: those most hosters name].
+        #[arg(long, value_name = "HASH", requires = "p2p")]
+        weights: Option<String>,
         #[command(flatten)]
         remote: coord_cmd::Remote,
     },
@@ -656,6 +676,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => train_cmd::train(&args),
         Command::Split(args) => split_cmd::split(&args),
         Command::Node(args) => node_cmd::run_node(&args),
+        Command::Peer(args) => p2p_cmd::run_peer(&args),
         Command::Key { command } => node_cmd::key(&command),
         Command::Coordinator(args) => coord_cmd::run_coordinator(&args),
         Command::Timeline(args) => timeline_cmd::run(&args),
@@ -687,7 +708,56 @@ fn run(cli: Cli) -> Result<()> {
             receipt,
             json,
             wait,
+            p2p: true,
+            bootstrap,
+            replicas,
+            weights,
+            ..
+        } if tier != "exact" => {
+            let _ = (
+                task, inputs, seed, output, receipt, json, wait, bootstrap, replicas, weights,
+            );
+            anyhow::bail!(
+                "--p2p runs the exact tier only (tolerant comparison without a coordinator is not built yet)"
+            )
+        }
+        Command::Call {
+            task,
+            inputs,
+            seed,
+            output,
+            receipt,
+            json,
+            wait,
+            p2p: true,
+            bootstrap,
+            replicas,
+            weights,
+            ..
+        } => p2p_cmd::call(p2p_cmd::P2pCall {
+            task: &task,
+            inputs: &inputs,
+            seed,
+            bootstrap: &bootstrap,
+            replicas,
+            weights: weights.as_deref(),
+            output: output.as_deref(),
+            receipt: receipt.as_deref(),
+            json,
+            wait: std::time::Duration::try_from_secs_f64(wait)
+                .map_err(|_| anyhow::anyhow!("--wait takes a number of seconds"))?,
+        }),
+        Command::Call {
+            task,
+            inputs,
+            tier,
+            seed,
+            output,
+            receipt,
+            json,
+            wait,
             remote,
+            ..
         } => coord_cmd::call(
             &remote,
             coord_cmd::CallArgs {

@@ -261,7 +261,7 @@ pub struct Across<'a> {
     pub key: Option<&'a std::path::Path>,
 }
 
-/// `tenet generate --nodes`: the model's stages on nodes (`tenet_node::stages`).
+/// `tenet generate --nodes`: the model's stages on nodes (`tenet_net::stages`).
 pub fn generate_across(
     prompt: &str,
     max_tokens: usize,
@@ -271,7 +271,7 @@ pub fn generate_across(
     json: bool,
     across: &Across<'_>,
 ) -> Result<()> {
-    use tenet_node::stages::StagePipeline;
+    use tenet_net::stages::StagePipeline;
     let gguf = smollm2_gguf()?;
     let model = load_smollm2(&gguf, weights)?;
     let r = across.replicas;
@@ -287,14 +287,14 @@ pub fn generate_across(
     }
     let stages = smollm2::Stage::even(&model.config, n).map_err(anyhow::Error::msg)?;
     let key = match across.key {
-        Some(path) => tenet_node::identity::read_key(path)?,
-        None => tenet_node::identity::generate(),
+        Some(path) => tenet_net::identity::read_key(path)?,
+        None => tenet_net::identity::generate(),
     };
     let mut clients = across
         .nodes
         .iter()
         .map(|url| {
-            tenet_node::NodeClient::new(url, key.clone())
+            tenet_net::NodeClient::new(url, key.clone())
                 .map(|c| c.with_timeout(std::time::Duration::from_secs(120)))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -309,7 +309,7 @@ pub fn generate_across(
             eprintln!("stage layers {}..{} on {}", s.first, s.end, urls.join(", "));
         }
     }
-    let files = tenet_node::stages::StageFiles::new(&model, stages.clone())?;
+    let files = tenet_net::stages::StageFiles::new(&model, stages.clone())?;
     let mut pipeline = rt.block_on(StagePipeline::new(
         &model,
         std::sync::Arc::new(files),

@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use tenet_net::identity;
+use tenet_node::NodeConfig;
 use tenet_node::config::parse_size;
-use tenet_node::{NodeConfig, identity};
 
 fn size(text: &str) -> Result<u64, String> {
     parse_size(text).ok_or_else(|| format!("`{text}` is not a size such as 4096, 64K, 512M or 8G"))

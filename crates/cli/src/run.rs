@@ -28,7 +28,7 @@ fn read_inputs(graph: &Graph, args: &[String]) -> Result<HashMap<String, HostTen
 }
 
 /// Read `--input` arguments for the inputs `declared`, each exactly once.
-fn read_declared(
+pub(crate) fn read_declared(
     declared: &[(String, TensorType)],
     args: &[String],
 ) -> Result<HashMap<String, HostTensor>> {
@@ -81,7 +81,7 @@ fn write_requested(outputs: &[(String, HostTensor)], args: &[String]) -> Result<
     Ok(())
 }
 
-fn summary(outputs: &[(String, HostTensor)]) -> String {
+pub(crate) fn summary(outputs: &[(String, HostTensor)]) -> String {
     let mut s = String::new();
     for (name, t) in outputs {
         let hash: String = t.hash()[..6].iter().map(|b| format!("{b:02x}")).collect();

@@ -12,7 +12,7 @@ use tenet_devices::{CpuDevice, SimdLevel};
 use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
 use tenet_ledger::{AssignmentState, JobState, Ledger, NodeState, SqlLedger};
-use tenet_node::identity;
+use tenet_net::identity;
 use tenet_proto::Hash;
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier, output_hash, output_refs};
@@ -417,7 +417,7 @@ async fn commit_by_hand(
     let asg = l.assignments(job_id).await.unwrap();
     for (i, a) in asg.iter().enumerate() {
         let url = &l.node(&a.node_id).await.unwrap().unwrap().url;
-        let client = tenet_node::NodeClient::new(url, c.key.clone()).unwrap();
+        let client = tenet_net::NodeClient::new(url, c.key.clone()).unwrap();
         client.put_blob(graph.to_bytes()).await.unwrap();
         let committed = client.run_job(&run).await.unwrap();
         if i < recorded {

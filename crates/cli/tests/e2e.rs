@@ -183,13 +183,13 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
         .enable_all()
         .build()
         .unwrap();
-    let http = tenet_node::NodeClient::new(&curl, tenet_node::identity::generate()).unwrap();
+    let http = tenet_net::NodeClient::new(&curl, tenet_net::identity::generate()).unwrap();
     let get = |path: &str| -> serde_json::Value {
-        let req = tenet_node::RawRequest {
-            method: tenet_node::Method::GET,
+        let req = tenet_net::RawRequest {
+            method: tenet_net::Method::GET,
             path: path.to_string(),
             headers: vec![("authorization".into(), "Bearer secret".into())],
-            body: tenet_node::Bytes::new(),
+            body: tenet_net::Bytes::new(),
         };
         let r = rt.block_on(http.send(req)).unwrap();
         assert_eq!(
@@ -221,12 +221,12 @@ fn api_get(url: &str, path: &str) -> (u16, serde_json::Value) {
         .enable_all()
         .build()
         .unwrap();
-    let http = tenet_node::NodeClient::new(url, tenet_node::identity::generate()).unwrap();
-    let req = tenet_node::RawRequest {
-        method: tenet_node::Method::GET,
+    let http = tenet_net::NodeClient::new(url, tenet_net::identity::generate()).unwrap();
+    let req = tenet_net::RawRequest {
+        method: tenet_net::Method::GET,
         path: path.to_string(),
         headers: vec![("authorization".into(), "Bearer secret".into())],
-        body: tenet_node::Bytes::new(),
+        body: tenet_net::Bytes::new(),
     };
     match rt.block_on(http.send(req)) {
         Ok(r) => (

@@ -39,15 +39,15 @@ fn send(
         .enable_all()
         .build()
         .unwrap();
-    let http = tenet_node::NodeClient::new(url, tenet_node::identity::generate()).unwrap();
-    let req = tenet_node::RawRequest {
+    let http = tenet_net::NodeClient::new(url, tenet_net::identity::generate()).unwrap();
+    let req = tenet_net::RawRequest {
         method: method.parse().unwrap(),
         path: path.to_string(),
         headers: vec![
             ("authorization".into(), format!("Bearer {bearer}")),
             ("content-type".into(), content_type.into()),
         ],
-        body: tenet_node::Bytes::from(body),
+        body: tenet_net::Bytes::from(body),
     };
     match rt.block_on(http.send(req)) {
         Ok(r) => (
@@ -451,12 +451,12 @@ fn reqwest_metrics(url: &str) -> String {
         .enable_all()
         .build()
         .unwrap();
-    let http = tenet_node::NodeClient::new(url, tenet_node::identity::generate()).unwrap();
-    let req = tenet_node::RawRequest {
-        method: tenet_node::Method::GET,
+    let http = tenet_net::NodeClient::new(url, tenet_net::identity::generate()).unwrap();
+    let req = tenet_net::RawRequest {
+        method: tenet_net::Method::GET,
         path: "/metrics".into(),
         headers: Vec::new(),
-        body: tenet_node::Bytes::new(),
+        body: tenet_net::Bytes::new(),
     };
     let r = rt.block_on(http.send(req)).unwrap();
     String::from_utf8(r.body.to_vec()).unwrap()

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
-use tenet_node::{NodeClient, identity};
+use tenet_net::{NodeClient, identity};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{JobState, RunJob};

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tenet_ir::HostTensor;
-use tenet_node::{Method, NodeClient, identity};
+use tenet_net::{Method, NodeClient, identity};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::wire::{Batch, SessionOp};
 use tenet_proto::{ErrorCode, Hash, tensor};

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor, WeightsId};
-use tenet_node::{ClientError, Method, NodeClient, RawRequest, identity};
+use tenet_net::{ClientError, Method, NodeClient, RawRequest, identity};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::RunJob;

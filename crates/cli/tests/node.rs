@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tenet_devices::{CpuDevice, SimdLevel};
 use tenet_exec::Device;
 use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
-use tenet_node::{Method, NodeClient, identity};
+use tenet_net::{Method, NodeClient, identity};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{Batch, JobState, OpResult, RunJob, SessionOp};
@@ -303,7 +303,7 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
     // packing, the run's tables) fits; the 8 MiB graph below does not.
     let (node, key) = trusted_node("hostile", &["--memory-limit", "4M"]);
     let c = node.client(&key);
-    let expect = |r: tenet_node::RawResponse, status: u16, code: ErrorCode| {
+    let expect = |r: tenet_net::RawResponse, status: u16, code: ErrorCode| {
         assert_eq!(r.status, status, "{:?}", String::from_utf8_lossy(&r.body));
         assert_eq!(r.error().expect("an error body").code, code);
     };
@@ -334,7 +334,7 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
         ErrorCode::UntrustedKey,
     );
     // No signature at all.
-    let r = tenet_node::RawRequest {
+    let r = tenet_net::RawRequest {
         headers: vec![],
         ..c.signed(Method::GET, path, vec![])
     };
@@ -356,14 +356,14 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-    let r = tenet_node::RawRequest {
+    let r = tenet_net::RawRequest {
         headers,
         ..c.signed(Method::GET, path, vec![])
     };
     expect(c.send(r).await.unwrap(), 401, ErrorCode::StaleTimestamp);
     // A body that is not the signed one.
     let mut r = c.signed(Method::POST, "/v1/jobs", b"{}".to_vec());
-    r.body = tenet_node::Bytes::from_static(b"{ }");
+    r.body = tenet_net::Bytes::from_static(b"{ }");
     expect(c.send(r).await.unwrap(), 401, ErrorCode::BadSignature);
 
     // A blob whose bytes do not match its address (signed honestly over that address).
@@ -381,11 +381,11 @@ async fn hostile_requests_get_clear_4xx_and_the_node_keeps_serving() {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-    let r = tenet_node::RawRequest {
+    let r = tenet_net::RawRequest {
         method: Method::PUT,
         path: blob_path.clone(),
         headers,
-        body: tenet_node::Bytes::from_static(b"other bytes!!!"),
+        body: tenet_net::Bytes::from_static(b"other bytes!!!"),
     };
     expect(c.send(r).await.unwrap(), 400, ErrorCode::HashMismatch);
     assert_eq!(c.has_blob(&claimed).await.unwrap(), None);

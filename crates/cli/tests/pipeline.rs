@@ -233,12 +233,12 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     let metrics: Vec<String> = urls
         .iter()
         .map(|u| {
-            let c = tenet_node::NodeClient::new(u, tenet_node::identity::generate()).unwrap();
-            let req = tenet_node::RawRequest {
-                method: tenet_node::Method::GET,
+            let c = tenet_net::NodeClient::new(u, tenet_net::identity::generate()).unwrap();
+            let req = tenet_net::RawRequest {
+                method: tenet_net::Method::GET,
                 path: "/metrics".into(),
                 headers: vec![],
-                body: tenet_node::Bytes::new(),
+                body: tenet_net::Bytes::new(),
             };
             String::from_utf8(rt.block_on(c.send(req)).unwrap().body.to_vec()).unwrap()
         })
@@ -278,11 +278,11 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
         .to_string();
     let hash = tenet_proto::Hash::parse(&boundary).unwrap();
     let fetch = |grant: Option<tenet_proto::grant::PullGrant>| {
-        let c = tenet_node::NodeClient::new(&urls[0], tenet_node::identity::generate()).unwrap();
+        let c = tenet_net::NodeClient::new(&urls[0], tenet_net::identity::generate()).unwrap();
         let mut req = c.signed(
-            tenet_node::Method::GET,
+            tenet_net::Method::GET,
             &format!("/v1/tensors/{boundary}"),
-            tenet_node::Bytes::new(),
+            tenet_net::Bytes::new(),
         );
         if let Some(g) = grant {
             req.headers
@@ -297,16 +297,16 @@ fn minilm_split_over_nodes_smaller_than_the_model() {
     assert_eq!(fetch(Some(forged)), 403);
     // Manifests that do not chain, or name stages that are not deployed, are refused at
     // deploy with a message that says so.
-    let http = tenet_node::NodeClient::new(&curl, tenet_node::identity::generate()).unwrap();
+    let http = tenet_net::NodeClient::new(&curl, tenet_net::identity::generate()).unwrap();
     let post = |body: String| {
-        let req = tenet_node::RawRequest {
-            method: tenet_node::Method::POST,
+        let req = tenet_net::RawRequest {
+            method: tenet_net::Method::POST,
             path: "/v1/pipelines".into(),
             headers: vec![
                 ("authorization".into(), "Bearer secret".into()),
                 ("content-type".into(), "application/json".into()),
             ],
-            body: tenet_node::Bytes::from(body),
+            body: tenet_net::Bytes::from(body),
         };
         let r = rt.block_on(http.send(req)).unwrap();
         (r.status, String::from_utf8_lossy(&r.body).to_string())

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::Response;
 use hyper::header::HeaderValue;
-use tenet_node::http::{Reply, ReplyBody, body};
+use tenet_net::serve::{Reply, ReplyBody, body};
 use tenet_proto::error::{ApiError, ErrorCode};
 use tokio::sync::broadcast::error::RecvError;
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tenet_ir::HostTensor;
 use tenet_ledger::{JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState};
-use tenet_node::NodeClient;
+use tenet_net::NodeClient;
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::receipt::Receipt;
@@ -191,7 +191,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A uniform draw from [0, 1).
 fn unit_random() -> f64 {
-    (u64::from_le_bytes(tenet_node::identity::random_bytes::<8>()) >> 11) as f64
+    (u64::from_le_bytes(tenet_net::identity::random_bytes::<8>()) >> 11) as f64
         / (1u64 << 53) as f64
 }
 
@@ -217,7 +217,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
     }
 
     /// Write the event stream to `log` as well (`--event-log`).
-    pub fn with_event_log(mut self, log: tenet_node::observe::EventLog) -> Self {
+    pub fn with_event_log(mut self, log: tenet_net::events::EventLog) -> Self {
         self.events = crate::events::Events::new(log);
         self
     }
@@ -470,7 +470,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         for (name, t) in &req.inputs {
             inputs.insert(name.clone(), self.store.put_bytes(&tensor::encode(t))?);
         }
-        let job_id = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<12>());
+        let job_id = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
         let record = JobRecord {
             id: job_id.clone(),
             task: req.task.to_hex(),

@@ -122,7 +122,7 @@ impl TraceParty for ReferenceParty<'_> {
 /// A node answering for its trace of job `job_id` over the network (`POST
 /// /v1/jobs/{id}/trace` and the routes under it); every answer awaited at most `timeout`.
 pub struct NodeParty {
-    pub client: std::sync::Arc<tenet_node::client::NodeClient>,
+    pub client: std::sync::Arc<tenet_net::client::NodeClient>,
     pub job_id: String,
     pub root: Hash,
     /// The most bytes a leaf's value may have (the graph's largest node).

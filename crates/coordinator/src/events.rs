@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
-use tenet_node::observe::{EventLog, now_us};
+use tenet_net::events::{EventLog, now_us};
 use tokio::sync::broadcast;
 
 /// Events a subscriber may fall behind before it is dropped.

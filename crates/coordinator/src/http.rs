@@ -19,9 +19,9 @@ use hyper::{Method, Request, Response};
 use serde_json::{Value, json};
 use tenet_ir::{Graph, Op};
 use tenet_ledger::{AssignmentState, JobRecord, JobState, Ledger, NodeRecord, NodeState};
-use tenet_node::gate::Gate;
-use tenet_node::http::{Reply, body, collect_body_paced, error_reply, json_reply};
-use tenet_node::store_error;
+use tenet_net::errors::store_error;
+use tenet_net::gate::Gate;
+use tenet_net::serve::{Reply, body, collect_body_paced, error_reply, json_reply};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -42,7 +42,7 @@ pub struct Access {
     pub open: bool,
     pub max_request_bytes: u64,
     /// Connections, request heads and bodies: the accept loop's limits, shared with nodes.
-    pub conn: tenet_node::http::ConnLimits,
+    pub conn: tenet_net::serve::ConnLimits,
     /// The dashboard's read-only views (nodes, jobs, the event stream) without a key
     /// (`--public-dashboard`): the operator's choice, off by default.
     pub public_reads: bool,
@@ -501,7 +501,7 @@ impl<L: Ledger + 'static> Service<L> {
         };
         let body = collect_body_paced(req, limit, self.access.conn.body).await?;
         if let Some(signed) = signed_hash
-            && tenet_node::digest::hash(&body) != signed
+            && tenet_net::digest::hash(&body) != signed
         {
             return Err(ApiError::new(
                 ErrorCode::BadSignature,
@@ -922,12 +922,12 @@ impl<L: Ledger + 'static> Service<L> {
             // Already here: the body need not be read at all.
             return json_reply(&json!({"hash": hash, "size": size, "existed": true}));
         }
-        let declared = tenet_node::http::declared_length(&req)?;
+        let declared = tenet_net::serve::declared_length(&req)?;
         let mut writer = store.writer(hash, declared).map_err(store_error)?;
         let mut body = req.into_body();
         // At the pace every body must keep: one that stalls or trickles is dropped, and its
         // temporary file and room in the store with it.
-        let mut paced = tenet_node::http::Paced::new(self.access.conn.body);
+        let mut paced = tenet_net::serve::Paced::new(self.access.conn.body);
         while let Some(data) = paced.next(&mut body).await? {
             writer.write(&data).map_err(store_error)?;
         }
@@ -1156,7 +1156,7 @@ pub async fn serve<L: Ledger + 'static>(
     shutdown: impl Future<Output = ()>,
 ) {
     let limits = service.access.conn;
-    tenet_node::http::serve_connections_with(listener, limits, shutdown, move |req| {
+    tenet_net::serve::serve_connections_with(listener, limits, shutdown, move |req| {
         service.clone().handle(req)
     })
     .await;

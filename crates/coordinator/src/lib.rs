@@ -13,7 +13,6 @@ pub mod dispute;
 pub mod economics;
 pub mod events;
 pub mod http;
-pub mod local;
 pub mod openai;
 mod phases;
 pub mod pipeline;
@@ -43,7 +42,7 @@ pub struct ServiceConfig {
     /// How often the health monitor runs; nodes silent for three intervals are probed.
     pub health_interval: std::time::Duration,
     /// Connections, request heads and bodies (the node's accept loop and its defaults).
-    pub conn: tenet_node::http::ConnLimits,
+    pub conn: tenet_net::serve::ConnLimits,
     /// Where the event stream is logged too, one JSON object a line (`-`: standard error).
     pub event_log: Option<PathBuf>,
     /// The dashboard's read-only views without a key.
@@ -112,7 +111,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
         message,
     };
     std::fs::create_dir_all(&config.data_dir).map_err(|e| dir_err(e.to_string()))?;
-    let key = tenet_node::identity::load_or_create_at(&config.data_dir.join("coordinator.key"))
+    let key = tenet_net::identity::load_or_create_at(&config.data_dir.join("coordinator.key"))
         .map_err(|e| dir_err(e.to_string()))?;
     let store = tenet_store::Store::open(
         &config.data_dir.join("store"),
@@ -132,12 +131,12 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
         let ledger = tenet_ledger::SqlLedger::connect(&url).await?;
         let log = match &config.event_log {
             Some(path) => {
-                tenet_node::observe::EventLog::open(path).map_err(|e| StartError::DataDir {
+                tenet_net::events::EventLog::open(path).map_err(|e| StartError::DataDir {
                     path: path.display().to_string(),
                     message: format!("cannot open the event log: {e}"),
                 })?
             }
-            None => tenet_node::observe::EventLog::off(),
+            None => tenet_net::events::EventLog::off(),
         };
         let core = Arc::new(
             Coordinator::new(ledger, key.clone(), store, config.core.clone()).with_event_log(log),
@@ -154,7 +153,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             access: http::Access {
                 api_keys: config.api_keys.clone(),
                 admin_keys: config.admin_keys.clone(),
-                gate: tenet_node::gate::Gate::new(
+                gate: tenet_net::gate::Gate::new(
                     trusted,
                     config.open,
                     tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
@@ -191,7 +190,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
         let stopping = {
             let core = core.clone();
             async move {
-                tenet_node::shutdown_signal().await;
+                tenet_net::serve::shutdown_signal().await;
                 core.events.end();
             }
         };

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use tenet_ledger::Ledger;
 use tenet_models::generation::{self, GenerationParams};
 use tenet_models::smollm2::{EOS, FinishReason, SmolLm2, WeightsMode};
-use tenet_node::http::{Reply, ReplyBody, error_reply, json_reply};
+use tenet_net::serve::{Reply, ReplyBody, error_reply, json_reply};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
 
@@ -58,7 +58,7 @@ pub struct Llm {
     pub created: u64,
     pub model: Arc<SmolLm2>,
     /// Stage weights files built for staged generations, by stage count (see `staged.rs`).
-    pub staged: Mutex<Vec<(u64, Arc<tenet_node::stages::StageFiles>)>>,
+    pub staged: Mutex<Vec<(u64, Arc<tenet_net::stages::StageFiles>)>>,
 }
 
 /// The LLMs deployed here, kept in `llms.json` in the data directory so a restart keeps them.
@@ -518,7 +518,7 @@ fn parse_with<M>(
     }
     let seed = match req.seed {
         Some(s) => s as u64,
-        None => u64::from_le_bytes(tenet_node::identity::random_bytes::<8>()),
+        None => u64::from_le_bytes(tenet_net::identity::random_bytes::<8>()),
     };
     Ok(Asked {
         llm,
@@ -639,7 +639,7 @@ fn stream<L: Ledger + 'static>(core: Arc<Coordinator<L>>, asked: Asked, created:
     let id = format!(
         "{}-{}",
         if asked.chat { "chatcmpl" } else { "cmpl" },
-        tenet_proto::to_hex(&tenet_node::identity::random_bytes::<12>())
+        tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>())
     );
     tokio::spawn(async move {
         let event = |v: Value| Bytes::from(format!("data: {v}\n\n"));

@@ -24,8 +24,8 @@ use std::time::Duration;
 use tenet_ledger::{
     Assignment, AssignmentState, JobState, Ledger, NodeRecord, NodeState, Settlement, Verdict,
 };
-use tenet_node::client::{Bounds, reveal_answer_limit};
-use tenet_node::{ClientError, NodeClient};
+use tenet_net::client::{Bounds, reveal_answer_limit};
+use tenet_net::{ClientError, NodeClient};
 use tenet_proto::commit::{Commitment, JobSpec, Sig, Tier, output_hash, output_refs};
 use tenet_proto::receipt::{Attestation, Receipt};
 use tenet_proto::wire::{JobState as NodeJobState, RunJob};
@@ -606,7 +606,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     .map_err(|e| RevealError::Failed(e.to_string()))?
                     .to_vec(),
             };
-            if tenet_node::digest::hash(&bytes) != o.hash {
+            if tenet_net::digest::hash(&bytes) != o.hash {
                 return Err(RevealError::Lied(format!(
                     "output {} does not hash to what it revealed",
                     o.name

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tenet_ledger::{Ledger, LedgerError, NodeLimits, NodeRecord, NodeState};
-use tenet_node::NodeClient;
+use tenet_net::NodeClient;
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::wire::NodeInfo;

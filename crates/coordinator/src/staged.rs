@@ -2,7 +2,7 @@
 //! layers (`tenet_models::smollm2::stage`), each stage on `replicas` staked nodes picked like
 //! any job's replicas (by stake × score, one per operator, among nodes whose advertised memory
 //! takes that stage's graphs), driven with the coordinator's own key through
-//! `tenet_node::stages` — each stage's KV cache resident in its nodes' sessions, every token's
+//! `tenet_net::stages` — each stage's KV cache resident in its nodes' sessions, every token's
 //! rows going on only when a strict majority of the stage's nodes gave the same bits. A node
 //! outvoted is slashed and replaced by a spare (prefilled with the stage's rows so far, so the
 //! text does not change); a node that stops answering is replaced the same way. The answer
@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tenet_ledger::Ledger;
 use tenet_models::smollm2::stage::{Stage, capacity_for, stage_decode_graph, stage_prefill_graph};
 use tenet_models::smollm2::{Sampling, SmolLm2};
-use tenet_node::NodeClient;
-use tenet_node::stages::{StageError, StageFiles, StagePipeline};
+use tenet_net::NodeClient;
+use tenet_net::stages::{StageError, StageFiles, StagePipeline};
 use tenet_proto::auth::PublicKey;
 use tenet_proto::staged_receipt::{StagedReceipt, StagedSampling, StagedStage};
 
@@ -199,7 +199,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         }
         let generation = format!(
             "staged-{}",
-            tenet_proto::to_hex(&tenet_node::identity::random_bytes::<8>())
+            tenet_proto::to_hex(&tenet_net::identity::random_bytes::<8>())
         );
         let mut pipeline = StagePipeline::new(
             model,

@@ -420,7 +420,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             result: std::sync::Mutex::new(None),
             done,
         });
-        let id = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<12>());
+        let id = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
         {
             let mut runs = lock(&self.trainings.runs);
             let running = runs

@@ -111,7 +111,7 @@ impl Default for NodeConfig {
             pull_timeout_ms: 60_000,
             durable: true,
             max_clock_skew_secs: tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
-            busy_poll_us: crate::client::DEFAULT_BUSY_POLL.as_micros() as u64,
+            busy_poll_us: tenet_net::client::DEFAULT_BUSY_POLL.as_micros() as u64,
             price_per_gflop: 0.0,
             event_log: None,
             cheat: None,
@@ -205,16 +205,16 @@ impl NodeConfig {
     pub fn pull_peer_addrs(&self) -> Result<Vec<String>, ConfigError> {
         self.pull_peers
             .iter()
-            .map(|p| crate::client::authority(p).ok_or_else(|| ConfigError::BadPeer(p.clone())))
+            .map(|p| tenet_net::client::authority(p).ok_or_else(|| ConfigError::BadPeer(p.clone())))
             .collect()
     }
 
     /// What the accept loop and body reads enforce.
-    pub fn conn_limits(&self) -> crate::http::ConnLimits {
-        crate::http::ConnLimits {
+    pub fn conn_limits(&self) -> tenet_net::serve::ConnLimits {
+        tenet_net::serve::ConnLimits {
             max_connections: self.max_connections,
             header_timeout: std::time::Duration::from_millis(self.header_timeout_ms),
-            body: crate::http::BodyPace {
+            body: tenet_net::serve::BodyPace {
                 idle: std::time::Duration::from_millis(self.body_timeout_ms),
                 min_rate: self.min_body_bytes_per_sec,
             },

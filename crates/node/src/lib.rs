@@ -5,36 +5,26 @@
 //! and Prometheus metrics.
 //!
 //! Layers: [`service`] holds the operations with no HTTP in them; [`http`] is the only module
-//! that knows routes and statuses; [`client`] is the other side of the same wire. The wire
+//! that knows routes and statuses, and answers requests whatever carried them (a TCP
+//! connection, or a libp2p stream handed over whole: [`http::answer`]). The other side of the
+//! wire — the client, the request gate, the shared serving code — is `tenet-net`; the wire
 //! format itself lives in `tenet-proto`, the blob store in `tenet-store`.
 
-mod body;
-pub mod busy;
 pub mod cheat;
-pub mod client;
 pub mod config;
-pub mod digest;
 mod engine;
 mod errors;
-pub mod gate;
 pub mod http;
-pub mod identity;
 mod lru;
 pub mod membership;
 pub mod observe;
 mod pool;
 pub mod service;
-pub mod stages;
 pub mod trace;
 
 use std::sync::Arc;
 
-pub use bytes::Bytes;
-pub use client::{ClientError, NodeClient, RawRequest, RawResponse};
 pub use config::NodeConfig;
-/// A blob store failure as an API error: the node and the coordinator map it the same way.
-pub use errors::store_error;
-pub use hyper::Method;
 pub use service::{Node, StartError};
 
 /// Start a node from `config` and serve until Ctrl-C or SIGTERM. `ready` is told the address
@@ -63,7 +53,7 @@ pub fn run_blocking(
         let mut config = config;
         let membership = config.membership.clone();
         if let Some(m) = &membership {
-            let key = membership::Link::coordinator_key(m, &identity::generate()).await?;
+            let key = membership::Link::coordinator_key(m, &tenet_net::identity::generate()).await?;
             config.trusted_keys.push(key.to_hex());
         }
         let node = Node::start(config)?;
@@ -92,7 +82,7 @@ pub fn run_blocking(
         // drain.
         let shutdown = async move {
             tokio::select! {
-                _ = shutdown_signal() => {}
+                _ = tenet_net::serve::shutdown_signal() => {}
                 _ = aborted.wait_for(|a| *a) => {}
             }
             if let Some(link) = slot.get() {
@@ -136,23 +126,4 @@ pub fn run_blocking(
         drop(abort);
         Ok(())
     })
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }

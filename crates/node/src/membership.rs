@@ -9,7 +9,7 @@ use bytes::Bytes;
 use hyper::Method;
 use tenet_proto::auth::{KeyPair, PublicKey};
 
-use crate::client::{ClientError, NodeClient, RawRequest};
+use tenet_net::client::{ClientError, NodeClient, RawRequest};
 
 /// How a node joins a coordinator.
 #[derive(Clone, Debug, serde::Deserialize)]

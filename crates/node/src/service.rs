@@ -25,16 +25,17 @@ use tenet_proto::wire::{
 use tenet_proto::{ApiError, ErrorCode, Hash, tensor};
 use tenet_store::{Store, StoreConfig};
 
-use crate::client::ClientError;
 use crate::config::{ConfigError, NodeConfig};
 use crate::engine::{Engine, JobLimits, Task};
 use crate::errors::{bad_request, internal, not_found, store_error};
-use crate::gate::Gate;
-use crate::http::{Payload, payload};
-use crate::identity::{self, KeyFileError, random_bytes};
 use crate::lru::Lru;
-use crate::observe::{EventLog, Metrics};
+use crate::observe::Metrics;
 use crate::pool::Pool;
+use tenet_net::client::ClientError;
+use tenet_net::events::EventLog;
+use tenet_net::gate::Gate;
+use tenet_net::identity::{self, KeyFileError, random_bytes};
+use tenet_net::serve::{Payload, payload};
 
 /// Generation jobs running at once (each waits on a thread of its own while its model's
 /// batcher decodes).
@@ -74,9 +75,7 @@ impl Drop for Reservation {
 const MAX_JOBS_KEPT: usize = 100_000;
 /// Sessions open at once.
 const MAX_SESSIONS: usize = 4096;
-/// Outputs up to this many bytes in all travel inline in the reveal; larger ones are stored as
-/// blobs and fetched with `GET /v1/blobs/{hash}`.
-pub const INLINE_OUTPUT_BYTES: usize = 256 << 10;
+pub use tenet_proto::wire::INLINE_OUTPUT_BYTES;
 
 /// The most peers a job's pull tries for one input.
 const MAX_PULL_PEERS: usize = 8;
@@ -433,7 +432,7 @@ impl Node {
         let mut inline = HashMap::new();
         for (hash, hex) in &req.blobs {
             let bytes = hex_blob(hex, &format!("inline blob {}", hash.short()))?;
-            let actual = crate::digest::hash(&bytes);
+            let actual = tenet_net::digest::hash(&bytes);
             if actual != *hash {
                 return Err(ApiError::new(
                     ErrorCode::HashMismatch,
@@ -684,7 +683,7 @@ impl Node {
         let mut large = Vec::new();
         for (name, t) in outputs {
             let header = tensor::header(t.ty());
-            let hash = crate::digest::hash_parts(&[&header, t.bytes()]);
+            let hash = tenet_net::digest::hash_parts(&[&header, t.bytes()]);
             refs.push(OutputRef {
                 name,
                 hash,
@@ -1351,7 +1350,7 @@ impl Node {
     /// Whether pulls may fetch from `peer`: one of the configured pull peers, or, on an open
     /// node, a loopback address.
     fn pull_allowed(&self, peer: &str) -> Result<(), ApiError> {
-        let addr = crate::client::authority(peer).ok_or_else(|| {
+        let addr = tenet_net::client::authority(peer).ok_or_else(|| {
             bad_request(format!(
                 "pull peer `{peer}` is not a node address: expected http://HOST:PORT"
             ))
@@ -1382,7 +1381,7 @@ impl Node {
         check_name(name, "tensor name")?;
         self.pull_allowed(peer)?;
         let failed = |what: String| ApiError::new(ErrorCode::PeerFailed, what);
-        let client = crate::client::NodeClient::new(peer, self.key.clone())
+        let client = tenet_net::client::NodeClient::new(peer, self.key.clone())
             .map_err(|e| bad_request(e.to_string()))?;
         let timeout = Duration::from_millis(self.config.pull_timeout_ms);
         let room = self.session_room();
@@ -1391,7 +1390,7 @@ impl Node {
                 .max_blob_bytes
                 .saturating_add(tensor::MAX_TYPE_TEXT as u64 + 1),
         );
-        let bounds = crate::client::Bounds::new(timeout, limit);
+        let bounds = tenet_net::client::Bounds::new(timeout, limit);
         let mut inbound = self.inbound();
         let raw = client.signed(Method::GET, &format!("/v1/tensors/{hash}"), Bytes::new());
         let bytes = client
@@ -1402,7 +1401,7 @@ impl Node {
                 ClientError::TooLarge { size, .. } => self.no_room(size, room),
                 e => failed(format!("pulling {} from {peer}: {e}", hash.short())),
             })?;
-        if crate::digest::hash(&bytes) != *hash {
+        if tenet_net::digest::hash(&bytes) != *hash {
             return Err(failed(format!(
                 "peer {peer} sent bytes that do not hash to {hash}"
             )));
@@ -1460,19 +1459,19 @@ impl Node {
     /// more than a blob may weigh, and only bytes that hash to it.
     async fn pull_blob(&self, hash: &Hash, peer: &str, grant: &PullGrant) -> Result<(), ApiError> {
         let failed = |what: String| ApiError::new(ErrorCode::PeerFailed, what);
-        if crate::client::authority(peer).is_none() {
+        if tenet_net::client::authority(peer).is_none() {
             return Err(bad_request(format!(
                 "pull peer `{peer}` is not a node address: expected http://HOST:PORT"
             )));
         }
-        let client = crate::client::NodeClient::new(peer, self.key.clone())
+        let client = tenet_net::client::NodeClient::new(peer, self.key.clone())
             .map_err(|e| bad_request(e.to_string()))?;
         let timeout = Duration::from_millis(self.config.pull_timeout_ms);
         let limit = self
             .config
             .max_blob_bytes
             .saturating_add(tensor::MAX_TYPE_TEXT as u64 + 1);
-        let bounds = crate::client::Bounds::new(timeout, limit);
+        let bounds = tenet_net::client::Bounds::new(timeout, limit);
         let mut raw = client.signed(Method::GET, &format!("/v1/tensors/{hash}"), Bytes::new());
         raw.headers
             .push((tenet_proto::grant::GRANT_HEADER.into(), grant.to_header()));
@@ -1481,7 +1480,7 @@ impl Node {
             .await
             .and_then(|r| r.into_result())
             .map_err(|e| failed(format!("pulling {} from {peer}: {e}", hash.short())))?;
-        if crate::digest::hash(&bytes) != *hash {
+        if tenet_net::digest::hash(&bytes) != *hash {
             return Err(failed(format!(
                 "peer {peer} sent bytes that do not hash to {hash}"
             )));

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tenet_node::client::{Bounds, reveal_answer_limit};
-use tenet_node::{ClientError, NodeClient, identity};
+use tenet_net::client::{Bounds, reveal_answer_limit};
+use tenet_net::{ClientError, NodeClient, identity};
 use tenet_proto::Hash;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

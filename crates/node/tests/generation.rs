@@ -11,7 +11,8 @@ use tenet_ir::HostTensor;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
 use tenet_models::generation::{self, GenerationParams};
 use tenet_models::smollm2::{FinishReason, GGUF_FILE, SmolLm2, WeightsMode};
-use tenet_node::{Node, NodeClient, NodeConfig, identity};
+use tenet_net::{NodeClient, identity};
+use tenet_node::{Node, NodeConfig};
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::RunJob;
 use tenet_proto::{ErrorCode, Hash, tensor};
@@ -22,7 +23,7 @@ fn job(id: &str, weights: Hash, ids: &[u32], params: &GenerationParams, seed: u6
     let mut blobs = BTreeMap::new();
     for (name, t) in generation::inputs(ids, params) {
         let blob = tensor::encode(&t);
-        let hash = tenet_node::digest::hash(&blob);
+        let hash = tenet_net::digest::hash(&blob);
         inputs.insert(name, hash);
         blobs.insert(hash, tenet_proto::to_hex(&blob));
     }
@@ -169,7 +170,7 @@ fn a_node_generates_the_models_tokens_as_committed_jobs() {
         let mut bad = job("gen-bad", weights, &ids[0], &greedy(3), 0);
         let huge = HostTensor::from_i64(&[4], &[1 << 40, 0, 0, 0]).unwrap();
         let blob = tensor::encode(&huge);
-        let hash = tenet_node::digest::hash(&blob);
+        let hash = tenet_net::digest::hash(&blob);
         bad.job.inputs.insert("params".into(), hash);
         bad.blobs.insert(hash, tenet_proto::to_hex(&blob));
         let err = client.run_job(&bad).await.unwrap_err();

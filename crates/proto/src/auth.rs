@@ -179,6 +179,12 @@ impl KeyPair {
         self.fast.nonces.len()
     }
 
+    /// The secret seed: for deriving the same identity elsewhere (a peer's libp2p key is its
+    /// node key). Keep it as secret as the key file.
+    pub fn secret_seed(&self) -> [u8; 32] {
+        self.secret.to_bytes()
+    }
+
     /// The key file's text: the secret seed in hex and a newline.
     pub fn to_file_text(&self) -> String {
         format!("{}\n", crate::to_hex(&self.secret.to_bytes()))

@@ -20,6 +20,10 @@ use crate::auth::PublicKey;
 use crate::commit::{Commitment, JobSpec, Reveal, Tier};
 use crate::{ApiError, Hash};
 
+/// Outputs up to this many bytes in all travel inline in the reveal; larger ones are stored as
+/// blobs and fetched with `GET /v1/blobs/{hash}`.
+pub const INLINE_OUTPUT_BYTES: usize = 256 << 10;
+
 /// What a node says about itself.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeInfo {

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tenet_node::Method;
+use tenet_net::Method;
 
 use super::state::Model;
 use crate::coord_cmd::Client;

@@ -13,7 +13,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use serde_json::Value;
-use tenet_node::{Method, NodeClient, RawRequest, identity};
+use tenet_net::{Method, NodeClient, RawRequest, identity};
 
 use super::{MAX_FRAME, Tui, next_key, spawn_keys};
 

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tenet_exec::Device;
 use tenet_ir::{DType, TensorType};
-use tenet_node::Method;
+use tenet_net::Method;
 use tenet_proto::training_receipt::TrainingReceipt;
 use tenet_train::{Dataset, StepSpec};
 

@@ -125,6 +125,38 @@ impl Bounds {
     }
 }
 
+/// What one exchange over a [`Link`] may take and do besides sending.
+pub struct Exchange<'a> {
+    /// Adds the request body's bytes as the link takes them (a caller's upload progress).
+    pub taken: Option<Arc<AtomicU64>>,
+    /// The most bytes the answer's body may have.
+    pub limit: u64,
+    /// Asked about each piece of the answer's body (its length) before it is kept; saying no
+    /// stops the read ([`ClientError::TooLarge`]).
+    pub admit: &'a mut (dyn FnMut(u64) -> bool + Send),
+    /// How long to spin for the answer before sleeping.
+    pub spin: Duration,
+    /// Work to do while the answer is on its way (the signing nonce for the next request).
+    pub idle: &'a (dyn Fn() + Sync),
+}
+
+/// A future a [`Link`] returns.
+pub type LinkFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<RawResponse, ClientError>> + Send + 'a>,
+>;
+
+/// How the node API's signed requests reach one node: HTTP/1.1 over TCP ([`HttpLink`]) or a
+/// libp2p stream (`tenet-p2p`). The request is signed before it reaches the link and checked
+/// by the node's gate after it leaves it, so a link carries bytes and is trusted with nothing.
+/// A link has no deadline of its own: [`NodeClient`] drops the exchange at the call's.
+pub trait Link: Send + Sync + 'static {
+    /// Where the node is, as messages and receipts name it (`http://host:port`, or
+    /// `p2p:PEER_ID`).
+    fn url(&self) -> String;
+    /// Send `raw` and read its whole answer within `how`.
+    fn exchange<'a>(&'a self, raw: RawRequest, how: Exchange<'a>) -> LinkFuture<'a>;
+}
+
 /// A connection: the sender, and the task driving the socket, stopped when this is dropped
 /// (so a call abandoned at its deadline closes its socket at once).
 struct Conn {
@@ -138,11 +170,126 @@ impl Drop for Conn {
     }
 }
 
-/// A signed connection to one node.
-pub struct NodeClient {
+/// The node API over HTTP/1.1: one kept-alive connection, reopened when the node closed it.
+pub struct HttpLink {
     addr: String,
-    key: KeyPair,
     conn: Mutex<Option<Conn>>,
+}
+
+impl HttpLink {
+    /// A link to the node at `url` (`http://host:port` or `host:port`). Connects on first use.
+    pub fn new(url: &str) -> Result<HttpLink, ClientError> {
+        let addr = authority(url).ok_or_else(|| ClientError::BadUrl(url.to_string()))?;
+        Ok(HttpLink {
+            addr,
+            conn: Mutex::new(None),
+        })
+    }
+
+    fn transport(&self, message: impl ToString) -> ClientError {
+        ClientError::Transport {
+            addr: self.addr.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, ClientError> {
+        let stream = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| self.transport(e))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(crate::serve::READ_BUFFER_MAX)
+            .writev(true)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.transport(e))?;
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        })
+        .abort_handle();
+        Ok(Conn { sender, task })
+    }
+
+    async fn send(&self, raw: RawRequest, how: Exchange<'_>) -> Result<RawResponse, ClientError> {
+        let mut guard = self.conn.lock().await;
+        let (mut conn, mut reused) = match guard.take() {
+            Some(c) if !c.sender.is_closed() => (c, true),
+            _ => (self.connect().await?, false),
+        };
+        let mut req = Request::builder()
+            .method(raw.method)
+            .uri(&raw.path)
+            .header("host", &self.addr);
+        for (k, v) in &raw.headers {
+            req = req.header(k, v);
+        }
+        let body = match how.taken {
+            Some(t) => Tracked::counted(raw.body, t),
+            None => Tracked::whole(raw.body),
+        };
+        let mut req = req.body(body).map_err(|e| self.transport(e))?;
+        let resp = loop {
+            if let Err(e) = conn.sender.ready().await {
+                // A kept connection the node has closed since (its idle timeout).
+                if reused {
+                    conn = self.connect().await?;
+                    reused = false;
+                    continue;
+                }
+                return Err(self.transport(e));
+            }
+            let sent = conn.sender.try_send_request(req);
+            match crate::busy::spin_wait(sent, how.spin, how.idle).await {
+                Ok(resp) => break resp,
+                // A kept connection the node closed (its idle timeout) just as this request
+                // went out, before any of it was written: once more on a new connection.
+                Err(mut e) => match reused.then(|| e.take_message()).flatten() {
+                    Some(unsent) => {
+                        req = unsent;
+                        conn = self.connect().await?;
+                        reused = false;
+                    }
+                    None => return Err(self.transport(e.into_error())),
+                },
+            }
+        };
+        let status = resp.status().as_u16();
+        let declared = resp
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let limit = how.limit;
+        let body = read_body(resp.into_body(), declared, how.spin, limit, how.admit)
+            .await
+            .map_err(|e| match e {
+                ReadError::Http(e) => self.transport(e),
+                ReadError::TooLarge(size) => ClientError::TooLarge {
+                    addr: self.addr.clone(),
+                    limit,
+                    size,
+                },
+            })?;
+        *guard = Some(conn);
+        Ok(RawResponse { status, body })
+    }
+}
+
+impl Link for HttpLink {
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn exchange<'a>(&'a self, raw: RawRequest, how: Exchange<'a>) -> LinkFuture<'a> {
+        Box::pin(self.send(raw, how))
+    }
+}
+
+/// A signed connection to one node, over any [`Link`].
+pub struct NodeClient {
+    link: Box<dyn Link>,
+    key: KeyPair,
     busy_poll: Duration,
     timeout: Duration,
     json_limit: u64,
@@ -166,7 +313,7 @@ pub const DEFAULT_BLOB_ANSWER_BYTES: u64 =
     (2 << 30) + tenet_proto::tensor::MAX_TYPE_TEXT as u64 + 1;
 
 /// The most a reveal's answer can be for a graph with `outputs` outputs: its inline outputs
-/// (at most [`crate::service::INLINE_OUTPUT_BYTES`] in all, hex-encoded, each keyed by its
+/// (at most [`tenet_proto::wire::INLINE_OUTPUT_BYTES`] in all, hex-encoded, each keyed by its
 /// hash) and, per output, a name, a hash and a type, with room for the JSON around them. What
 /// a coordinator passes as [`Bounds::max_answer_bytes`] to [`NodeClient::reveal_within`].
 pub fn reveal_answer_limit(outputs: usize) -> u64 {
@@ -174,31 +321,34 @@ pub fn reveal_answer_limit(outputs: usize) -> u64 {
     // output (its reference and its blob's key).
     let ty = tenet_proto::tensor::MAX_TYPE_TEXT;
     let per_output = (tenet_ir::MAX_NAME_LEN + ty + 2 * (ty + 1) + 2 * 64 + 128) as u64;
-    2 * crate::service::INLINE_OUTPUT_BYTES as u64
+    2 * tenet_proto::wire::INLINE_OUTPUT_BYTES as u64
         + (64 << 10)
         + per_output.saturating_mul(outputs as u64)
 }
 
 /// `http://host:port` or `host:port` → `host:port`.
-pub(crate) fn authority(url: &str) -> Option<String> {
+pub fn authority(url: &str) -> Option<String> {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let rest = rest.trim_end_matches('/');
     (!rest.is_empty() && !rest.contains('/') && rest.contains(':')).then(|| rest.to_string())
 }
 
 impl NodeClient {
-    /// A client for the node at `url`, signing as `key`. Connects on first use.
+    /// A client for the node at `url` over HTTP, signing as `key`. Connects on first use.
     pub fn new(url: &str, key: KeyPair) -> Result<NodeClient, ClientError> {
-        let addr = authority(url).ok_or_else(|| ClientError::BadUrl(url.to_string()))?;
-        Ok(NodeClient {
-            addr,
+        Ok(NodeClient::over(Box::new(HttpLink::new(url)?), key))
+    }
+
+    /// A client for the node at the other end of `link`, signing as `key`.
+    pub fn over(link: Box<dyn Link>, key: KeyPair) -> NodeClient {
+        NodeClient {
+            link,
             key,
-            conn: Mutex::new(None),
             busy_poll: DEFAULT_BUSY_POLL,
             timeout: DEFAULT_TIMEOUT,
             json_limit: DEFAULT_JSON_ANSWER_BYTES,
             blob_limit: DEFAULT_BLOB_ANSWER_BYTES,
-        })
+        }
     }
 
     /// Give every call without its own [`Bounds`] at most `timeout` [default: 600 s].
@@ -227,37 +377,13 @@ impl NodeClient {
         self
     }
 
+    /// Where the node is: `http://host:port`, or `p2p:PEER_ID` over libp2p.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.link.url()
     }
 
     pub fn key(&self) -> &KeyPair {
         &self.key
-    }
-
-    fn transport(&self, message: impl ToString) -> ClientError {
-        ClientError::Transport {
-            addr: self.addr.clone(),
-            message: message.to_string(),
-        }
-    }
-
-    async fn connect(&self) -> Result<Conn, ClientError> {
-        let stream = tokio::net::TcpStream::connect(&self.addr)
-            .await
-            .map_err(|e| self.transport(e))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(crate::http::READ_BUFFER_MAX)
-            .writev(true)
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| self.transport(e))?;
-        let task = tokio::spawn(async move {
-            let _ = conn.await;
-        })
-        .abort_handle();
-        Ok(Conn { sender, task })
     }
 
     /// The signature headers for a request.
@@ -323,7 +449,7 @@ impl NodeClient {
 
     /// One request and its answer, within `bounds`; `admit` is asked about each piece of the
     /// answer's body (its length) before it is kept, and stops the read by saying no.
-    pub(crate) async fn exchange(
+    pub async fn exchange(
         &self,
         raw: RawRequest,
         taken: Option<Arc<AtomicU64>>,
@@ -335,90 +461,27 @@ impl NodeClient {
             .deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
-        let work = self.exchange_unbounded(raw, taken, bounds.max_answer_bytes, admit);
-        match tokio::time::timeout_at(deadline, work).await {
+        // While the answer is on its way, make the nonce for the next request's signature.
+        let key = &self.key;
+        let idle = move || {
+            key.refill_nonce(random_bytes());
+        };
+        let how = Exchange {
+            taken,
+            limit: bounds.max_answer_bytes,
+            admit,
+            spin: self.busy_poll,
+            idle: &idle,
+        };
+        match tokio::time::timeout_at(deadline, self.link.exchange(raw, how)).await {
             Ok(answer) => answer,
             // The connection was taken out of the slot for this call: dropping the call
             // dropped it, and with it the socket.
             Err(_) => Err(ClientError::Timeout {
-                addr: self.addr.clone(),
+                addr: self.link.url(),
                 limit_ms,
             }),
         }
-    }
-
-    async fn exchange_unbounded(
-        &self,
-        raw: RawRequest,
-        taken: Option<Arc<AtomicU64>>,
-        limit: u64,
-        admit: &mut (dyn FnMut(u64) -> bool + Send),
-    ) -> Result<RawResponse, ClientError> {
-        let mut guard = self.conn.lock().await;
-        let (mut conn, mut reused) = match guard.take() {
-            Some(c) if !c.sender.is_closed() => (c, true),
-            _ => (self.connect().await?, false),
-        };
-        let mut req = Request::builder()
-            .method(raw.method)
-            .uri(&raw.path)
-            .header("host", &self.addr);
-        for (k, v) in &raw.headers {
-            req = req.header(k, v);
-        }
-        let body = match taken {
-            Some(t) => Tracked::counted(raw.body, t),
-            None => Tracked::whole(raw.body),
-        };
-        let mut req = req.body(body).map_err(|e| self.transport(e))?;
-        // While the answer is on its way, make the nonce for the next request's signature.
-        let key = &self.key;
-        let resp = loop {
-            if let Err(e) = conn.sender.ready().await {
-                // A kept connection the node has closed since (its idle timeout).
-                if reused {
-                    conn = self.connect().await?;
-                    reused = false;
-                    continue;
-                }
-                return Err(self.transport(e));
-            }
-            let refill = || {
-                key.refill_nonce(random_bytes());
-            };
-            let sent = conn.sender.try_send_request(req);
-            match crate::busy::spin_wait(sent, self.busy_poll, refill).await {
-                Ok(resp) => break resp,
-                // A kept connection the node closed (its idle timeout) just as this request
-                // went out, before any of it was written: once more on a new connection.
-                Err(mut e) => match reused.then(|| e.take_message()).flatten() {
-                    Some(unsent) => {
-                        req = unsent;
-                        conn = self.connect().await?;
-                        reused = false;
-                    }
-                    None => return Err(self.transport(e.into_error())),
-                },
-            }
-        };
-        let status = resp.status().as_u16();
-        let declared = resp
-            .headers()
-            .get(hyper::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        let body = read_body(resp.into_body(), declared, self.busy_poll, limit, admit)
-            .await
-            .map_err(|e| match e {
-                ReadError::Http(e) => self.transport(e),
-                ReadError::TooLarge(size) => ClientError::TooLarge {
-                    addr: self.addr.clone(),
-                    limit,
-                    size,
-                },
-            })?;
-        *guard = Some(conn);
-        Ok(RawResponse { status, body })
     }
 
     /// Sign and send; a 2xx answer's body, or the node's error.
@@ -844,7 +907,7 @@ mod tests {
                 })
                 .collect();
             // All of the inline budget, split over the outputs, each with the longest header.
-            let data = crate::service::INLINE_OUTPUT_BYTES / outputs;
+            let data = tenet_proto::wire::INLINE_OUTPUT_BYTES / outputs;
             let blobs = refs
                 .iter()
                 .map(|r| {

@@ -10,8 +10,8 @@ use tenet_node::{Node, NodeConfig};
 use tenet_proto::auth::KeyPair;
 use tokio::sync::watch;
 
-use crate::dispatch::{Coordinator, CoordinatorConfig};
-use crate::http::{Access, Service};
+use tenet_coordinator::http::{Access, Service};
+use tenet_coordinator::{Coordinator, CoordinatorConfig};
 
 /// A running local network.
 pub struct LocalNetwork {
@@ -87,7 +87,7 @@ impl LocalNetwork {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let key = tenet_node::identity::generate();
+        let key = tenet_net::identity::generate();
         let mut servers = Vec::new();
         let mut nodes = Vec::new();
         for (i, cheat) in cheats.iter().enumerate() {
@@ -132,9 +132,9 @@ impl LocalNetwork {
         .map_err(err)?;
         let log = match &options.event_logs {
             Some(d) => {
-                tenet_node::observe::EventLog::open(&d.join("coordinator.jsonl")).map_err(err)?
+                tenet_net::events::EventLog::open(&d.join("coordinator.jsonl")).map_err(err)?
             }
-            None => tenet_node::observe::EventLog::off(),
+            None => tenet_net::events::EventLog::off(),
         };
         let core =
             Arc::new(Coordinator::new(ledger, key.clone(), store, config).with_event_log(log));
@@ -145,22 +145,22 @@ impl LocalNetwork {
         for (url, _, _) in &nodes {
             core.register_node(url, stake, None).await.map_err(err)?;
         }
-        let api_key = tenet_proto::to_hex(&tenet_node::identity::random_bytes::<16>());
-        let llms = crate::openai::Llms::open(dir, core.store()).map_err(err)?;
+        let api_key = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<16>());
+        let llms = tenet_coordinator::openai::Llms::open(dir, core.store()).map_err(err)?;
         let service = Arc::new(Service {
             core: core.clone(),
             llms: Arc::new(llms),
             access: Access {
                 api_keys: vec![api_key.clone()],
                 admin_keys: Vec::new(),
-                gate: tenet_node::gate::Gate::new(
+                gate: tenet_net::gate::Gate::new(
                     Vec::new(),
                     false,
                     tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
                 ),
                 open: false,
                 max_request_bytes: 1 << 30,
-                conn: tenet_node::http::ConnLimits::default(),
+                conn: tenet_net::serve::ConnLimits::default(),
                 public_reads: options.public_reads,
             },
         });
@@ -168,7 +168,7 @@ impl LocalNetwork {
             .await
             .map_err(err)?;
         let coordinator_url = format!("http://{}", listener.local_addr().map_err(err)?);
-        servers.push(tokio::spawn(crate::http::serve(
+        servers.push(tokio::spawn(tenet_coordinator::http::serve(
             service,
             listener,
             stopped(rx.clone()),

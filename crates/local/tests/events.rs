@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use tenet_coordinator::CoordinatorConfig;
-use tenet_coordinator::local::LocalNetwork;
+use tenet_local::LocalNetwork;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

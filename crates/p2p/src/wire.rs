@@ -1,0 +1,150 @@
+//! What travels on `/tenet/node/1`, the request-response protocol that carries the node API
+//! between peers: a node API request as it would go over HTTP — method, path, the signature
+//! headers, the body — and the answer's status and body, in CBOR. The signature covers the
+//! method, the path and the body, exactly as over HTTP, so the hosting node's gate checks a
+//! request the same whichever way it came. Everything here is bounded before it is used.
+
+use bytes::Bytes;
+use libp2p::StreamProtocol;
+use tenet_net::{Method, RawRequest, RawResponse};
+
+/// The node API over libp2p.
+pub const NODE_PROTOCOL: StreamProtocol = StreamProtocol::new("/tenet/node/1");
+
+/// The most a request may be on the wire (a node's default request limit and room for the
+/// headers): larger inputs go as blobs in pieces of at most this.
+pub const MAX_REQUEST_BYTES: u64 = (64 << 20) + (64 << 10);
+
+/// The most an answer may be on the wire (a job's outputs beyond it are fetched as blobs).
+pub const MAX_ANSWER_BYTES: u64 = (64 << 20) + (64 << 10);
+
+/// Headers a request may carry (the signature needs five).
+pub const MAX_HEADERS: usize = 16;
+
+/// A header's name and value, each at most this long.
+pub const MAX_HEADER_BYTES: usize = 512;
+
+/// A path at most this long.
+pub const MAX_PATH_BYTES: usize = 2048;
+
+/// Bytes that serialize as one CBOR byte string (not an array of numbers).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Blob(pub Bytes);
+
+impl serde::Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Blob, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Blob;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Blob, E> {
+                Ok(Blob(Bytes::copy_from_slice(v)))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Blob, E> {
+                Ok(Blob(Bytes::from(v)))
+            }
+        }
+        d.deserialize_bytes(Visit)
+    }
+}
+
+/// A node API request.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Blob,
+}
+
+/// Its answer.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Blob,
+}
+
+/// Why a request from a peer was refused before it reached the node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("`{0}` is not a method of the node API")]
+    Method(String),
+    #[error("the path is {0} bytes; at most {MAX_PATH_BYTES}")]
+    Path(usize),
+    #[error("{0} headers; at most {MAX_HEADERS}")]
+    Headers(usize),
+    #[error("a header is longer than {MAX_HEADER_BYTES} bytes")]
+    Header,
+}
+
+impl Request {
+    /// The request as it goes out.
+    pub fn from_raw(raw: RawRequest) -> Request {
+        Request {
+            method: raw.method.as_str().to_string(),
+            path: raw.path,
+            headers: raw.headers,
+            body: Blob(raw.body),
+        }
+    }
+
+    /// The request as the node answers it, checked against the bounds first.
+    pub fn into_raw(self) -> Result<RawRequest, WireError> {
+        let method = match self.method.as_str() {
+            "GET" => Method::GET,
+            "PUT" => Method::PUT,
+            "POST" => Method::POST,
+            "DELETE" => Method::DELETE,
+            "HEAD" => Method::HEAD,
+            _ => {
+                let mut m = self.method;
+                m.truncate(16);
+                return Err(WireError::Method(m));
+            }
+        };
+        if self.path.len() > MAX_PATH_BYTES || !self.path.starts_with('/') {
+            return Err(WireError::Path(self.path.len()));
+        }
+        if self.headers.len() > MAX_HEADERS {
+            return Err(WireError::Headers(self.headers.len()));
+        }
+        if self
+            .headers
+            .iter()
+            .any(|(k, v)| k.len() > MAX_HEADER_BYTES || v.len() > MAX_HEADER_BYTES)
+        {
+            return Err(WireError::Header);
+        }
+        Ok(RawRequest {
+            method,
+            path: self.path,
+            headers: self.headers,
+            body: self.body.0,
+        })
+    }
+}
+
+impl Answer {
+    pub fn from_raw(raw: RawResponse) -> Answer {
+        Answer {
+            status: raw.status,
+            body: Blob(raw.body),
+        }
+    }
+
+    /// An error answer made here (refused before the node saw the request).
+    pub fn error(e: &tenet_proto::ApiError) -> Answer {
+        Answer {
+            status: e.http_status(),
+            body: Blob(Bytes::from(e.to_json())),
+        }
+    }
+}
