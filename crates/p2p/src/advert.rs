@@ -131,6 +131,11 @@ impl Advert {
     }
 }
 
+/// A record from raw key and value bytes, as a peer offers it (for the fuzz target).
+pub fn record_from_parts(key: &[u8], value: &[u8]) -> Record {
+    Record::new(RecordKey::new(&key), value.to_vec())
+}
+
 /// Check a record a peer asks this one to store (or that a query returned): an advert under
 /// its signer's key, within the bounds, not dated ahead of `now`. Provider records are
 /// checked by [`check_provider`].

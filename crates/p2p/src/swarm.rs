@@ -26,7 +26,7 @@ use tenet_proto::{ApiError, ErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::advert::{MAX_RECORD_BYTES, check_provider, check_record};
-use crate::wire::{self, Answer, MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, NODE_PROTOCOL};
+use crate::wire::{self, Answer, NODE_PROTOCOL};
 
 /// tenet's DHT, apart from any other Kademlia network.
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/tenet/kad/1");
@@ -175,11 +175,8 @@ fn behaviour(key: &libp2p::identity::Keypair, config: &Config) -> Behaviour {
     // A peer that only dials would otherwise stay a client until an address of its own is
     // confirmed, and records put to it would fail.
     kad.set_mode(Some(kad::Mode::Server));
-    let codec = request_response::cbor::codec::Codec::default()
-        .set_request_size_maximum(MAX_REQUEST_BYTES)
-        .set_response_size_maximum(MAX_ANSWER_BYTES);
     let rpc = request_response::Behaviour::with_codec(
-        codec,
+        wire::codec(),
         [(NODE_PROTOCOL, ProtocolSupport::Full)],
         request_response::Config::default()
             .with_request_timeout(config.request_timeout)

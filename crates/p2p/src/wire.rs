@@ -148,3 +148,46 @@ impl Answer {
         }
     }
 }
+
+/// The codec both sides use on `/tenet/node/1`, with its size limits.
+pub fn codec() -> libp2p::request_response::cbor::codec::Codec<Request, Answer> {
+    libp2p::request_response::cbor::codec::Codec::default()
+        .set_request_size_maximum(MAX_REQUEST_BYTES)
+        .set_response_size_maximum(MAX_ANSWER_BYTES)
+}
+
+/// Decode one request as a hosting peer does — a whole substream's bytes through the codec
+/// with its limit, then the bounds of [`Request::into_raw`]. What the `p2p_frames` fuzz target
+/// and its corpus test drive; never panics.
+pub fn decode_request_frame(frame: &[u8]) -> Result<RawRequest, String> {
+    use libp2p::request_response::Codec as _;
+    use std::future::Future as _;
+    let mut codec = codec();
+    let mut io = libp2p::futures::io::Cursor::new(frame);
+    let protocol = NODE_PROTOCOL;
+    let read = codec.read_request(&protocol, &mut io);
+    let mut read = std::pin::pin!(read);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match read.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(request)) => request.into_raw().map_err(|e| e.to_string()),
+        std::task::Poll::Ready(Err(e)) => Err(e.to_string()),
+        // Reading from memory never waits.
+        std::task::Poll::Pending => Err("the frame did not decode at once".into()),
+    }
+}
+
+/// A request as it goes on the wire (for tests and the fuzz corpus).
+pub fn encode_request_frame(request: Request) -> Vec<u8> {
+    use libp2p::request_response::Codec as _;
+    use std::future::Future as _;
+    let mut codec = codec();
+    let mut io = libp2p::futures::io::Cursor::new(Vec::new());
+    let protocol = NODE_PROTOCOL;
+    {
+        let write = codec.write_request(&protocol, &mut io, request);
+        let mut write = std::pin::pin!(write);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let _ = write.as_mut().poll(&mut cx);
+    }
+    io.into_inner()
+}

@@ -139,6 +139,15 @@ try {
   process.exitCode = 1;
 } finally {
   try { await Promise.race([send("Browser.close"), sleep(3000)]); } catch { /* already gone */ }
+  // Wait for Chromium to be gone before removing its profile: its helper processes may still
+  // be writing there for a moment after the kill (seen as ENOTEMPTY), so retry a few times and
+  // never let the cleanup decide the test.
+  const exited = new Promise((resolve) => chrome.once("exit", resolve));
   chrome.kill("SIGKILL");
-  rmSync(profile, { recursive: true, force: true });
+  await Promise.race([exited, sleep(3000)]);
+  try {
+    rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+  } catch (e) {
+    console.error(`could not remove the browser profile ${profile}: ${e.message}`);
+  }
 }
