@@ -702,51 +702,37 @@ fn run(cli: Cli) -> Result<()> {
         Command::Call {
             task,
             inputs,
+            seed,
+            output,
+            receipt,
+            json,
+            wait,
+            p2p: true,
+            bootstrap,
+            replicas,
+            weights,
             tier,
-            seed,
-            output,
-            receipt,
-            json,
-            wait,
-            p2p: true,
-            bootstrap,
-            replicas,
-            weights,
             ..
-        } if tier != "exact" => {
-            let _ = (
-                task, inputs, seed, output, receipt, json, wait, bootstrap, replicas, weights,
-            );
-            anyhow::bail!(
-                "--p2p runs the exact tier only (tolerant comparison without a coordinator is not built yet)"
-            )
+        } => {
+            if tier != "exact" {
+                anyhow::bail!(
+                    "--p2p runs the exact tier only (tolerant comparison without a coordinator is not built yet)"
+                );
+            }
+            p2p_cmd::call(p2p_cmd::P2pCall {
+                task: &task,
+                inputs: &inputs,
+                seed,
+                bootstrap: &bootstrap,
+                replicas,
+                weights: weights.as_deref(),
+                output: output.as_deref(),
+                receipt: receipt.as_deref(),
+                json,
+                wait: std::time::Duration::try_from_secs_f64(wait)
+                    .map_err(|_| anyhow::anyhow!("--wait takes a number of seconds"))?,
+            })
         }
-        Command::Call {
-            task,
-            inputs,
-            seed,
-            output,
-            receipt,
-            json,
-            wait,
-            p2p: true,
-            bootstrap,
-            replicas,
-            weights,
-            ..
-        } => p2p_cmd::call(p2p_cmd::P2pCall {
-            task: &task,
-            inputs: &inputs,
-            seed,
-            bootstrap: &bootstrap,
-            replicas,
-            weights: weights.as_deref(),
-            output: output.as_deref(),
-            receipt: receipt.as_deref(),
-            json,
-            wait: std::time::Duration::try_from_secs_f64(wait)
-                .map_err(|_| anyhow::anyhow!("--wait takes a number of seconds"))?,
-        }),
         Command::Call {
             task,
             inputs,

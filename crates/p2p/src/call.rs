@@ -19,7 +19,7 @@ use tenet_proto::commit::{Commitment, JobSpec, OutputRef, Reveal, Sig, Tier, out
 use tenet_proto::receipt::{Attestation, Receipt};
 use tenet_proto::wire::{Revealed, RunJob};
 
-use crate::advert::{Advert, check_record, peer_key, task_key};
+use crate::advert::{Advert, task_key};
 use crate::link::P2pLink;
 use crate::swarm::Network;
 
@@ -89,10 +89,7 @@ pub async fn find(
             if adverts.contains_key(&peer) || peer == net.peer_id() {
                 continue;
             }
-            for record in net.get_record(peer_key(&peer)).await? {
-                let Ok(advert) = check_record(&record, tenet_proto::unix_now()) else {
-                    continue;
-                };
+            for advert in net.adverts(&peer).await? {
                 if crate::keys::peer_id(&advert.key) != Some(peer) {
                     continue;
                 }
@@ -322,22 +319,18 @@ pub async fn call(
     let mut agreed: Option<(usize, &Revealed)> = None;
     for (i, h) in chosen.iter().enumerate() {
         let commit_us = commits[i].as_ref().map_or(0, |(_, us)| *us);
-        let (verdict, error) = match (&reveals[i], winner) {
-            (Ok(rv), Some(w)) if rv.reveal.output_hash == w => {
-                let commitment = commits[i]
-                    .as_ref()
-                    .map(|(c, _)| c.clone())
-                    .unwrap_or_else(|_| unreachable!("a reveal needs a commitment"));
+        let (verdict, error) = match (&commits[i], &reveals[i], winner) {
+            (Ok((commitment, _)), Ok(rv), Some(w)) if rv.reveal.output_hash == w => {
                 nodes.push(Attestation {
-                    commitment,
+                    commitment: commitment.clone(),
                     output_hash: rv.reveal.output_hash,
                     salt: rv.reveal.salt,
                 });
                 agreed.get_or_insert((i, rv));
                 ("agreed", None)
             }
-            (Ok(_), _) => ("dissented", None),
-            (Err(e), _) => ("failed", Some(e.clone())),
+            (_, Ok(_), _) => ("dissented", None),
+            (_, Err(e), _) => ("failed", Some(e.clone())),
         };
         parts.push(Part {
             peer: h.peer.to_string(),

@@ -25,7 +25,7 @@ use tenet_proto::auth::KeyPair;
 use tenet_proto::{ApiError, ErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::advert::{MAX_RECORD_BYTES, check_provider, check_record};
+use crate::advert::{Advert, MAX_RECORD_BYTES, check_provider, check_record};
 use crate::wire::{self, Answer, NODE_PROTOCOL};
 
 /// tenet's DHT, apart from any other Kademlia network.
@@ -132,7 +132,7 @@ enum Command {
     Provide(RecordKey, oneshot::Sender<Result<(), P2pError>>),
     Providers(RecordKey, oneshot::Sender<Result<Vec<PeerId>, P2pError>>),
     PutRecord(Record, oneshot::Sender<Result<(), P2pError>>),
-    GetRecord(RecordKey, oneshot::Sender<Result<Vec<Record>, P2pError>>),
+    GetRecord(RecordKey, oneshot::Sender<Result<Vec<Advert>, P2pError>>),
     Request(
         PeerId,
         wire::Request,
@@ -355,8 +355,9 @@ impl Network {
         self.ask(|tx| Command::PutRecord(record, tx)).await?
     }
 
-    /// The records stored under `key`, each checked as an inbound put would be.
-    pub async fn get_record(&self, key: RecordKey) -> Result<Vec<Record>, P2pError> {
+    /// The adverts stored under `peer`'s key, each checked as an inbound put would be.
+    pub async fn adverts(&self, peer: &PeerId) -> Result<Vec<Advert>, P2pError> {
+        let key = crate::advert::peer_key(peer);
         self.ask(|tx| Command::GetRecord(key, tx)).await?
     }
 
@@ -382,7 +383,7 @@ enum Query {
     Provide(oneshot::Sender<Result<(), P2pError>>),
     Providers(Vec<PeerId>, oneshot::Sender<Result<Vec<PeerId>, P2pError>>),
     Put(oneshot::Sender<Result<(), P2pError>>),
-    Get(Vec<Record>, oneshot::Sender<Result<Vec<Record>, P2pError>>),
+    Get(Vec<Advert>, oneshot::Sender<Result<Vec<Advert>, P2pError>>),
 }
 
 struct Driver {
@@ -646,12 +647,15 @@ impl Driver {
                 if let Ok(GetRecordOk::FoundRecord(peer_record)) = r {
                     let record = peer_record.record;
                     // What a query returns is checked like what a peer stores here.
-                    if check_record(&record, now()).is_ok() {
-                        if !found.iter().any(|f| f.value == record.value) {
-                            found.push(record);
+                    match check_record(&record, now()) {
+                        Ok(advert) => {
+                            if !found.contains(&advert) {
+                                found.push(advert);
+                            }
                         }
-                    } else {
-                        self.stats.refused_records.fetch_add(1, Ordering::Relaxed);
+                        Err(_) => {
+                            self.stats.refused_records.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
                 if last {

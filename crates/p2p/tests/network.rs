@@ -178,12 +178,7 @@ async fn records_signed_by_someone_else_are_refused_and_counted() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        a.get_record(peer_key(&victim_peer))
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(a.adverts(&victim_peer).await.unwrap().is_empty());
     // An honest advert is stored and found.
     let honest = Advert::sign(
         &victim,
@@ -195,6 +190,6 @@ async fn records_signed_by_someone_else_are_refused_and_counted() {
         tenet_proto::unix_now(),
     );
     let _ = b.put_record(honest.record().unwrap()).await;
-    let got = a.get_record(peer_key(&victim_peer)).await.unwrap();
+    let got = a.adverts(&victim_peer).await.unwrap();
     assert_eq!(got.len(), 1);
 }
