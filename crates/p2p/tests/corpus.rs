@@ -53,7 +53,7 @@ fn the_fuzz_corpus_and_its_mutations() {
     assert!(seeds.len() >= 8, "the corpus lost its seeds");
     for (name, bytes) in &seeds {
         let accepted = check(bytes);
-        let want = name == "request-info" || name == "request-job";
+        let want = name == "seed-request-info" || name == "seed-request-job";
         assert_eq!(accepted, want, "{name}");
     }
     // A frame the codec itself wrote decodes to what was sent.
