@@ -3,6 +3,7 @@
 
 mod coord_cmd;
 mod demo;
+mod demo_p2p;
 mod device_args;
 mod import_cmd;
 mod models_cmd;
@@ -222,8 +223,13 @@ enum Command {
         /// Keep the network running afterwards and print its dashboard's URL (views public
         /// on this loopback network); the MLP is called every 2 s so jobs keep appearing.
         /// Ctrl-C stops it.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "p2p")]
         dashboard: bool,
+        /// No coordinator: a peer-to-peer network on 127.0.0.1 (three validators, five
+        /// hosters, one of them lying, a client) runs jobs through the DHT and two epochs of
+        /// challenges, commit-reveal scores and settlement.
+        #[arg(long)]
+        p2p: bool,
     },
     /// Compile a graph (text or binary) into the canonical binary form and print its id.
     Compile {
@@ -576,6 +582,10 @@ enum Command {
         /// With --p2p: the weights the job runs with [default: those most hosters name].
         #[arg(long, value_name = "HASH", requires = "p2p")]
         weights: Option<String>,
+        /// With --p2p: the network spec; hosters its validators put in bad standing in the
+        /// last settled epoch are passed over.
+        #[arg(long, value_name = "FILE", requires = "p2p")]
+        network: Option<PathBuf>,
         #[command(flatten)]
         remote: coord_cmd::Remote,
     },
@@ -641,10 +651,14 @@ fn run(cli: Cli) -> Result<()> {
             dir,
             json,
             dashboard,
+            p2p,
         } => {
             let dir = dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("tenet-demo-{}", std::process::id()))
             });
+            if p2p {
+                return demo_p2p::run(&dir, json);
+            }
             demo::run(
                 &dir,
                 demo::DemoOptions {
@@ -712,6 +726,7 @@ fn run(cli: Cli) -> Result<()> {
             replicas,
             weights,
             tier,
+            network,
             ..
         } => {
             if tier != "exact" {
@@ -731,6 +746,7 @@ fn run(cli: Cli) -> Result<()> {
                 json,
                 wait: std::time::Duration::try_from_secs_f64(wait)
                     .map_err(|_| anyhow::anyhow!("--wait takes a number of seconds"))?,
+                network: network.as_deref(),
             })
         }
         Command::Call {

@@ -1,7 +1,10 @@
 //! The peer-to-peer network as a user drives it, with real processes on 127.0.0.1: four
 //! `tenet peer` hosters (one lying) joined through the first, and `tenet call --p2p` finding
 //! them on the DHT, running the example MLP on all four with no coordinator, and getting the
-//! local result with a receipt `tenet receipt verify` accepts.
+//! local result with a receipt `tenet receipt verify` accepts; a network spec written by
+//! `tenet peer network` with a validator whose epochs score the liar down, seen through
+//! `tenet peer status`, after which `tenet call --p2p --network` passes the liar over; and
+//! `tenet demo --p2p --json`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -26,24 +29,42 @@ fn examples() -> std::path::PathBuf {
 
 /// Start a peer and read what it prints up to its task line.
 fn peer(dir: &Path, i: usize, bootstrap: Option<&str>, cheat: bool) -> Peer {
+    let cheat: &[&str] = if cheat { &["--cheat", "flip"] } else { &[] };
+    peer_with(
+        &dir.join(format!("p{i}")),
+        bootstrap,
+        true,
+        cheat,
+        "hosting",
+    )
+}
+
+/// Start a peer (hosting the example MLP or not) and read what it prints up to a line
+/// containing `until`.
+fn peer_with(
+    data_dir: &Path,
+    bootstrap: Option<&str>,
+    host: bool,
+    extra: &[&str],
+    until_line: &str,
+) -> Peer {
     let e = examples();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tenet"));
     cmd.arg("peer")
         .arg("--data-dir")
-        .arg(dir.join(format!("p{i}")))
-        .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
-        .arg("--host")
-        .arg(format!(
+        .arg(data_dir)
+        .args(["--listen", "/ip4/127.0.0.1/tcp/0"]);
+    if host {
+        cmd.arg("--host").arg(format!(
             "{},{}",
             e.join("mlp.tg").display(),
             e.join("mlp.safetensors").display()
         ));
+    }
     if let Some(b) = bootstrap {
         cmd.args(["--bootstrap", b]);
     }
-    if cheat {
-        cmd.args(["--cheat", "flip"]);
-    }
+    cmd.args(extra);
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -58,7 +79,7 @@ fn peer(dir: &Path, i: usize, bootstrap: Option<&str>, cheat: bool) -> Peer {
         if out.read_line(&mut line).unwrap() == 0 {
             panic!("the peer exited: {lines:?}");
         }
-        let done = line.contains("hosting");
+        let done = line.contains(until_line);
         lines.push(line.trim().to_string());
         if done {
             break;
@@ -176,4 +197,184 @@ fn a_call_with_no_coordinator_is_verified_by_peers_and_outvotes_a_liar() {
         String::from_utf8_lossy(&verify.stderr)
     );
     assert!(said.contains("3 of 4 node(s) agreed"), "{said}");
+}
+
+fn tenet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tenet"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn address(p: &Peer) -> String {
+    p.lines
+        .iter()
+        .find_map(|l| l.strip_prefix("listening on "))
+        .expect("the peer prints its address")
+        .to_string()
+}
+
+#[test]
+fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let vdir = dir.path().join("v0");
+    let out = tenet(&["peer", "key", "--data-dir", vdir.to_str().unwrap()]);
+    assert!(out.status.success());
+    let vkey = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(vkey.len(), 64, "{vkey}");
+    let spec = dir.path().join("net.json");
+    let out = tenet(&[
+        "peer",
+        "network",
+        "-o",
+        spec.to_str().unwrap(),
+        "--validator",
+        &vkey,
+        "--epoch-secs",
+        "3",
+        "--genesis-in",
+        "4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A spec naming something that is not a key is refused with the reason.
+    let bad = tenet(&["peer", "network", "-o", "/dev/null", "--validator", "zz"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a public key"));
+
+    let net = ["--network", spec.to_str().unwrap(), "--gossip-every", "0.5"];
+    let first = peer_with(&dir.path().join("h0"), None, true, &net, "network");
+    let boot = address(&first);
+    let mut hosters = vec![first];
+    for i in 1..3 {
+        let mut extra = net.to_vec();
+        if i == 2 {
+            extra.extend(["--cheat", "flip"]);
+        }
+        hosters.push(peer_with(
+            &dir.path().join(format!("h{i}")),
+            Some(&boot),
+            true,
+            &extra,
+            "network",
+        ));
+    }
+    let liar = hosters[2].lines[0]
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_string();
+    let mut extra = net.to_vec();
+    extra.push("--validate");
+    let validator = peer_with(&vdir, Some(&boot), false, &extra, "validating");
+    let vaddr = address(&validator);
+
+    // Epoch 0 is scored and settled; the validator's status says so.
+    let until = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        assert!(Instant::now() < until, "epoch 0 was not settled in time");
+        let out = tenet(&["peer", "status", &vaddr, "--json"]);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v["standings"]["epoch"].as_u64().is_some() {
+                break v;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(status["network"], "tenet");
+    let scores = status["validator"]["scores"].as_array().unwrap();
+    assert_eq!(scores.len(), 3, "{status}");
+    for s in scores {
+        let want = if s["peer"] == liar.as_str() { 0.0 } else { 1.0 };
+        assert_eq!(s["score"].as_f64(), Some(want), "{s}");
+    }
+    let standings = status["standings"]["standings"].as_array().unwrap();
+    let liar_standing = standings
+        .iter()
+        .find(|s| s["peer"] == liar.as_str())
+        .unwrap();
+    assert_eq!(liar_standing["good"], false);
+    assert_eq!(liar_standing["decided"], true);
+    // The text form names it.
+    let text = tenet(&["peer", "status", &vaddr]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("{liar} score 0.00: BAD standing")),
+        "{text}"
+    );
+
+    // A caller with the spec passes the liar over; two honest hosters agree.
+    let x = dir.path().join("x.json");
+    let rows: Vec<Vec<f32>> = (0..8).map(|i| vec![i as f32 / 8.0; 64]).collect();
+    std::fs::write(&x, serde_json::to_vec(&rows).unwrap()).unwrap();
+    let task = hosters[0]
+        .lines
+        .iter()
+        .find_map(|l| l.split("(task ").nth(1))
+        .and_then(|t| t.split(',').next())
+        .unwrap()
+        .to_string();
+    let out = tenet(&[
+        "call",
+        "--p2p",
+        "--bootstrap",
+        &boot,
+        "--network",
+        spec.to_str().unwrap(),
+        "--replicas",
+        "2",
+        "--json",
+        &task,
+        "-i",
+        &format!("x={}", x.display()),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hosters_used: Vec<&str> = v["hosters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["peer"].as_str().unwrap())
+        .collect();
+    assert_eq!(hosters_used.len(), 2);
+    assert!(!hosters_used.contains(&liar.as_str()), "{v}");
+    assert_eq!(v["receipt"]["nodes"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn the_p2p_demo_runs_two_epochs_and_catches_the_liar() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tenet(&[
+        "demo",
+        "--p2p",
+        "--json",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["cheaters_caught"], 1, "{v}");
+    assert!(v["epochs"].as_u64().unwrap() >= 2, "{v}");
+    assert!(v["jobs"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["coordinator"].is_null());
+    assert!(
+        v["passed_over"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| *p == v["liar"])
+    );
 }

@@ -71,14 +71,22 @@ pub enum RecordError {
     TooLarge(usize),
     #[error("the record does not parse as an advert: {0}")]
     Parse(String),
-    #[error("the advert lists too many tasks or addresses, or overlong names")]
+    #[error("the record lists too many entries, or overlong ones")]
     Bounds,
-    #[error("the advert's signature does not verify")]
+    #[error("the record's signature does not verify")]
     Signature,
-    #[error("the advert is signed by a key other than the one its record key names")]
+    #[error("the record is signed by a key other than the one its key names")]
     WrongSigner,
     #[error("the advert is dated {0} s in the future")]
     Future(u64),
+    #[error("score records are refused: this peer was started without a network spec")]
+    NoNetwork,
+    #[error("the score record is signed by a key that is not one of the network's validators")]
+    NotValidator,
+    #[error("the score record is outside its phase window")]
+    Window,
+    #[error("the score record's epoch is over two epochs old: it has expired")]
+    Expired,
 }
 
 impl Advert {

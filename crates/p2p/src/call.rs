@@ -113,6 +113,24 @@ pub async fn find(
     }
 }
 
+/// Pass over the hosters the last settled epoch put in bad standing (stake-weighted scores
+/// of the network's validators, read from the DHT); the ones passed over.
+pub async fn drop_bad(
+    net: &Network,
+    spec: &crate::epoch::NetworkSpec,
+    found: &mut Found,
+) -> Vec<PeerId> {
+    let Some(settled) = crate::validator::last_settled(net, spec).await else {
+        return Vec::new();
+    };
+    let (bad, good): (Vec<Hoster>, Vec<Hoster>) = found
+        .hosters
+        .drain(..)
+        .partition(|h| settled.is_bad(&h.peer));
+    found.hosters = good;
+    bad.into_iter().map(|h| h.peer).collect()
+}
+
 /// The hosters of `task` with `weights` (or with the weights most adverts name).
 fn select(adverts: &HashMap<PeerId, Advert>, task: Hash, weights: Option<Hash>) -> Found {
     let named: Vec<(PeerId, &Advert, Option<Hash>)> = adverts

@@ -1,9 +1,11 @@
-//! A hoster: a tenet node whose API is reached over libp2p instead of (or besides) HTTP. It
-//! keeps the tasks it hosts — graph and weights — pinned in its store, announces each as a
-//! provider record, publishes its signed advert (tasks, device, memory, price, addresses)
-//! and renews it, and answers every request from a peer with the node's own routes
-//! (`tenet_node::http::answer`): the same gate, limits and commit-reveal as over HTTP. It is
-//! open to any caller — peers are strangers — and bounded per peer by the swarm.
+//! A peer of the network: a tenet node whose API is reached over libp2p instead of (or
+//! besides) HTTP, hosting tasks, validating, or both. It keeps the tasks it hosts — graph and
+//! weights — pinned in its store, announces each as a provider record, publishes its signed
+//! advert (tasks, device, memory, price, addresses) on the DHT and on the gossip topic and
+//! renews both, answers every request from a peer with the node's own routes
+//! (`tenet_node::http::answer`: the same gate, limits and commit-reveal as over HTTP), and
+//! answers [`STATUS_PATH`] with what `tenet peer status` shows. It is open to any caller —
+//! peers are strangers — and bounded per peer by the swarm.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,11 +16,16 @@ use tenet_proto::Hash;
 use tokio::sync::mpsc;
 
 use crate::advert::{Advert, Hosted, task_key};
+use crate::epoch::NetworkSpec;
 use crate::swarm::{Config, Inbound, Network, P2pError};
+use crate::validator::{Validator, ValidatorOptions, ValidatorState};
 use crate::wire::MAX_ANSWER_BYTES;
 
-/// How often a hoster renews its advert.
+/// How often a hoster renews its advert on the DHT.
 pub const ADVERT_EVERY: Duration = Duration::from_secs(300);
+
+/// The path a peer answers with its status (no signature needed: it is public).
+pub const STATUS_PATH: &str = "/v1/peer/status";
 
 /// A task to host: a graph file (binary or text form) and its weights, if any.
 #[derive(Clone, Debug)]
@@ -36,6 +43,10 @@ pub struct HostConfig {
     /// The swarm (its key is replaced by the node's).
     pub net: Config,
     pub tasks: Vec<TaskFiles>,
+    /// How often the advert is gossiped (until the first gossip succeeds: every half second).
+    pub gossip_every: Duration,
+    /// Validate too.
+    pub validator: Option<ValidatorOptions>,
 }
 
 /// Why a hoster could not start.
@@ -51,6 +62,8 @@ pub enum HostError {
     Graph { path: String, message: String },
     #[error("cannot keep {what} in the node's store: {message}")]
     Store { what: String, message: String },
+    #[error(transparent)]
+    Validator(#[from] crate::validator::ValidatorError),
 }
 
 /// A running hoster.
@@ -58,7 +71,47 @@ pub struct Hoster {
     pub node: Arc<Node>,
     pub net: Network,
     pub hosted: Vec<Hosted>,
+    pub validator: Option<Validator>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What `tenet peer status` shows of a peer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PeerStatus {
+    pub network: Option<String>,
+    /// The epoch under way and its phase (with a network spec).
+    pub epoch: Option<u64>,
+    pub phase: Option<crate::epoch::Phase>,
+    pub swarm: crate::swarm::Status,
+    pub hosted: Vec<Hosted>,
+    pub validator: Option<ValidatorState>,
+    /// Hosters in the last settled epoch's standings (any peer computes them from the DHT).
+    pub standings: Option<crate::epoch::Settled>,
+}
+
+/// A peer's status, as answered on [`STATUS_PATH`].
+pub async fn peer_status(
+    net: &Network,
+    spec: Option<&NetworkSpec>,
+    hosted: &[Hosted],
+    validator: Option<&Arc<std::sync::Mutex<ValidatorState>>>,
+) -> Result<PeerStatus, P2pError> {
+    let swarm = net.status().await?;
+    let now = crate::swarm::now_ms();
+    let phase = spec.and_then(|s| s.phase_at(now));
+    let standings = match spec {
+        Some(s) => crate::validator::last_settled(net, s).await,
+        None => None,
+    };
+    Ok(PeerStatus {
+        network: spec.map(|s| s.name.clone()),
+        epoch: phase.map(|p| p.0),
+        phase: phase.map(|p| p.1),
+        swarm,
+        hosted: hosted.to_vec(),
+        validator: validator.map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+        standings,
+    })
 }
 
 impl Drop for Hoster {
@@ -122,12 +175,42 @@ impl Hoster {
         let (tx, mut rx) = mpsc::channel::<Inbound>(256);
         let mut net_config = config.net;
         net_config.key = node.key().clone();
+        let spec = net_config.spec.clone();
         let net = Network::start(net_config, Some(tx)).await?;
+        let validator = match config.validator {
+            Some(options) => {
+                Some(Validator::start(net.clone(), node.key().clone(), options).await?)
+            }
+            None => None,
+        };
         let mut tasks = Vec::new();
         let answering = node.clone();
+        let status_net = net.clone();
+        let status_hosted = hosted.clone();
+        let status_validator = validator.as_ref().map(|v| v.state.clone());
         tasks.push(tokio::spawn(async move {
             while let Some(inbound) = rx.recv().await {
                 let node = answering.clone();
+                if inbound.request.path == STATUS_PATH {
+                    let (net, spec, hosted, v) = (
+                        status_net.clone(),
+                        spec.clone(),
+                        status_hosted.clone(),
+                        status_validator.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let body =
+                            match peer_status(&net, spec.as_deref(), &hosted, v.as_ref()).await {
+                                Ok(s) => serde_json::to_vec(&s).unwrap_or_default(),
+                                Err(_) => Vec::new(),
+                            };
+                        let _ = inbound.reply.send(tenet_net::RawResponse {
+                            status: 200,
+                            body: body.into(),
+                        });
+                    });
+                    continue;
+                }
                 tokio::spawn(async move {
                     // Room for the CBOR around the body.
                     let limit = MAX_ANSWER_BYTES - (64 << 10);
@@ -140,6 +223,7 @@ impl Hoster {
             node,
             net,
             hosted,
+            validator,
             tasks,
         };
         hoster.announce().await?;
@@ -149,12 +233,33 @@ impl Hoster {
             hoster.hosted.clone(),
         );
         let mut hoster = hoster;
+        let (gnet, gnode, ghosted) = (net.clone(), node.clone(), hosted.clone());
         hoster.tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(ADVERT_EVERY).await;
                 let _ = publish(&net, &node, &hosted).await;
             }
         }));
+        // Gossip the advert: every half second until it first goes out (a new peer has no
+        // gossip mesh yet), then at the configured pace. A peer hosting nothing stays quiet.
+        let every = config.gossip_every.max(Duration::from_millis(100));
+        if !ghosted.is_empty() {
+            hoster.tasks.push(tokio::spawn(async move {
+                let mut sent = false;
+                loop {
+                    let advert = advert(&gnet, &gnode, &ghosted).await;
+                    if let Ok(a) = advert {
+                        sent |= gnet.gossip_advert(&a).await.is_ok();
+                    }
+                    let pause = if sent {
+                        every
+                    } else {
+                        Duration::from_millis(500)
+                    };
+                    tokio::time::sleep(pause).await;
+                }
+            }));
+        }
         Ok(hoster)
     }
 
@@ -168,6 +273,14 @@ impl Hoster {
 }
 
 async fn publish(net: &Network, node: &Node, hosted: &[Hosted]) -> Result<(), P2pError> {
+    match advert(net, node, hosted).await?.record() {
+        Some(record) => net.put_record(record).await,
+        None => Ok(()),
+    }
+}
+
+/// This peer's advert, signed now.
+async fn advert(net: &Network, node: &Node, hosted: &[Hosted]) -> Result<Advert, P2pError> {
     let info = node.info();
     let addrs = net
         .listen_addrs()
@@ -181,7 +294,7 @@ async fn publish(net: &Network, node: &Node, hosted: &[Hosted]) -> Result<(), P2
         .first()
         .map(|d| format!("{} {}", d.class, d.spec))
         .unwrap_or_default();
-    let advert = Advert::sign(
+    Ok(Advert::sign(
         node.key(),
         addrs,
         hosted.to_vec(),
@@ -189,9 +302,5 @@ async fn publish(net: &Network, node: &Node, hosted: &[Hosted]) -> Result<(), P2
         info.memory_limit_bytes,
         info.price_per_gflop,
         tenet_proto::unix_now(),
-    );
-    match advert.record() {
-        Some(record) => net.put_record(record).await,
-        None => Ok(()),
-    }
+    ))
 }

@@ -8,18 +8,27 @@
 //! - [`wire`]: the node API on `/tenet/node/1`, bounded.
 //! - [`advert`]: the DHT's keys and records — signed peer adverts, task provider records —
 //!   and their checks.
+//! - [`epoch`]: the network spec, epochs and their phases, the validators' score records
+//!   (commit, then reveal) and how an epoch settles.
 //! - [`swarm`]: the swarm and the task driving it; [`swarm::Network`] is the handle.
+//! - [`validator`]: a validator — challenges, scores by commit-reveal, settlement into
+//!   its ledger.
 //! - [`link`]: a `tenet_net::Link` over the swarm, so `NodeClient` drives a peer.
 //! - [`host`]: a hoster — a node announced on the DHT and answering peers.
+//! - [`local`]: a whole network in one process (validators, hosters, liars) for the demo,
+//!   tests and benchmarks.
 //! - [`call`]: a verified job without a coordinator — find hosters, commit, reveal, agree,
 //!   receipt.
 
 pub mod advert;
 pub mod call;
+pub mod epoch;
 pub mod host;
 pub mod keys;
 pub mod link;
+pub mod local;
 pub mod swarm;
+pub mod validator;
 pub mod wire;
 
 pub use libp2p::{Multiaddr, PeerId};

@@ -19,17 +19,21 @@ use libp2p::kad::store::{MemoryStore, MemoryStoreConfig, RecordStore};
 use libp2p::kad::{self, GetProvidersOk, GetRecordOk, QueryResult, Record, RecordKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, identify, noise, yamux};
+use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, gossipsub, identify, noise, yamux};
 use tenet_net::{RawRequest, RawResponse};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::{ApiError, ErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::advert::{Advert, MAX_RECORD_BYTES, check_provider, check_record};
+use crate::advert::{Advert, MAX_RECORD_BYTES, RecordError, check_provider, check_record};
+use crate::epoch::{NetworkSpec, Phase, ScoreRecord, Use, check_score_record, is_score_key};
 use crate::wire::{self, Answer, NODE_PROTOCOL};
 
 /// tenet's DHT, apart from any other Kademlia network.
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/tenet/kad/1");
+
+/// The gossipsub topic peers announce their adverts on.
+pub const ADVERT_TOPIC: &str = "/tenet/adverts/1";
 
 /// What identify says this program is.
 pub const AGENT: &str = concat!("tenet/", env!("CARGO_PKG_VERSION"));
@@ -58,6 +62,26 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Requests one peer may have in flight here at once.
     pub per_peer_inflight: usize,
+    /// The network this peer belongs to: without one, score records are refused.
+    pub spec: Option<Arc<NetworkSpec>>,
+    /// Where to log every DHT record and gossip message taken or refused.
+    pub events: Events,
+}
+
+/// A shared event log (off unless set).
+#[derive(Clone)]
+pub struct Events(pub Arc<tenet_net::events::EventLog>);
+
+impl Default for Events {
+    fn default() -> Self {
+        Events(Arc::new(tenet_net::events::EventLog::off()))
+    }
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Events({})", if self.0.enabled() { "on" } else { "off" })
+    }
 }
 
 impl Config {
@@ -70,6 +94,8 @@ impl Config {
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(120),
             per_peer_inflight: 32,
+            spec: None,
+            events: Events::default(),
         }
     }
 }
@@ -105,9 +131,13 @@ pub struct Stats {
     /// Requests refused before the node saw them: malformed, or over a peer's share.
     pub refused_requests: AtomicU64,
     pub rate_limited: AtomicU64,
-    /// Records and provider records refused (unsigned, wrong signer, too large, foreign key).
+    /// Records and provider records refused (unsigned, wrong signer, too large, foreign key,
+    /// out of their window).
     pub refused_records: AtomicU64,
     pub stored_records: AtomicU64,
+    /// Gossip messages taken, and refused (not a signed advert of their author).
+    pub gossip_accepted: AtomicU64,
+    pub gossip_refused: AtomicU64,
 }
 
 /// What a peer sees of the network now.
@@ -123,6 +153,33 @@ pub struct Status {
     pub refused_requests: u64,
     pub rate_limited: u64,
     pub refused_records: u64,
+    pub stored_records: u64,
+    pub gossip_accepted: u64,
+    pub gossip_refused: u64,
+    /// Peers whose gossiped adverts this peer holds.
+    pub known_adverts: usize,
+}
+
+/// A record that passed its checks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Checked {
+    Advert(Advert),
+    Score(ScoreRecord),
+}
+
+/// Check a DHT record: a score record against the network spec and its window (`usage`), any
+/// other as an advert.
+pub fn check_any(
+    record: &Record,
+    spec: Option<&NetworkSpec>,
+    now_ms: u64,
+    usage: Use,
+) -> Result<Checked, RecordError> {
+    if is_score_key(&record.key) {
+        check_score_record(record, spec, now_ms, usage).map(Checked::Score)
+    } else {
+        check_record(record, now_ms / 1000).map(Checked::Advert)
+    }
 }
 
 enum Command {
@@ -132,7 +189,8 @@ enum Command {
     Provide(RecordKey, oneshot::Sender<Result<(), P2pError>>),
     Providers(RecordKey, oneshot::Sender<Result<Vec<PeerId>, P2pError>>),
     PutRecord(Record, oneshot::Sender<Result<(), P2pError>>),
-    GetRecord(RecordKey, oneshot::Sender<Result<Vec<Advert>, P2pError>>),
+    GetRecord(RecordKey, oneshot::Sender<Result<Vec<Checked>, P2pError>>),
+    Gossip(Vec<u8>, oneshot::Sender<Result<(), P2pError>>),
     Request(
         PeerId,
         wire::Request,
@@ -147,16 +205,28 @@ pub struct Network {
     tx: mpsc::Sender<Command>,
     peer: PeerId,
     pub stats: Arc<Stats>,
+    directory: Directory,
+    events: Arc<tenet_net::events::EventLog>,
 }
+
+/// The adverts peers gossiped, newest per peer, checked.
+pub type Directory = Arc<std::sync::Mutex<HashMap<PeerId, Advert>>>;
+
+/// Peers whose gossiped adverts one peer keeps (the oldest beyond it are dropped).
+pub const MAX_DIRECTORY: usize = 4096;
 
 #[derive(NetworkBehaviour)]
 struct Behaviour {
     identify: identify::Behaviour,
     kad: kad::Behaviour<MemoryStore>,
     rpc: request_response::cbor::Behaviour<wire::Request, wire::Answer>,
+    gossip: gossipsub::Behaviour,
 }
 
-fn behaviour(key: &libp2p::identity::Keypair, config: &Config) -> Behaviour {
+fn behaviour(
+    key: &libp2p::identity::Keypair,
+    config: &Config,
+) -> Result<Behaviour, Box<dyn std::error::Error + Send + Sync>> {
     let peer = key.public().to_peer_id();
     let mut kcfg = kad::Config::new(KAD_PROTOCOL);
     kcfg.set_record_filtering(kad::StoreInserts::FilterBoth);
@@ -182,14 +252,25 @@ fn behaviour(key: &libp2p::identity::Keypair, config: &Config) -> Behaviour {
             .with_request_timeout(config.request_timeout)
             .with_max_concurrent_streams(256),
     );
-    Behaviour {
+    // Every message signed by its author and checked by tenet before it is forwarded.
+    let gcfg = gossipsub::ConfigBuilder::default()
+        .validation_mode(gossipsub::ValidationMode::Strict)
+        .validate_messages()
+        .max_transmit_size(2 * MAX_RECORD_BYTES)
+        .heartbeat_interval(Duration::from_millis(500))
+        .build()?;
+    let mut gossip =
+        gossipsub::Behaviour::new(gossipsub::MessageAuthenticity::Signed(key.clone()), gcfg)?;
+    gossip.subscribe(&gossipsub::IdentTopic::new(ADVERT_TOPIC))?;
+    Ok(Behaviour {
         identify: identify::Behaviour::new(
             identify::Config::new("/tenet/id/1".into(), key.public())
                 .with_agent_version(AGENT.into()),
         ),
         kad,
         rpc,
-    }
+        gossip,
+    })
 }
 
 fn build(config: &Config) -> Result<Swarm<Behaviour>, P2pError> {
@@ -273,12 +354,16 @@ impl Network {
         }
         let peer = *swarm.local_peer_id();
         let stats = Arc::new(Stats::default());
+        let directory = Directory::default();
         let (tx, rx) = mpsc::channel(256);
         let driver = Driver {
             swarm,
             rx,
             inbound,
             stats: stats.clone(),
+            spec: config.spec.clone(),
+            events: config.events.0.clone(),
+            directory: directory.clone(),
             per_peer: config.per_peer_inflight.max(1),
             inflight: HashMap::new(),
             answers: FuturesUnordered::new(),
@@ -287,7 +372,13 @@ impl Network {
             dials: Vec::new(),
         };
         tokio::spawn(driver.run());
-        let net = Network { tx, peer, stats };
+        let net = Network {
+            tx,
+            peer,
+            stats,
+            directory,
+            events: config.events.0.clone(),
+        };
         // Wait for the listeners, so that `listen_addrs` has them.
         if !config.listen.is_empty() {
             for _ in 0..200 {
@@ -302,6 +393,11 @@ impl Network {
 
     pub fn peer_id(&self) -> PeerId {
         self.peer
+    }
+
+    /// The event log this peer writes to (off unless configured).
+    pub fn events(&self) -> &tenet_net::events::EventLog {
+        &self.events
     }
 
     async fn ask<T>(
@@ -358,7 +454,48 @@ impl Network {
     /// The adverts stored under `peer`'s key, each checked as an inbound put would be.
     pub async fn adverts(&self, peer: &PeerId) -> Result<Vec<Advert>, P2pError> {
         let key = crate::advert::peer_key(peer);
-        self.ask(|tx| Command::GetRecord(key, tx)).await?
+        let found = self.ask(|tx| Command::GetRecord(key, tx)).await??;
+        Ok(found
+            .into_iter()
+            .filter_map(|c| match c {
+                Checked::Advert(a) => Some(a),
+                Checked::Score(_) => None,
+            })
+            .collect())
+    }
+
+    /// A validator's score records of `kind` for `epoch`, each checked (every distinct one
+    /// found: a validator that signed two is seen to have).
+    pub async fn score_records(
+        &self,
+        epoch: u64,
+        validator: &PeerId,
+        kind: Phase,
+    ) -> Result<Vec<ScoreRecord>, P2pError> {
+        let key = crate::epoch::score_key(epoch, validator, kind);
+        let found = self.ask(|tx| Command::GetRecord(key, tx)).await??;
+        Ok(found
+            .into_iter()
+            .filter_map(|c| match c {
+                Checked::Score(s) => Some(s),
+                Checked::Advert(_) => None,
+            })
+            .collect())
+    }
+
+    /// Announce `advert` on the gossip topic (it fails while this peer has no gossip peers
+    /// yet: call again later).
+    pub async fn gossip_advert(&self, advert: &Advert) -> Result<(), P2pError> {
+        let bytes = serde_json::to_vec(advert).map_err(|e| P2pError::Query(e.to_string()))?;
+        self.ask(|tx| Command::Gossip(bytes, tx)).await?
+    }
+
+    /// The adverts gossiped to this peer, newest per peer.
+    pub fn directory(&self) -> Vec<Advert> {
+        let d = self.directory.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<Advert> = d.values().cloned().collect();
+        v.sort_by_key(|a| a.key);
+        v
     }
 
     /// Send a node API request to `peer` and wait for its answer.
@@ -383,7 +520,10 @@ enum Query {
     Provide(oneshot::Sender<Result<(), P2pError>>),
     Providers(Vec<PeerId>, oneshot::Sender<Result<Vec<PeerId>, P2pError>>),
     Put(oneshot::Sender<Result<(), P2pError>>),
-    Get(Vec<Advert>, oneshot::Sender<Result<Vec<Advert>, P2pError>>),
+    Get(
+        Vec<Checked>,
+        oneshot::Sender<Result<Vec<Checked>, P2pError>>,
+    ),
 }
 
 struct Driver {
@@ -391,6 +531,9 @@ struct Driver {
     rx: mpsc::Receiver<Command>,
     inbound: Option<mpsc::Sender<Inbound>>,
     stats: Arc<Stats>,
+    spec: Option<Arc<NetworkSpec>>,
+    events: Arc<tenet_net::events::EventLog>,
+    directory: Directory,
     per_peer: usize,
     inflight: HashMap<PeerId, usize>,
     answers: FuturesUnordered<Pending>,
@@ -400,8 +543,9 @@ struct Driver {
     dials: Vec<(PeerId, oneshot::Sender<Result<(), P2pError>>)>,
 }
 
-fn now() -> u64 {
-    tenet_proto::unix_now()
+/// Unix milliseconds.
+pub fn now_ms() -> u64 {
+    tenet_net::events::now_us() / 1000
 }
 
 impl Driver {
@@ -489,6 +633,14 @@ impl Driver {
                 let id = swarm.behaviour_mut().kad.get_record(key);
                 self.queries.insert(id, Query::Get(Vec::new(), tx));
             }
+            Command::Gossip(bytes, tx) => {
+                let topic = gossipsub::IdentTopic::new(ADVERT_TOPIC);
+                let r = swarm.behaviour_mut().gossip.publish(topic, bytes);
+                let _ = tx.send(match r {
+                    Ok(_) | Err(gossipsub::PublishError::Duplicate) => Ok(()),
+                    Err(e) => Err(P2pError::Query(format!("gossip: {e}"))),
+                });
+            }
             Command::Request(peer, request, tx) => {
                 let id = swarm.behaviour_mut().rpc.send_request(&peer, request);
                 self.requests.insert(id, tx);
@@ -512,6 +664,10 @@ impl Driver {
                     refused_requests: s.refused_requests.load(Ordering::Relaxed),
                     rate_limited: s.rate_limited.load(Ordering::Relaxed),
                     refused_records: s.refused_records.load(Ordering::Relaxed),
+                    stored_records: s.stored_records.load(Ordering::Relaxed),
+                    gossip_accepted: s.gossip_accepted.load(Ordering::Relaxed),
+                    gossip_refused: s.gossip_refused.load(Ordering::Relaxed),
+                    known_adverts: self.directory.lock().map_or(0, |d| d.len()),
                 });
             }
         }
@@ -560,6 +716,11 @@ impl Driver {
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => self.kad(e),
+            SwarmEvent::Behaviour(BehaviourEvent::Gossip(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            })) => self.gossiped(propagation_source, message_id, message),
             SwarmEvent::Behaviour(BehaviourEvent::Rpc(e)) => self.rpc(e),
             _ => {}
         }
@@ -569,25 +730,49 @@ impl Driver {
         match event {
             kad::Event::InboundRequest { request } => match request {
                 kad::InboundRequest::PutRecord {
-                    record: Some(record),
+                    record: Some(mut record),
+                    source,
                     ..
-                } => match check_record(&record, now()) {
-                    Ok(_) => {
-                        if self
-                            .swarm
-                            .behaviour_mut()
-                            .kad
-                            .store_mut()
-                            .put(record)
-                            .is_ok()
-                        {
-                            self.stats.stored_records.fetch_add(1, Ordering::Relaxed);
+                } => {
+                    let now = now_ms();
+                    let key = String::from_utf8_lossy(record.key.as_ref())
+                        .chars()
+                        .take(120)
+                        .collect::<String>();
+                    match check_any(&record, self.spec.as_deref(), now, Use::Store) {
+                        Ok(checked) => {
+                            if let (Checked::Score(s), Some(spec)) = (&checked, &self.spec) {
+                                // Kept no longer than its epoch's records live.
+                                let left = spec.expiry_ms(s.epoch()).saturating_sub(now);
+                                record.expires =
+                                    Some(std::time::Instant::now() + Duration::from_millis(left));
+                            }
+                            let stored = self
+                                .swarm
+                                .behaviour_mut()
+                                .kad
+                                .store_mut()
+                                .put(record)
+                                .is_ok();
+                            if stored {
+                                self.stats.stored_records.fetch_add(1, Ordering::Relaxed);
+                            }
+                            self.events.emit(
+                                "p2p.record",
+                                serde_json::json!({"key": key, "from": source.to_string(),
+                                    "stored": stored}),
+                            );
+                        }
+                        Err(e) => {
+                            self.stats.refused_records.fetch_add(1, Ordering::Relaxed);
+                            self.events.emit(
+                                "p2p.record_refused",
+                                serde_json::json!({"key": key, "from": source.to_string(),
+                                    "why": e.to_string()}),
+                            );
                         }
                     }
-                    Err(_) => {
-                        self.stats.refused_records.fetch_add(1, Ordering::Relaxed);
-                    }
-                },
+                }
                 kad::InboundRequest::AddProvider {
                     record: Some(record),
                 } => match check_provider(&record.key) {
@@ -646,11 +831,12 @@ impl Driver {
             (Query::Get(mut found, tx), QueryResult::GetRecord(r)) => {
                 if let Ok(GetRecordOk::FoundRecord(peer_record)) = r {
                     let record = peer_record.record;
-                    // What a query returns is checked like what a peer stores here.
-                    match check_record(&record, now()) {
-                        Ok(advert) => {
-                            if !found.contains(&advert) {
-                                found.push(advert);
+                    // What a query returns is checked like what a peer stores here (but
+                    // read outside its phase window: it was stored inside it).
+                    match check_any(&record, self.spec.as_deref(), now_ms(), Use::Read) {
+                        Ok(checked) => {
+                            if !found.contains(&checked) {
+                                found.push(checked);
                             }
                         }
                         Err(_) => {
@@ -671,6 +857,54 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// A gossiped message: taken only if it is an advert signed by the peer that wrote the
+    /// message; otherwise refused (gossipsub then scores the peer that forwarded it down).
+    fn gossiped(&mut self, from: PeerId, id: gossipsub::MessageId, message: gossipsub::Message) {
+        let checked = (|| {
+            if message.data.len() > MAX_RECORD_BYTES {
+                return Err(RecordError::TooLarge(message.data.len()));
+            }
+            let author = message.source.ok_or(RecordError::Signature)?;
+            let record = crate::advert::record_from_parts(
+                crate::advert::peer_key(&author).as_ref(),
+                &message.data,
+            );
+            check_record(&record, now_ms() / 1000).map(|a| (author, a))
+        })();
+        let verdict = match checked {
+            Ok((author, advert)) => {
+                self.stats.gossip_accepted.fetch_add(1, Ordering::Relaxed);
+                let mut d = self.directory.lock().unwrap_or_else(|e| e.into_inner());
+                let newer = d
+                    .get(&author)
+                    .is_none_or(|old| old.issued_at <= advert.issued_at);
+                if d.len() >= MAX_DIRECTORY && !d.contains_key(&author) {
+                    let oldest = d.iter().min_by_key(|(_, a)| a.issued_at).map(|(p, _)| *p);
+                    if let Some(p) = oldest {
+                        d.remove(&p);
+                    }
+                }
+                if newer {
+                    d.insert(author, advert);
+                }
+                gossipsub::MessageAcceptance::Accept
+            }
+            Err(e) => {
+                self.stats.gossip_refused.fetch_add(1, Ordering::Relaxed);
+                self.events.emit(
+                    "p2p.gossip_refused",
+                    serde_json::json!({"from": from.to_string(), "why": e.to_string()}),
+                );
+                gossipsub::MessageAcceptance::Reject
+            }
+        };
+        let _ = self
+            .swarm
+            .behaviour_mut()
+            .gossip
+            .report_message_validation_result(&id, &from, verdict);
     }
 
     fn rpc(&mut self, event: request_response::Event<wire::Request, wire::Answer>) {

@@ -61,6 +61,8 @@ async fn hoster(
             weights: None,
             name: Some("tanh".into()),
         }],
+        gossip_every: Duration::from_secs(30),
+        validator: None,
     })
     .await
     .unwrap()
