@@ -115,6 +115,8 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
                     replicas,
                     seed: 0,
                     timeout: Duration::from_secs(30),
+                    tier: tenet_proto::commit::Tier::Exact,
+                    tolerance: 0.0,
                 },
             )
             .await?;

@@ -547,9 +547,14 @@ enum Command {
         /// An input: NAME=FILE (.npy, .json or .safetensors); repeatable.
         #[arg(short, long = "input", value_name = "NAME=FILE")]
         inputs: Vec<String>,
-        /// exact (bit-identical replicas) or tolerant (within the coordinator's bound).
+        /// exact (bit-identical replicas) or tolerant (within the coordinator's bound; with
+        /// --p2p, within --tolerance of the element-wise median).
         #[arg(long, default_value = "exact")]
         tier: String,
+        /// With --p2p and --tier tolerant: how far each element of a hoster's result may be
+        /// from the element-wise median of all of them.
+        #[arg(long, default_value_t = 1e-3, requires = "p2p", value_name = "BOUND")]
+        tolerance: f64,
         /// Seed for the graph's random ops.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -727,12 +732,16 @@ fn run(cli: Cli) -> Result<()> {
             weights,
             tier,
             network,
+            tolerance,
             ..
         } => {
-            if tier != "exact" {
-                anyhow::bail!(
-                    "--p2p runs the exact tier only (tolerant comparison without a coordinator is not built yet)"
-                );
+            let tier = match tier.as_str() {
+                "exact" => tenet_proto::commit::Tier::Exact,
+                "tolerant" => tenet_proto::commit::Tier::Tolerant,
+                other => anyhow::bail!("--tier {other:?}: say exact or tolerant"),
+            };
+            if !(tolerance.is_finite() && tolerance >= 0.0) {
+                anyhow::bail!("--tolerance takes a finite number, at least 0");
             }
             p2p_cmd::call(p2p_cmd::P2pCall {
                 task: &task,
@@ -747,6 +756,8 @@ fn run(cli: Cli) -> Result<()> {
                 wait: std::time::Duration::try_from_secs_f64(wait)
                     .map_err(|_| anyhow::anyhow!("--wait takes a number of seconds"))?,
                 network: network.as_deref(),
+                tier,
+                tolerance,
             })
         }
         Command::Call {

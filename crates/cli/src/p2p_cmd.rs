@@ -429,6 +429,9 @@ pub struct P2pCall<'a> {
     pub wait: Duration,
     /// The network spec: hosters the last settled epoch put in bad standing are passed over.
     pub network: Option<&'a std::path::Path>,
+    pub tier: tenet_proto::commit::Tier,
+    /// The tolerant tier's bound on each element's distance from the element-wise median.
+    pub tolerance: f64,
 }
 
 /// `tenet call --p2p`: find hosters on the DHT, run the job on `replicas` of them, verify.
@@ -488,6 +491,8 @@ pub fn call(a: P2pCall<'_>) -> Result<()> {
                 replicas: a.replicas,
                 seed: a.seed,
                 timeout: a.wait,
+                tier: a.tier,
+                tolerance: a.tolerance,
             },
         )
         .await?;

@@ -6,7 +6,8 @@
 //! verdicts, slashes, receipts) over a [`tenet_ledger::Ledger`]; [`compare`] decides agreement;
 //! [`economics`] prices honesty under spot-checking; [`http`] is the REST API for clients.
 
-pub mod compare;
+/// How replicas are compared: the same rules for the coordinator and a caller with none.
+pub use tenet_proto::compare;
 pub mod dashboard;
 pub mod dispatch;
 pub mod dispute;

@@ -205,6 +205,24 @@ pub struct CallSpec {
     pub seed: u64,
     /// How long each hoster may take to commit, and to reveal.
     pub timeout: Duration,
+    /// Exact (a strict majority of identical output hashes) or tolerant (a strict majority
+    /// within `tolerance` of the element-wise median).
+    pub tier: Tier,
+    pub tolerance: f64,
+}
+
+impl CallSpec {
+    /// An exact-tier call.
+    pub fn exact(inputs: Vec<(String, HostTensor)>, replicas: usize, timeout: Duration) -> Self {
+        CallSpec {
+            inputs,
+            replicas,
+            seed: 0,
+            timeout,
+            tier: Tier::Exact,
+            tolerance: 0.0,
+        }
+    }
 }
 
 /// A hoster's part in one call.
@@ -216,6 +234,9 @@ pub struct Part {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub commit_us: u64,
+    /// Tolerant tier: its largest distance from the element-wise median.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub distance: Option<f64>,
 }
 
 /// A verified result.
@@ -233,7 +254,17 @@ impl Outcome {
     }
 }
 
-/// Run one job on `spec.replicas` of `found`'s hosters and verify it.
+/// One hoster's way through a call.
+struct Replica {
+    hoster: usize,
+    client: NodeClient,
+    commit: Result<(Commitment, u64), String>,
+    reveal: Result<Revealed, String>,
+}
+
+/// Run one job on `spec.replicas` of `found`'s hosters and verify it. A hoster that fails
+/// to commit (gone, busy, timed out, a bad commitment) is replaced by the next unused one,
+/// so a job survives hosters leaving mid-call as long as enough remain.
 pub async fn call(
     net: &Network,
     key: &KeyPair,
@@ -267,7 +298,7 @@ pub async fn call(
         task: found.task,
         weights: found.weights,
         inputs,
-        tier: Tier::Exact,
+        tier: spec.tier,
         seed: spec.seed,
     };
     let run = RunJob {
@@ -284,80 +315,155 @@ pub async fn call(
         pulls: BTreeMap::new(),
         stage: None,
     };
-    let chosen: Vec<&Hoster> = found.hosters.iter().take(r).collect();
-    let clients: Vec<NodeClient> = chosen
-        .iter()
-        .map(|h| P2pLink::client(net, h.peer, key.clone()).with_timeout(spec.timeout))
-        .collect();
-
-    // Every commitment first, from all of them at once.
-    let commits = futures_util::future::join_all(clients.iter().zip(&chosen).map(|(c, h)| {
+    let commit_on = |i: usize| {
+        let h = &found.hosters[i];
+        let client = P2pLink::client(net, h.peer, key.clone()).with_timeout(spec.timeout);
         let (run, blobs, job) = (&run, &blobs, &job);
         async move {
             let started = Instant::now();
-            if !inline {
-                for (_, b) in blobs {
-                    c.put_blob(b.clone()).await.map_err(|e| e.to_string())?;
+            let commit = async {
+                if !inline {
+                    for (_, b) in blobs {
+                        client
+                            .put_blob(b.clone())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
                 }
+                let committed = client.run_job(run).await.map_err(|e| e.to_string())?;
+                check_commitment(&committed.commitment, job, h.peer)?;
+                Ok::<_, String>((committed.commitment, started.elapsed().as_micros() as u64))
             }
-            let committed = c.run_job(run).await.map_err(|e| e.to_string())?;
-            check_commitment(&committed.commitment, job, h.peer)?;
-            Ok::<_, String>((committed.commitment, started.elapsed().as_micros() as u64))
+            .await;
+            Replica {
+                hoster: i,
+                client,
+                commit,
+                reveal: Err("not asked to reveal".into()),
+            }
         }
-    }))
-    .await;
+    };
 
-    // Then the reveals, only of those that committed.
-    let reveals =
-        futures_util::future::join_all(clients.iter().zip(&commits).map(|(c, committed)| {
-            let job_id = &job_id;
-            async move {
-                let (commitment, _) = committed.as_ref().map_err(|e| e.clone())?;
-                let revealed: Revealed = c.reveal(job_id).await.map_err(|e| e.to_string())?;
-                if !revealed.reveal.opens(commitment) {
-                    return Err("its reveal does not open its commitment".to_string());
-                }
-                Ok(revealed)
+    // Every commitment first, then the reveals. A hoster that fails to commit or to reveal
+    // is replaced by the next unused one (which commits, then reveals, having seen nothing
+    // of the others' results), round by round, until r have revealed or none is left.
+    let mut next = 0;
+    let mut replicas: Vec<Replica> = Vec::new();
+    let mut asked_to_reveal = 0;
+    loop {
+        let standing = replicas
+            .iter()
+            .enumerate()
+            .filter(|(i, x)| x.reveal.is_ok() || (*i >= asked_to_reveal && x.commit.is_ok()))
+            .count();
+        let need = r.saturating_sub(standing);
+        if need > 0 && next < found.hosters.len() {
+            let take = need.min(found.hosters.len() - next);
+            let more = futures_util::future::join_all((next..next + take).map(&commit_on)).await;
+            next += take;
+            replicas.extend(more);
+            continue;
+        }
+        if asked_to_reveal < replicas.len() {
+            let reveals = futures_util::future::join_all(
+                replicas[asked_to_reveal..]
+                    .iter()
+                    .map(|x| reveal_one(x, &job_id)),
+            )
+            .await;
+            for (x, rv) in replicas[asked_to_reveal..].iter_mut().zip(reveals) {
+                x.reveal = rv;
             }
-        }))
-        .await;
-
-    // The result a strict majority of the r asked committed to.
-    let mut tally: BTreeMap<Hash, usize> = BTreeMap::new();
-    for rv in reveals.iter().flatten() {
-        *tally.entry(rv.reveal.output_hash).or_default() += 1;
+            asked_to_reveal = replicas.len();
+            continue;
+        }
+        break;
     }
-    let winner = tally
-        .iter()
-        .max_by_key(|(_, n)| **n)
-        .filter(|(_, n)| **n * 2 > r)
-        .map(|(h, _)| *h);
+
+    // Who agreed: the exact tier by output hash, the tolerant tier by distance from the
+    // element-wise median of every revealed result (so each is fetched).
+    let revealed: Vec<usize> = (0..replicas.len())
+        .filter(|&i| replicas[i].reveal.is_ok())
+        .collect();
+    let mut agreed = vec![false; replicas.len()];
+    let mut distance: Vec<Option<f64>> = vec![None; replicas.len()];
+    let mut fetched: Vec<Option<Vec<(String, HostTensor)>>> = vec![None; replicas.len()];
+    let result: Option<usize> = match spec.tier {
+        Tier::Exact => {
+            let mut tally: BTreeMap<Hash, usize> = BTreeMap::new();
+            for &i in &revealed {
+                if let Ok(rv) = &replicas[i].reveal {
+                    *tally.entry(rv.reveal.output_hash).or_default() += 1;
+                }
+            }
+            let winner = tally
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .filter(|(_, n)| **n * 2 > r)
+                .map(|(h, _)| *h);
+            for &i in &revealed {
+                if let (Ok(rv), Some(w)) = (&replicas[i].reveal, winner) {
+                    agreed[i] = rv.reveal.output_hash == w;
+                }
+            }
+            (0..replicas.len()).find(|&i| agreed[i])
+        }
+        Tier::Tolerant => {
+            let mut compared = Vec::new();
+            let mut index = Vec::new();
+            for &i in &revealed {
+                let Ok(rv) = &replicas[i].reveal else {
+                    continue;
+                };
+                match fetch_outputs(&replicas[i].client, &rv.reveal, &rv.blobs).await {
+                    Ok(outputs) => {
+                        compared.push(tenet_proto::compare::Replica {
+                            node: found.hosters[replicas[i].hoster].peer.to_string(),
+                            output_hash: rv.reveal.output_hash,
+                            outputs: outputs.clone(),
+                        });
+                        fetched[i] = Some(outputs);
+                        index.push(i);
+                    }
+                    Err(e) => replicas[i].reveal = Err(e.to_string()),
+                }
+            }
+            let decision = tenet_proto::compare::tolerant(&compared, spec.tolerance);
+            for (k, &i) in index.iter().enumerate() {
+                agreed[i] = decision.agreed[k];
+                distance[i] = Some(1.0 / decision.scores[k] - 1.0);
+            }
+            // A strict majority of the r asked, not just of those that answered.
+            let count = agreed.iter().filter(|a| **a).count();
+            decision.result.map(|k| index[k]).filter(|_| count * 2 > r)
+        }
+    };
+
     let mut parts = Vec::new();
     let mut nodes = Vec::new();
-    let mut agreed: Option<(usize, &Revealed)> = None;
-    for (i, h) in chosen.iter().enumerate() {
-        let commit_us = commits[i].as_ref().map_or(0, |(_, us)| *us);
-        let (verdict, error) = match (&commits[i], &reveals[i], winner) {
-            (Ok((commitment, _)), Ok(rv), Some(w)) if rv.reveal.output_hash == w => {
+    for (i, x) in replicas.iter().enumerate() {
+        let commit_us = x.commit.as_ref().map_or(0, |(_, us)| *us);
+        let (verdict, error) = match (&x.commit, &x.reveal) {
+            (Ok((commitment, _)), Ok(rv)) if agreed[i] && result.is_some() => {
                 nodes.push(Attestation {
                     commitment: commitment.clone(),
                     output_hash: rv.reveal.output_hash,
                     salt: rv.reveal.salt,
                 });
-                agreed.get_or_insert((i, rv));
                 ("agreed", None)
             }
-            (_, Ok(_), _) => ("dissented", None),
-            (_, Err(e), _) => ("failed", Some(e.clone())),
+            (_, Ok(_)) => ("dissented", None),
+            (Err(e), _) | (_, Err(e)) => ("failed", Some(e.clone())),
         };
         parts.push(Part {
-            peer: h.peer.to_string(),
+            peer: found.hosters[x.hoster].peer.to_string(),
             verdict,
             error,
             commit_us,
+            distance: distance[i],
         });
     }
-    let Some((source, revealed)) = agreed else {
+    let Some(source) = result else {
         let said: Vec<String> = parts
             .iter()
             .map(|p| {
@@ -373,14 +479,24 @@ pub async fn call(
             .collect();
         return Err(CallError::NoMajority(said.join("; ")));
     };
-    let outputs = fetch_outputs(&clients[source], &revealed.reveal, &revealed.blobs).await?;
+    let Ok(revealed) = &replicas[source].reveal else {
+        return Err(CallError::NoMajority("the result was not revealed".into()));
+    };
+    let outputs = match fetched[source].take() {
+        Some(o) => o,
+        None => fetch_outputs(&replicas[source].client, &revealed.reveal, &revealed.blobs).await?,
+    };
     let receipt = Receipt {
         version: 1,
         job,
         outputs: revealed.reveal.outputs.clone(),
         output_hash: output_hash(&revealed.reveal.outputs),
         replicas: r as u32,
-        tolerance: 0.0,
+        tolerance: if spec.tier == Tier::Tolerant {
+            spec.tolerance
+        } else {
+            0.0
+        },
         nodes,
         coordinator: key.public(),
         issued_at: tenet_proto::unix_now(),
@@ -393,6 +509,16 @@ pub async fn call(
         receipt,
         parts,
     })
+}
+
+/// Ask a hoster that committed for its reveal, and check it opens the commitment.
+async fn reveal_one(x: &Replica, job_id: &str) -> Result<Revealed, String> {
+    let (commitment, _) = x.commit.as_ref().map_err(|e| e.clone())?;
+    let revealed: Revealed = x.client.reveal(job_id).await.map_err(|e| e.to_string())?;
+    if !revealed.reveal.opens(commitment) {
+        return Err("its reveal does not open its commitment".to_string());
+    }
+    Ok(revealed)
 }
 
 /// A commitment must be for this job, signed, and by the key the peer id names.

@@ -71,6 +71,10 @@ pub struct NetworkSpec {
     /// Challenges a validator sends each hosted task each epoch.
     #[serde(default = "default_challenges")]
     pub challenges: u32,
+    /// Challenge in the tolerant tier with this bound (a hoster agrees when every element of
+    /// its result is within it of the element-wise median); none: the exact tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<f64>,
 }
 
 fn default_hoster_stake() -> i64 {
@@ -125,6 +129,7 @@ impl NetworkSpec {
             slash_fraction: default_slash_fraction(),
             epoch_reward: default_epoch_reward(),
             challenges: default_challenges(),
+            tolerance: None,
         }
     }
 
@@ -189,6 +194,9 @@ impl NetworkSpec {
         }
         if self.challenges == 0 || self.challenges > 64 {
             return Err("challenges must be between 1 and 64".into());
+        }
+        if self.tolerance.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+            return Err("tolerance must be a finite number, at least 0".into());
         }
         if self.name.len() > 64 {
             return Err("the name is over 64 characters".into());

@@ -19,7 +19,9 @@ use libp2p::kad::store::{MemoryStore, MemoryStoreConfig, RecordStore};
 use libp2p::kad::{self, GetProvidersOk, GetRecordOk, QueryResult, Record, RecordKey};
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, gossipsub, identify, noise, yamux};
+use libp2p::{
+    Multiaddr, PeerId, StreamProtocol, Swarm, allow_block_list, gossipsub, identify, noise, yamux,
+};
 use tenet_net::{RawRequest, RawResponse};
 use tenet_proto::auth::KeyPair;
 use tenet_proto::{ApiError, ErrorCode};
@@ -66,6 +68,9 @@ pub struct Config {
     pub spec: Option<Arc<NetworkSpec>>,
     /// Where to log every DHT record and gossip message taken or refused.
     pub events: Events,
+    /// How often to dial the bootstrap peers not connected and refresh the routing table: how
+    /// a peer finds its way back after its network was split or it lost its connections.
+    pub rejoin_every: Duration,
 }
 
 /// A shared event log (off unless set).
@@ -96,6 +101,7 @@ impl Config {
             per_peer_inflight: 32,
             spec: None,
             events: Events::default(),
+            rejoin_every: Duration::from_secs(60),
         }
     }
 }
@@ -197,6 +203,7 @@ enum Command {
         oneshot::Sender<Result<Answer, P2pError>>,
     ),
     Status(oneshot::Sender<Status>),
+    Block(PeerId, bool),
 }
 
 /// A running peer's handle on its swarm. Dropping every handle stops the swarm.
@@ -221,6 +228,7 @@ struct Behaviour {
     kad: kad::Behaviour<MemoryStore>,
     rpc: request_response::cbor::Behaviour<wire::Request, wire::Answer>,
     gossip: gossipsub::Behaviour,
+    blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
 }
 
 fn behaviour(
@@ -270,6 +278,7 @@ fn behaviour(
         kad,
         rpc,
         gossip,
+        blocked: Default::default(),
     })
 }
 
@@ -364,6 +373,8 @@ impl Network {
             spec: config.spec.clone(),
             events: config.events.0.clone(),
             directory: directory.clone(),
+            bootstrap: config.bootstrap.clone(),
+            rejoin_every: config.rejoin_every.max(Duration::from_millis(100)),
             per_peer: config.per_peer_inflight.max(1),
             inflight: HashMap::new(),
             answers: FuturesUnordered::new(),
@@ -506,6 +517,23 @@ impl Network {
     pub async fn status(&self) -> Result<Status, P2pError> {
         self.ask(Command::Status).await
     }
+
+    /// Refuse every connection to and from `peer`, closing those open (an operator's block
+    /// list; the tests split a network with it).
+    pub async fn block(&self, peer: PeerId) -> Result<(), P2pError> {
+        self.tx
+            .send(Command::Block(peer, true))
+            .await
+            .map_err(|_| P2pError::Stopped)
+    }
+
+    /// Take `peer` off the block list.
+    pub async fn unblock(&self, peer: PeerId) -> Result<(), P2pError> {
+        self.tx
+            .send(Command::Block(peer, false))
+            .await
+            .map_err(|_| P2pError::Stopped)
+    }
 }
 
 type Pending = std::pin::Pin<
@@ -534,6 +562,8 @@ struct Driver {
     spec: Option<Arc<NetworkSpec>>,
     events: Arc<tenet_net::events::EventLog>,
     directory: Directory,
+    bootstrap: Vec<Multiaddr>,
+    rejoin_every: Duration,
     per_peer: usize,
     inflight: HashMap<PeerId, usize>,
     answers: FuturesUnordered<Pending>,
@@ -550,8 +580,12 @@ pub fn now_ms() -> u64 {
 
 impl Driver {
     async fn run(mut self) {
+        let mut rejoin = tokio::time::interval(self.rejoin_every);
+        rejoin.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        rejoin.tick().await;
         loop {
             tokio::select! {
+                _ = rejoin.tick() => self.rejoin(),
                 cmd = self.rx.recv() => match cmd {
                     Some(cmd) => self.command(cmd),
                     // Every handle dropped: the peer is gone.
@@ -569,6 +603,25 @@ impl Driver {
                 event = self.swarm.select_next_some() => self.event(event),
             }
         }
+    }
+
+    /// Dial the bootstrap peers this one is not connected to, and refresh the routing table.
+    fn rejoin(&mut self) {
+        if self.bootstrap.is_empty() {
+            return;
+        }
+        for addr in self.bootstrap.clone() {
+            if let Some(peer) = address_peer(&addr)
+                && !self.swarm.is_connected(&peer)
+            {
+                self.swarm
+                    .behaviour_mut()
+                    .kad
+                    .add_address(&peer, addr.clone());
+                let _ = self.swarm.dial(addr);
+            }
+        }
+        let _ = self.swarm.behaviour_mut().kad.bootstrap();
     }
 
     fn command(&mut self, cmd: Command) {
@@ -644,6 +697,12 @@ impl Driver {
             Command::Request(peer, request, tx) => {
                 let id = swarm.behaviour_mut().rpc.send_request(&peer, request);
                 self.requests.insert(id, tx);
+            }
+            Command::Block(peer, true) => {
+                swarm.behaviour_mut().blocked.block_peer(peer);
+            }
+            Command::Block(peer, false) => {
+                swarm.behaviour_mut().blocked.unblock_peer(peer);
             }
             Command::Status(tx) => {
                 let routing = swarm

@@ -1,7 +1,8 @@
 //! A validator: each epoch it challenges every hoster it knows of (from the gossiped adverts)
 //! with random inputs to the tasks they host, drawn from a seed it committed to the epoch
 //! before; scores each hoster by how often it answered as the majority of that task's hosters
-//! did; commits to its scores in the commit phase and reveals them in the reveal phase, both
+//! did (the exact tier: the same output hash; the tolerant tier, when the spec sets a
+//! tolerance: within it of the element-wise median); commits to its scores in the commit phase and reveals them in the reveal phase, both
 //! as signed DHT records; and, once an epoch is over, settles it from every validator's
 //! records ([`crate::epoch::settle`]) into its own ledger — a slash for each hoster in bad
 //! standing, a credit for each in good — with the signed records kept as evidence.
@@ -19,6 +20,7 @@ use tenet_ir::{DType, Graph, HostTensor};
 use tenet_ledger::{Ledger, NodeRecord, NodeState, SqlLedger};
 use tenet_proto::Hash;
 use tenet_proto::auth::KeyPair;
+use tenet_proto::commit::Tier;
 
 use crate::call::{CallSpec, Found, Hoster};
 use crate::epoch::{
@@ -354,6 +356,12 @@ impl Run {
                     replicas: found.hosters.len(),
                     seed: u64::from(j),
                     timeout: Duration::from_millis(left.min(30_000)),
+                    tier: if self.spec.tolerance.is_some() {
+                        Tier::Tolerant
+                    } else {
+                        Tier::Exact
+                    },
+                    tolerance: self.spec.tolerance.unwrap_or(0.0),
                 };
                 self.emit(
                     "p2p.challenge",

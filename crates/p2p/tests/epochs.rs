@@ -167,6 +167,8 @@ async fn validators_score_a_liar_down_within_an_epoch_and_callers_pass_it_over()
         replicas,
         seed: 0,
         timeout: Duration::from_secs(30),
+        tier: tenet_proto::commit::Tier::Exact,
+        tolerance: 0.0,
     };
     let outcome = tenet_p2p::call::call(&client, &key, &found, spec_call(8))
         .await

@@ -116,6 +116,8 @@ async fn a_job_is_verified_by_hosters_found_on_the_dht_and_a_liar_is_outvoted() 
             replicas: 4,
             seed: 0,
             timeout: Duration::from_secs(60),
+            tier: tenet_proto::commit::Tier::Exact,
+            tolerance: 0.0,
         },
     )
     .await

@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod commit;
+pub mod compare;
 pub mod error;
 pub mod grant;
 mod hash;

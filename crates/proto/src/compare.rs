@@ -1,4 +1,5 @@
-//! Deciding agreement among replicas' results.
+//! Deciding agreement among replicas' results — the same rules whoever decides: the coordinator,
+//! or a caller on the peer-to-peer network with none.
 //!
 //! `exact`: results agree when their output hashes are equal; a strict majority of the
 //! compared replicas decides. `tolerant`: the element-wise median of all replicas is the
@@ -6,8 +7,8 @@
 //! can drag); a replica agrees when every element is within the bound of the median, and the
 //! agreeing replica nearest the median is the result.
 
+use crate::Hash;
 use tenet_ir::HostTensor;
-use tenet_proto::Hash;
 
 /// One replica's revealed result.
 #[derive(Clone, Debug)]
