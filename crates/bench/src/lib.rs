@@ -9,6 +9,7 @@ pub mod load;
 pub mod node;
 mod numpy;
 pub mod onnx;
+pub mod p2p;
 mod peer;
 pub mod pipeline;
 pub mod watch;

@@ -102,6 +102,24 @@ enum BenchWhat {
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
     },
+    /// The same small task called job after job on 127.0.0.1 through a coordinator and
+    /// through the peer-to-peer network with no coordinator (hosters found on the DHT, the
+    /// caller verifying): latency p50/p99 of each and their ratio (goal ≤ 1.5×), and the DHT
+    /// record round trip.
+    P2p {
+        /// Jobs timed on each path.
+        #[arg(long, default_value_t = 200)]
+        jobs: usize,
+        /// Replicas per job (and nodes, or hosters, on each path).
+        #[arg(long, default_value_t = 3)]
+        replicas: usize,
+        /// DHT round trips timed.
+        #[arg(long, default_value_t = 50)]
+        records: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a coordinator and nodes on 127.0.0.1 and call a small task from many concurrent
     /// clients over the REST API: jobs/s and latency percentiles, every answer verified, and
     /// the ledger checked for lost jobs.
@@ -896,6 +914,34 @@ fn run(cli: Cli) -> Result<()> {
                 eprintln!("tenet bench pipeline: {what}...")
             })
             .map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", report.json());
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                Some(BenchWhat::P2p {
+                    jobs,
+                    replicas,
+                    records,
+                    json,
+                }),
+            ..
+        } => {
+            if jobs == 0 || replicas == 0 || records == 0 {
+                bail!("--jobs, --replicas and --records must be at least 1");
+            }
+            let config = tenet_bench::p2p::P2pBenchConfig {
+                jobs,
+                replicas,
+                records,
+            };
+            let report =
+                tenet_bench::p2p::run(&config, |what| eprintln!("tenet bench p2p: {what}..."))
+                    .map_err(anyhow::Error::msg)?;
             if json {
                 println!("{}", report.json());
             } else {

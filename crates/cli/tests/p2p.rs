@@ -378,3 +378,20 @@ fn the_p2p_demo_runs_two_epochs_and_catches_the_liar() {
             .any(|p| *p == v["liar"])
     );
 }
+
+#[test]
+fn the_p2p_benchmark_runs_both_paths_and_prints_their_ratio() {
+    let out = tenet(&["bench", "p2p", "--jobs", "5", "--records", "3", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for path in ["coordinator", "p2p", "dht_put", "dht_get"] {
+        let p50 = v[path]["p50_ms"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50.is_finite(), "{path}: {v}");
+    }
+    let ratio = v["ratio_p50"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio.is_finite(), "{v}");
+}
