@@ -18,6 +18,10 @@ pub struct NodeConfig {
     pub trusted_keys: Vec<String>,
     /// Accept any correctly signed request, whatever its key. For local use only; logged loudly.
     pub open: bool,
+    /// On an open node, let jobs pull inputs from loopback addresses (a local network's nodes
+    /// find each other there). A peer-to-peer hoster turns it off: its callers are strangers,
+    /// and a pull names an address for the node to fetch from.
+    pub loopback_pulls: bool,
     /// The most tensor memory one job may need by its cost certificate; 0 = what the OS says is
     /// available at start.
     pub memory_limit_bytes: u64,
@@ -91,6 +95,7 @@ impl Default for NodeConfig {
             data_dir: default_data_dir(),
             trusted_keys: Vec::new(),
             open: false,
+            loopback_pulls: true,
             memory_limit_bytes: 0,
             max_job_flops: 10_000_000_000_000,
             workers: 1,

@@ -1355,12 +1355,13 @@ impl Node {
                 "pull peer `{peer}` is not a node address: expected http://HOST:PORT"
             ))
         })?;
-        if self.pull_peers.contains(&addr) || (self.config.open && is_loopback(&addr)) {
+        let loopback = self.config.open && self.config.loopback_pulls && is_loopback(&addr);
+        if self.pull_peers.contains(&addr) || loopback {
             return Ok(());
         }
         Err(bad_request(format!(
             "this node does not pull from {addr}: it pulls only from the peers its operator lists (pull_peers, --pull-from URL){}",
-            if self.config.open {
+            if self.config.open && self.config.loopback_pulls {
                 " and, being open, from loopback addresses"
             } else {
                 ""
@@ -1463,6 +1464,11 @@ impl Node {
             return Err(bad_request(format!(
                 "pull peer `{peer}` is not a node address: expected http://HOST:PORT"
             )));
+        }
+        // A trusted coordinator names the peers of its own jobs; on an open node anyone may
+        // send a job, so the address must be one the operator allows.
+        if self.config.open {
+            self.pull_allowed(peer)?;
         }
         let client = tenet_net::client::NodeClient::new(peer, self.key.clone())
             .map_err(|e| bad_request(e.to_string()))?;

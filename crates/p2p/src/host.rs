@@ -146,6 +146,8 @@ impl Hoster {
         let mut node_config = config.node;
         // Strangers call a hoster; its gate still checks every signature, clock and nonce.
         node_config.open = true;
+        // ...but a stranger's job may not make it fetch from this machine's own services.
+        node_config.loopback_pulls = false;
         let node = Node::start(node_config)?;
         let mut hosted = Vec::new();
         for t in &config.tasks {

@@ -348,3 +348,43 @@ async fn a_partitioned_network_heals_and_its_dht_answers_across_the_old_split() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_make_a_hoster_fetch_from_its_own_machine() {
+    let (_dir, task, hosters) = setup(1, None).await;
+    let boot = hosters[0].net.listen_addrs().await.unwrap();
+    let mut c = config(&boot);
+    c.listen.clear();
+    let client = Network::start(c, None).await.unwrap();
+    client.dial(boot[0].clone()).await.unwrap();
+    let key = tenet_net::identity::generate();
+    // A job whose input is to be pulled from a service on the hoster's loopback: an open
+    // node of a local network would fetch it; a hoster refuses.
+    let hash = Hash::of(b"an input somewhere");
+    let job = tenet_proto::commit::JobSpec {
+        job_id: "pull-me".into(),
+        task,
+        weights: None,
+        inputs: [("x".to_string(), hash), ("w".to_string(), hash)].into(),
+        tier: Tier::Exact,
+        seed: 0,
+    };
+    let run = tenet_proto::wire::RunJob {
+        job,
+        timeout_ms: Some(5_000),
+        blobs: Default::default(),
+        pulls: [(
+            hash,
+            tenet_proto::wire::PullFrom {
+                peers: vec!["http://127.0.0.1:5432".into()],
+                grant: tenet_proto::grant::PullGrant::sign(hash, tenet_proto::unix_now(), &key),
+            },
+        )]
+        .into(),
+        stage: None,
+    };
+    let node = tenet_p2p::link::P2pLink::client(&client, hosters[0].net.peer_id(), key);
+    let err = node.run_job(&run).await.unwrap_err().to_string();
+    assert!(err.contains("does not pull from 127.0.0.1:5432"), "{err}");
+    assert!(!err.contains("being open"), "{err}");
+}
