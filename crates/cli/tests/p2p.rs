@@ -1,10 +1,11 @@
 //! The peer-to-peer network as a user drives it, with real processes on 127.0.0.1: four
 //! `tenet peer` hosters (one lying) joined through the first, and `tenet call --p2p` finding
 //! them on the DHT, running the example MLP on all four with no coordinator, and getting the
-//! local result with a receipt `tenet receipt verify` accepts; a network spec written by
-//! `tenet peer network` with a validator whose epochs score the liar down, seen through
-//! `tenet peer status`, after which `tenet call --p2p --network` passes the liar over; and
-//! `tenet demo --p2p --json`.
+//! local result with a receipt `tenet receipt verify` accepts; twelve peers (three validators,
+//! one revealing scores it did not commit to; eight hosters, one lying; a client) on a network
+//! spec written by `tenet peer network`, whose first epoch scores the liar down and ignores the
+//! lying validator, seen through `tenet peer status`, after which `tenet call --p2p --network`
+//! passes the liar over; `tenet demo --p2p --json`; and `tenet bench p2p`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -215,13 +216,20 @@ fn address(p: &Peer) -> String {
 }
 
 #[test]
-fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
+fn twelve_peers_score_a_liar_down_ignore_a_lying_validator_and_pass_the_liar_over() {
+    // Three validators (the third reveals scores it did not commit to), eight hosters (the
+    // eighth lies), and a client: twelve processes, no coordinator.
     let dir = tempfile::tempdir().unwrap();
-    let vdir = dir.path().join("v0");
-    let out = tenet(&["peer", "key", "--data-dir", vdir.to_str().unwrap()]);
-    assert!(out.status.success());
-    let vkey = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert_eq!(vkey.len(), 64, "{vkey}");
+    let vdirs: Vec<_> = (0..3).map(|i| dir.path().join(format!("v{i}"))).collect();
+    let vkeys: Vec<String> = vdirs
+        .iter()
+        .map(|d| {
+            let out = tenet(&["peer", "key", "--data-dir", d.to_str().unwrap()]);
+            assert!(out.status.success());
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        })
+        .collect();
+    assert!(vkeys.iter().all(|k| k.len() == 64), "{vkeys:?}");
     let spec = dir.path().join("net.json");
     let out = tenet(&[
         "peer",
@@ -229,11 +237,15 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
         "-o",
         spec.to_str().unwrap(),
         "--validator",
-        &vkey,
+        &vkeys[0],
+        "--validator",
+        &vkeys[1],
+        "--validator",
+        &format!("{}=100", vkeys[2]),
         "--epoch-secs",
-        "3",
-        "--genesis-in",
         "4",
+        "--genesis-in",
+        "9",
     ]);
     assert!(
         out.status.success(),
@@ -249,9 +261,9 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
     let first = peer_with(&dir.path().join("h0"), None, true, &net, "network");
     let boot = address(&first);
     let mut hosters = vec![first];
-    for i in 1..3 {
+    for i in 1..8 {
         let mut extra = net.to_vec();
-        if i == 2 {
+        if i == 7 {
             extra.extend(["--cheat", "flip"]);
         }
         hosters.push(peer_with(
@@ -262,15 +274,21 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
             "network",
         ));
     }
-    let liar = hosters[2].lines[0]
+    let liar = hosters[7].lines[0]
         .split_whitespace()
         .nth(2)
         .unwrap()
         .to_string();
-    let mut extra = net.to_vec();
-    extra.push("--validate");
-    let validator = peer_with(&vdir, Some(&boot), false, &extra, "validating");
-    let vaddr = address(&validator);
+    let mut validators = Vec::new();
+    for (i, d) in vdirs.iter().enumerate() {
+        let mut extra = net.to_vec();
+        extra.push("--validate");
+        if i == 2 {
+            extra.push("--cheat-scores");
+        }
+        validators.push(peer_with(d, Some(&boot), false, &extra, "validating"));
+    }
+    let vaddr = address(&validators[0]);
 
     // Epoch 0 is scored and settled; the validator's status says so.
     let until = Instant::now() + Duration::from_secs(60);
@@ -287,7 +305,7 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
     };
     assert_eq!(status["network"], "tenet");
     let scores = status["validator"]["scores"].as_array().unwrap();
-    assert_eq!(scores.len(), 3, "{status}");
+    assert_eq!(scores.len(), 8, "{status}");
     for s in scores {
         let want = if s["peer"] == liar.as_str() { 0.0 } else { 1.0 };
         assert_eq!(s["score"].as_f64(), Some(want), "{s}");
@@ -299,6 +317,16 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
         .unwrap();
     assert_eq!(liar_standing["good"], false);
     assert_eq!(liar_standing["decided"], true);
+    // Every honest hoster in good standing; the lying validator ignored, the other two counted.
+    assert_eq!(
+        standings.iter().filter(|s| s["good"] == true).count(),
+        7,
+        "{status}"
+    );
+    assert_eq!(status["standings"]["counted"].as_array().unwrap().len(), 2);
+    let ignored = status["standings"]["ignored"].as_array().unwrap();
+    assert_eq!(ignored.len(), 1, "{status}");
+    assert_eq!(ignored[0][0], vkeys[2].as_str());
     // The text form names it.
     let text = tenet(&["peer", "status", &vaddr]);
     let text = String::from_utf8_lossy(&text.stdout);
@@ -307,7 +335,7 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
         "{text}"
     );
 
-    // A caller with the spec passes the liar over; two honest hosters agree.
+    // A caller with the spec passes the liar over; seven honest hosters agree.
     let x = dir.path().join("x.json");
     let rows: Vec<Vec<f32>> = (0..8).map(|i| vec![i as f32 / 8.0; 64]).collect();
     std::fs::write(&x, serde_json::to_vec(&rows).unwrap()).unwrap();
@@ -326,7 +354,7 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
         "--network",
         spec.to_str().unwrap(),
         "--replicas",
-        "2",
+        "7",
         "--json",
         &task,
         "-i",
@@ -344,9 +372,9 @@ fn a_validator_scores_a_liar_down_and_callers_pass_it_over() {
         .iter()
         .map(|h| h["peer"].as_str().unwrap())
         .collect();
-    assert_eq!(hosters_used.len(), 2);
+    assert_eq!(hosters_used.len(), 7);
     assert!(!hosters_used.contains(&liar.as_str()), "{v}");
-    assert_eq!(v["receipt"]["nodes"].as_array().unwrap().len(), 2);
+    assert_eq!(v["receipt"]["nodes"].as_array().unwrap().len(), 7);
 }
 
 #[test]

@@ -34,6 +34,12 @@ use crate::wire::{self, Answer, NODE_PROTOCOL};
 /// tenet's DHT, apart from any other Kademlia network.
 pub const KAD_PROTOCOL: StreamProtocol = StreamProtocol::new("/tenet/kad/1");
 
+/// Request bytes one peer may have in flight here at once (bodies held while the node works).
+pub const PER_PEER_BYTES: u64 = 256 << 20;
+
+/// Request bytes all peers together may have in flight here at once.
+pub const INFLIGHT_BYTES: u64 = 1 << 30;
+
 /// The gossipsub topic peers announce their adverts on.
 pub const ADVERT_TOPIC: &str = "/tenet/adverts/1";
 
@@ -226,7 +232,7 @@ pub const MAX_DIRECTORY: usize = 4096;
 struct Behaviour {
     identify: identify::Behaviour,
     kad: kad::Behaviour<MemoryStore>,
-    rpc: request_response::cbor::Behaviour<wire::Request, wire::Answer>,
+    rpc: request_response::Behaviour<wire::NodeCodec>,
     gossip: gossipsub::Behaviour,
     blocked: allow_block_list::Behaviour<allow_block_list::BlockedPeers>,
 }
@@ -377,6 +383,7 @@ impl Network {
             rejoin_every: config.rejoin_every.max(Duration::from_millis(100)),
             per_peer: config.per_peer_inflight.max(1),
             inflight: HashMap::new(),
+            inflight_bytes: 0,
             answers: FuturesUnordered::new(),
             queries: HashMap::new(),
             requests: HashMap::new(),
@@ -539,7 +546,12 @@ impl Network {
 type Pending = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = (PeerId, request_response::ResponseChannel<Answer>, Answer),
+                Output = (
+                    PeerId,
+                    u64,
+                    request_response::ResponseChannel<Answer>,
+                    Answer,
+                ),
             > + Send,
     >,
 >;
@@ -565,7 +577,8 @@ struct Driver {
     bootstrap: Vec<Multiaddr>,
     rejoin_every: Duration,
     per_peer: usize,
-    inflight: HashMap<PeerId, usize>,
+    inflight: HashMap<PeerId, (usize, u64)>,
+    inflight_bytes: u64,
     answers: FuturesUnordered<Pending>,
     queries: HashMap<kad::QueryId, Query>,
     requests:
@@ -591,9 +604,11 @@ impl Driver {
                     // Every handle dropped: the peer is gone.
                     None => break,
                 },
-                Some((peer, channel, answer)) = self.answers.next(), if !self.answers.is_empty() => {
-                    if let Some(n) = self.inflight.get_mut(&peer) {
+                Some((peer, bytes, channel, answer)) = self.answers.next(), if !self.answers.is_empty() => {
+                    self.inflight_bytes = self.inflight_bytes.saturating_sub(bytes);
+                    if let Some((n, b)) = self.inflight.get_mut(&peer) {
                         *n = n.saturating_sub(1);
+                        *b = b.saturating_sub(bytes);
                         if *n == 0 {
                             self.inflight.remove(&peer);
                         }
@@ -1023,20 +1038,25 @@ impl Driver {
                 ),
             );
         };
-        let n = self.inflight.entry(peer).or_default();
-        if *n >= self.per_peer {
+        let bytes = request.body.0.len() as u64;
+        let (n, held) = *self.inflight.entry(peer).or_default();
+        let over = if n >= self.per_peer {
+            Some(format!(
+                "at most {} requests from one peer at a time; wait for an answer before sending more",
+                self.per_peer
+            ))
+        } else if held + bytes > PER_PEER_BYTES {
+            Some(format!(
+                "at most {PER_PEER_BYTES} request bytes from one peer at a time; wait for an answer before sending more"
+            ))
+        } else if self.inflight_bytes + bytes > INFLIGHT_BYTES {
+            Some("this peer holds as many request bytes as it will: try again later".into())
+        } else {
+            None
+        };
+        if let Some(message) = over {
             self.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
-            let limit = self.per_peer;
-            return refuse(
-                self,
-                channel,
-                ApiError::new(
-                    ErrorCode::Busy,
-                    format!(
-                        "at most {limit} requests from one peer at a time; wait for an answer before sending more"
-                    ),
-                ),
-            );
+            return refuse(self, channel, ApiError::new(ErrorCode::Busy, message));
         }
         let raw = match request.into_raw() {
             Ok(raw) => raw,
@@ -1049,7 +1069,10 @@ impl Driver {
                 );
             }
         };
-        *n += 1;
+        let entry = self.inflight.entry(peer).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
+        self.inflight_bytes += bytes;
         self.answers.push(Box::pin(async move {
             let (tx, rx) = oneshot::channel();
             let sent = inbound
@@ -1066,7 +1089,7 @@ impl Driver {
                     "the peer is shutting down",
                 )),
             };
-            (peer, channel, answer)
+            (peer, bytes, channel, answer)
         }));
     }
 }

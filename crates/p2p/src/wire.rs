@@ -149,11 +149,145 @@ impl Answer {
     }
 }
 
-/// The codec both sides use on `/tenet/node/1`, with its size limits.
-pub fn codec() -> libp2p::request_response::cbor::codec::Codec<Request, Answer> {
-    libp2p::request_response::cbor::codec::Codec::default()
-        .set_request_size_maximum(MAX_REQUEST_BYTES)
-        .set_response_size_maximum(MAX_ANSWER_BYTES)
+/// Bytes of inbound requests one peer reads at once, over every stream from every peer: a
+/// flood of large requests waits for nothing and holds no more than this.
+pub const READ_BUDGET_BYTES: u64 = 256 << 20;
+
+type Cbor = libp2p::request_response::cbor::codec::Codec<Request, Answer>;
+
+/// The codec both sides use on `/tenet/node/1`: CBOR within the size limits, and inbound
+/// requests read against a budget shared by every stream ([`READ_BUDGET_BYTES`]); a request
+/// that would overdraw it is cut off (its stream fails) rather than buffered.
+#[derive(Clone)]
+pub struct NodeCodec {
+    inner: Cbor,
+    reading: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    budget: u64,
+}
+
+impl Default for NodeCodec {
+    fn default() -> Self {
+        NodeCodec {
+            inner: Cbor::default()
+                .set_request_size_maximum(MAX_REQUEST_BYTES)
+                .set_response_size_maximum(MAX_ANSWER_BYTES),
+            reading: Default::default(),
+            budget: READ_BUDGET_BYTES,
+        }
+    }
+}
+
+impl NodeCodec {
+    /// A codec with a smaller read budget (for tests).
+    pub fn with_budget(budget: u64) -> Self {
+        NodeCodec {
+            budget,
+            ..NodeCodec::default()
+        }
+    }
+
+    /// Bytes of requests being read now.
+    pub fn reading(&self) -> u64 {
+        self.reading.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Bytes taken from a read budget, given back when dropped.
+struct Reserved<'a> {
+    from: &'a std::sync::atomic::AtomicU64,
+    bytes: u64,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.from
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl libp2p::request_response::Codec for NodeCodec {
+    type Protocol = StreamProtocol;
+    type Request = Request;
+    type Response = Answer;
+
+    async fn read_request<T>(
+        &mut self,
+        protocol: &StreamProtocol,
+        io: &mut T,
+    ) -> std::io::Result<Request>
+    where
+        T: libp2p::futures::AsyncRead + Unpin + Send,
+    {
+        use libp2p::futures::AsyncReadExt as _;
+        use std::sync::atomic::Ordering;
+        let mut reserved = Reserved {
+            from: &self.reading,
+            bytes: 0,
+        };
+        let mut frame = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            let n = io.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            let now = self.reading.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+            reserved.bytes += n as u64;
+            if now > self.budget {
+                return Err(std::io::Error::other(
+                    "this peer is reading as many request bytes as it will hold: try again later",
+                ));
+            }
+            if frame.len() + n > MAX_REQUEST_BYTES as usize {
+                return Err(std::io::Error::other(format!(
+                    "a request may be at most {MAX_REQUEST_BYTES} bytes"
+                )));
+            }
+            frame.extend_from_slice(&chunk[..n]);
+        }
+        let mut cursor = libp2p::futures::io::Cursor::new(frame);
+        self.inner.read_request(protocol, &mut cursor).await
+    }
+
+    async fn read_response<T>(
+        &mut self,
+        protocol: &StreamProtocol,
+        io: &mut T,
+    ) -> std::io::Result<Answer>
+    where
+        T: libp2p::futures::AsyncRead + Unpin + Send,
+    {
+        self.inner.read_response(protocol, io).await
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        protocol: &StreamProtocol,
+        io: &mut T,
+        req: Request,
+    ) -> std::io::Result<()>
+    where
+        T: libp2p::futures::AsyncWrite + Unpin + Send,
+    {
+        self.inner.write_request(protocol, io, req).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        protocol: &StreamProtocol,
+        io: &mut T,
+        res: Answer,
+    ) -> std::io::Result<()>
+    where
+        T: libp2p::futures::AsyncWrite + Unpin + Send,
+    {
+        self.inner.write_response(protocol, io, res).await
+    }
+}
+
+/// The codec both sides use on `/tenet/node/1`.
+pub fn codec() -> NodeCodec {
+    NodeCodec::default()
 }
 
 /// Decode one request as a hosting peer does — a whole substream's bytes through the codec
@@ -190,4 +324,44 @@ pub fn encode_request_frame(request: Request) -> Vec<u8> {
         let _ = write.as_mut().poll(&mut cx);
     }
     io.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libp2p::request_response::Codec as _;
+
+    fn read(codec: &mut NodeCodec, frame: Vec<u8>) -> std::io::Result<Request> {
+        let mut io = libp2p::futures::io::Cursor::new(frame);
+        libp2p::futures::executor::block_on(codec.read_request(&NODE_PROTOCOL, &mut io))
+    }
+
+    #[test]
+    fn requests_are_read_against_a_shared_budget() {
+        let request = |n: usize| Request {
+            method: "PUT".into(),
+            path: "/v1/blobs".into(),
+            headers: Vec::new(),
+            body: Blob(vec![7u8; n].into()),
+        };
+        let mut codec = NodeCodec::with_budget(1 << 20);
+        // Within the budget: read whole, and the budget is given back.
+        let got = read(&mut codec, encode_request_frame(request(512 << 10))).unwrap();
+        assert_eq!(got.body.0.len(), 512 << 10);
+        assert_eq!(codec.reading(), 0);
+        // Over it: cut off, and given back all the same.
+        let err = read(&mut codec, encode_request_frame(request(2 << 20))).unwrap_err();
+        assert!(err.to_string().contains("request bytes"), "{err}");
+        assert_eq!(codec.reading(), 0);
+        // Another stream's read in progress counts against the same budget.
+        let other = codec.clone();
+        other
+            .reading
+            .fetch_add(900 << 10, std::sync::atomic::Ordering::Relaxed);
+        assert!(read(&mut codec, encode_request_frame(request(200 << 10))).is_err());
+        other
+            .reading
+            .fetch_sub(900 << 10, std::sync::atomic::Ordering::Relaxed);
+        assert!(read(&mut codec, encode_request_frame(request(200 << 10))).is_ok());
+    }
 }

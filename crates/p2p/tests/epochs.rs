@@ -257,15 +257,19 @@ async fn validators_score_a_liar_down_within_an_epoch_and_callers_pass_it_over()
     assert_eq!(outcome.dissenters().count(), 0);
 
     // A score record signed by a key outside the validator set is refused by the peers.
-    let before: u64 = hosters
-        .iter()
-        .map(|h| {
-            h.net
-                .stats
-                .refused_records
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
+    let refused = || -> u64 {
+        hosters
+            .iter()
+            .chain(&validators)
+            .map(|h| {
+                h.net
+                    .stats
+                    .refused_records
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .sum()
+    };
+    let before = refused();
     let now = tenet_p2p::swarm::now_ms();
     let epoch = spec.epoch_at(now).unwrap();
     let outsider = tenet_net::identity::generate();
@@ -279,18 +283,26 @@ async fn validators_score_a_liar_down_within_an_epoch_and_callers_pass_it_over()
     .record(&spec, now)
     .unwrap();
     let _ = client.put_record(forged).await;
-    let after: u64 = hosters
-        .iter()
-        .chain(&validators)
-        .map(|h| {
-            h.net
-                .stats
-                .refused_records
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
+    let mid = refused();
     assert!(
-        after > before,
+        mid > before,
         "the forged score record was refused and counted"
+    );
+    // So is one from a real validator out of its phase window: a commitment for an epoch
+    // three ahead, signed now.
+    let early = ScoreRecord::Commit(ScoreCommit::sign(
+        &vkeys[0],
+        epoch + 3,
+        Hash::of(b"x"),
+        Hash::of(b"y"),
+        now,
+    ))
+    .record(&spec, now)
+    .unwrap();
+    let _ = client.put_record(early).await;
+    let after = refused();
+    assert!(
+        after > mid,
+        "the out-of-window score record was refused and counted"
     );
 }
