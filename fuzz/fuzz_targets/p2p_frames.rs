@@ -1,6 +1,7 @@
 //! Fuzz what a peer decodes from strangers on the peer-to-peer network: node API request
-//! frames (CBOR on `/tenet/node/1`) and DHT records offered for storage. The first byte picks
-//! which; nothing may panic, and a record that passes the checks is a correctly signed advert.
+//! frames (CBOR on `/tenet/node/1`) and DHT records offered for storage — adverts, and
+//! validators' score records checked against a fixed network spec and clock. The first byte
+//! picks which; nothing may panic, and a record that passes the checks is correctly signed.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -19,8 +20,17 @@ fuzz_target!(|data: &[u8]| {
             None => (rest, &[][..]),
         };
         let record = tenet_p2p::advert::record_from_parts(key, value);
-        if let Ok(advert) = tenet_p2p::advert::check_record(&record, 2_000_000_000) {
-            assert!(advert.verify());
+        let spec = tenet_p2p::epoch::NetworkSpec::fuzz();
+        let now = tenet_p2p::epoch::NetworkSpec::FUZZ_NOW_MS;
+        match tenet_p2p::swarm::check_any(&record, Some(&spec), now, tenet_p2p::epoch::Use::Store) {
+            Ok(tenet_p2p::swarm::Checked::Advert(a)) => assert!(a.verify()),
+            Ok(tenet_p2p::swarm::Checked::Score(tenet_p2p::epoch::ScoreRecord::Commit(c))) => {
+                assert!(c.verify())
+            }
+            Ok(tenet_p2p::swarm::Checked::Score(tenet_p2p::epoch::ScoreRecord::Reveal(r))) => {
+                assert!(r.verify())
+            }
+            Err(_) => {}
         }
     }
 });

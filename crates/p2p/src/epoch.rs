@@ -133,6 +133,15 @@ impl NetworkSpec {
         }
     }
 
+    /// The spec the `p2p_frames` fuzz target checks records against: one validator (key
+    /// from seed 7), epochs of 10 s from time 0, and the clock at [`Self::FUZZ_NOW_MS`].
+    pub fn fuzz() -> NetworkSpec {
+        NetworkSpec::local("fuzz", 0, 10_000, &[KeyPair::from_seed([7; 32]).public()])
+    }
+
+    /// The fuzz target's clock: the start of an epoch (inside its commit window).
+    pub const FUZZ_NOW_MS: u64 = 2_000_000_000_000;
+
     /// Read and check a spec file.
     pub fn load(path: &Path) -> Result<NetworkSpec, SpecError> {
         let shown = path.display().to_string();

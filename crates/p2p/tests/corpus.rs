@@ -1,11 +1,14 @@
 //! The fuzz corpus of what a peer decodes from strangers (`fuzz/corpus/p2p_frames`, inputs of
 //! `cargo fuzz run p2p_frames`: the first byte picks a node API request frame or a DHT record)
 //! and mutations of it, through that target's checks: nothing panics, the well-formed seeds
-//! decode, the malformed ones are refused, and no record passes without a valid signature.
+//! decode, the malformed ones are refused, and no record — advert or validator's score record
+//! — passes without a valid signature.
 
 use std::path::Path;
 
-use tenet_p2p::advert::{check_record, record_from_parts};
+use tenet_p2p::advert::record_from_parts;
+use tenet_p2p::epoch::{NetworkSpec, ScoreRecord, Use};
+use tenet_p2p::swarm::{Checked, check_any};
 use tenet_p2p::wire::{MAX_HEADERS, decode_request_frame};
 
 /// What the fuzz target does with one input: whether it was accepted.
@@ -26,9 +29,23 @@ fn check(data: &[u8]) -> bool {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, &[][..]),
         };
-        match check_record(&record_from_parts(key, value), 2_000_000_000) {
-            Ok(advert) => {
-                assert!(advert.verify());
+        let spec = NetworkSpec::fuzz();
+        match check_any(
+            &record_from_parts(key, value),
+            Some(&spec),
+            NetworkSpec::FUZZ_NOW_MS,
+            Use::Store,
+        ) {
+            Ok(Checked::Advert(a)) => {
+                assert!(a.verify());
+                true
+            }
+            Ok(Checked::Score(ScoreRecord::Commit(c))) => {
+                assert!(c.verify());
+                true
+            }
+            Ok(Checked::Score(ScoreRecord::Reveal(r))) => {
+                assert!(r.verify());
                 true
             }
             Err(_) => false,
@@ -53,9 +70,32 @@ fn the_fuzz_corpus_and_its_mutations() {
     assert!(seeds.len() >= 8, "the corpus lost its seeds");
     for (name, bytes) in &seeds {
         let accepted = check(bytes);
-        let want = name == "seed-request-info" || name == "seed-request-job";
+        let want = name == "seed-request-info"
+            || name == "seed-request-job"
+            || name == "seed-record-score-commit";
         assert_eq!(accepted, want, "{name}");
     }
+    // The score-commit seed is what the fuzz validator signs (regenerate it from here).
+    let key = tenet_proto::auth::KeyPair::from_seed([7; 32]);
+    let spec = NetworkSpec::fuzz();
+    let now = NetworkSpec::FUZZ_NOW_MS;
+    let commit = tenet_p2p::epoch::ScoreCommit::sign(
+        &key,
+        spec.epoch_at(now).unwrap(),
+        tenet_proto::Hash::of(b"scores"),
+        tenet_proto::Hash::of(b"seed"),
+        now,
+    );
+    let record = ScoreRecord::Commit(commit).record(&spec, now).unwrap();
+    let mut seed = vec![1u8];
+    seed.extend_from_slice(record.key.as_ref());
+    seed.push(0);
+    seed.extend_from_slice(&record.value);
+    let path = dir.join("seed-record-score-commit");
+    if std::env::var_os("TENET_WRITE_SEEDS").is_some() {
+        std::fs::write(&path, &seed).unwrap();
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), seed, "the seed is stale");
     // A frame the codec itself wrote decodes to what was sent.
     let sent = tenet_p2p::wire::Request {
         method: "PUT".into(),
