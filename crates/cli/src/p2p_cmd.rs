@@ -311,10 +311,11 @@ fn status(peer: &str, json: bool) -> Result<()> {
             sw["refused_records"]
         );
         println!(
-            "  gossip: {} advert(s) known, {} message(s) taken, {} refused; requests: {} in, {} refused, {} over a peer's share",
+            "  gossip: {} advert(s) known, {} message(s) taken, {} refused, {} dropped as floods; requests: {} in, {} refused, {} over a peer's share",
             sw["known_adverts"],
             sw["gossip_accepted"],
             sw["gossip_refused"],
+            sw["gossip_rate_limited"],
             sw["inbound_requests"],
             sw["refused_requests"],
             sw["rate_limited"]

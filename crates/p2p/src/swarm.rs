@@ -40,6 +40,10 @@ pub const PER_PEER_BYTES: u64 = 256 << 20;
 /// Request bytes all peers together may have in flight here at once.
 pub const INFLIGHT_BYTES: u64 = 1 << 30;
 
+/// One author's adverts are taken at most this often; more are dropped unforwarded and
+/// counted (a peer flooding the topic reaches no further than its neighbours).
+pub const GOSSIP_MIN_INTERVAL: Duration = Duration::from_millis(250);
+
 /// The gossipsub topic peers announce their adverts on.
 pub const ADVERT_TOPIC: &str = "/tenet/adverts/1";
 
@@ -150,6 +154,8 @@ pub struct Stats {
     /// Gossip messages taken, and refused (not a signed advert of their author).
     pub gossip_accepted: AtomicU64,
     pub gossip_refused: AtomicU64,
+    /// Gossip messages dropped because their author sent too many too fast.
+    pub gossip_rate_limited: AtomicU64,
 }
 
 /// What a peer sees of the network now.
@@ -168,6 +174,7 @@ pub struct Status {
     pub stored_records: u64,
     pub gossip_accepted: u64,
     pub gossip_refused: u64,
+    pub gossip_rate_limited: u64,
     /// Peers whose gossiped adverts this peer holds.
     pub known_adverts: usize,
 }
@@ -379,6 +386,7 @@ impl Network {
             spec: config.spec.clone(),
             events: config.events.0.clone(),
             directory: directory.clone(),
+            gossip_last: HashMap::new(),
             bootstrap: config.bootstrap.clone(),
             rejoin_every: config.rejoin_every.max(Duration::from_millis(100)),
             per_peer: config.per_peer_inflight.max(1),
@@ -574,6 +582,8 @@ struct Driver {
     spec: Option<Arc<NetworkSpec>>,
     events: Arc<tenet_net::events::EventLog>,
     directory: Directory,
+    /// When each author's last advert was taken (bounded like the directory).
+    gossip_last: HashMap<PeerId, std::time::Instant>,
     bootstrap: Vec<Multiaddr>,
     rejoin_every: Duration,
     per_peer: usize,
@@ -741,6 +751,7 @@ impl Driver {
                     stored_records: s.stored_records.load(Ordering::Relaxed),
                     gossip_accepted: s.gossip_accepted.load(Ordering::Relaxed),
                     gossip_refused: s.gossip_refused.load(Ordering::Relaxed),
+                    gossip_rate_limited: s.gossip_rate_limited.load(Ordering::Relaxed),
                     known_adverts: self.directory.lock().map_or(0, |d| d.len()),
                 });
             }
@@ -948,7 +959,26 @@ impl Driver {
             check_record(&record, now_ms() / 1000).map(|a| (author, a))
         })();
         let verdict = match checked {
+            Ok((author, _))
+                if self
+                    .gossip_last
+                    .get(&author)
+                    .is_some_and(|t| t.elapsed() < GOSSIP_MIN_INTERVAL) =>
+            {
+                self.stats
+                    .gossip_rate_limited
+                    .fetch_add(1, Ordering::Relaxed);
+                gossipsub::MessageAcceptance::Ignore
+            }
             Ok((author, advert)) => {
+                if self.gossip_last.len() >= MAX_DIRECTORY {
+                    self.gossip_last
+                        .retain(|_, t| t.elapsed() < GOSSIP_MIN_INTERVAL);
+                    if self.gossip_last.len() >= MAX_DIRECTORY {
+                        self.gossip_last.clear();
+                    }
+                }
+                self.gossip_last.insert(author, std::time::Instant::now());
                 self.stats.gossip_accepted.fetch_add(1, Ordering::Relaxed);
                 let mut d = self.directory.lock().unwrap_or_else(|e| e.into_inner());
                 let newer = d

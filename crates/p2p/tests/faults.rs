@@ -388,3 +388,61 @@ async fn a_stranger_cannot_make_a_hoster_fetch_from_its_own_machine() {
     assert!(err.contains("does not pull from 127.0.0.1:5432"), "{err}");
     assert!(!err.contains("being open"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_floods_are_dropped_and_forged_adverts_refused() {
+    let a = Network::start(config(&[]), None).await.unwrap();
+    let boot = a.listen_addrs().await.unwrap();
+    let key = tenet_net::identity::generate();
+    let mut c = config(&boot);
+    c.key = key.clone();
+    let b = Network::start(c, None).await.unwrap();
+    let advert = |k: &tenet_proto::auth::KeyPair, n: u64| {
+        tenet_p2p::advert::Advert::sign(
+            k,
+            Vec::new(),
+            Vec::new(),
+            format!("flood {n}"),
+            0,
+            0.0,
+            tenet_proto::unix_now(),
+        )
+    };
+    // Wait until b may publish (it knows a subscribes).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.gossip_advert(&advert(&key, 0)).await.is_err() {
+        assert!(Instant::now() < deadline, "no gossip peer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in 1..=50 {
+        let _ = b.gossip_advert(&advert(&key, n)).await;
+    }
+    // One signed by a key other than the author's.
+    let _ = b
+        .gossip_advert(&advert(&tenet_net::identity::generate(), 99))
+        .await;
+    let stats = &a.stats;
+    let load = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while load(&stats.gossip_accepted) + load(&stats.gossip_rate_limited) < 51
+        || load(&stats.gossip_refused) < 1
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the gossip did not arrive: {:?}",
+            a.status().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let accepted = load(&stats.gossip_accepted);
+    assert!(
+        accepted < 10,
+        "a burst of 51 adverts from one author was mostly taken: {accepted}"
+    );
+    assert!(load(&stats.gossip_rate_limited) >= 41);
+    assert_eq!(load(&stats.gossip_refused), 1, "the forged advert");
+    // What was taken is the author's own advert.
+    let known = a.directory();
+    assert_eq!(known.len(), 1);
+    assert_eq!(known[0].key, key.public());
+}
