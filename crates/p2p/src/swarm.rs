@@ -227,6 +227,7 @@ pub struct Network {
     pub stats: Arc<Stats>,
     directory: Directory,
     events: Arc<tenet_net::events::EventLog>,
+    transport: Transport,
 }
 
 /// The adverts peers gossiped, newest per peer, checked.
@@ -404,6 +405,7 @@ impl Network {
             stats,
             directory,
             events: config.events.0.clone(),
+            transport: config.transport,
         };
         // Wait for the listeners, so that `listen_addrs` has them.
         if !config.listen.is_empty() {
@@ -419,6 +421,11 @@ impl Network {
 
     pub fn peer_id(&self) -> PeerId {
         self.peer
+    }
+
+    /// How this peer reaches others.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// The event log this peer writes to (off unless configured).

@@ -305,6 +305,18 @@ impl Run {
     /// Challenge every known hoster; its score is the share of its challenges it answered as
     /// the strict majority of its task's hosters did.
     async fn challenge(&mut self, epoch: u64, seed: &[u8; 32], deadline_ms: u64) -> Vec<Score> {
+        // Challenges go out under a key and a peer id made for this epoch, through a client
+        // swarm of their own: to a hoster they look like any stranger's jobs, so it cannot
+        // answer validators honestly and callers not.
+        let key = tenet_net::identity::generate();
+        let mut config = crate::swarm::Config::new(key.clone());
+        config.transport = self.net.transport();
+        config.bootstrap = self.net.listen_addrs().await.unwrap_or_default();
+        config.spec = Some(self.spec.clone());
+        let caller = match Network::start(config, None).await {
+            Ok(n) => n,
+            Err(_) => self.net.clone(),
+        };
         let me = self.net.peer_id();
         let mut groups: BTreeMap<(Hash, Option<Hash>), Vec<Hoster>> = BTreeMap::new();
         for advert in self.net.directory() {
@@ -315,7 +327,7 @@ impl Run {
                 continue;
             }
             for addr in advert.addrs.iter().filter_map(|a| a.parse().ok()) {
-                let _ = self.net.add_address(peer, addr).await;
+                let _ = caller.add_address(peer, addr).await;
             }
             for h in &advert.tasks {
                 groups.entry((h.task, h.weights)).or_default().push(Hoster {
@@ -337,7 +349,7 @@ impl Run {
             };
             let graph = match self.graphs.get(&task) {
                 Some(g) => g.clone(),
-                None => match crate::call::graph(&self.net, &self.key, &found).await {
+                None => match crate::call::graph(&caller, &key, &found).await {
                     Ok(g) => {
                         self.graphs.insert(task, g.clone());
                         g
@@ -368,7 +380,7 @@ impl Run {
                     serde_json::json!({"epoch": epoch, "task": task.to_hex(), "n": j,
                         "hosters": found.hosters.len()}),
                 );
-                let outcome = crate::call::call(&self.net, &self.key, &found, spec).await;
+                let outcome = crate::call::call(&caller, &key, &found, spec).await;
                 let parts = match outcome {
                     Ok(o) => o.parts,
                     // No majority: nothing to score against.
