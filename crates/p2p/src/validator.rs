@@ -584,8 +584,9 @@ pub async fn last_settled(net: &Network, spec: &NetworkSpec) -> Option<Settled> 
 }
 
 /// Random inputs to `graph` for challenge `n` of `task`, drawn from the epoch's `seed`: anyone
-/// holding the seed can draw them again. Floats are uniform in [-1, 1); integers small; bools
-/// 0 or 1.
+/// holding the seed can draw them again. Floats are uniform in [-1, 1); bools 0 or 1; integers
+/// index-like: uniform over the rows of what they gather from (a language model's token ids
+/// over its vocabulary: a random prompt), otherwise in [0, 9).
 pub fn challenge_inputs(
     graph: &Graph,
     seed: &[u8; 32],
@@ -598,7 +599,8 @@ pub fn challenge_inputs(
     hasher.update(&n.to_le_bytes());
     let mut stream = hasher.finalize_xof();
     let mut out = Vec::new();
-    for (_, name, ty) in graph.inputs() {
+    for (id, name, ty) in graph.inputs() {
+        let range = index_range(graph, id).unwrap_or(9).max(1);
         let count = ty.numel().unwrap_or(0) as usize;
         let size = ty.dtype.size() as usize;
         let mut data = Vec::with_capacity(count * size);
@@ -617,7 +619,7 @@ pub fn challenge_inputs(
                 }
                 DType::Bool => data.push((r & 1) as u8),
                 _ => {
-                    let v = (r % 9) as i64 - 4;
+                    let v = (u64::from(r) % range) as i64;
                     data.extend_from_slice(&v.to_le_bytes()[..size]);
                 }
             }
@@ -627,4 +629,61 @@ pub fn challenge_inputs(
         }
     }
     out
+}
+
+/// How many rows an input indexes when it is used directly as a gather's indices (the least,
+/// if it indexes several tables).
+fn index_range(graph: &Graph, input: tenet_ir::NodeId) -> Option<u64> {
+    graph
+        .nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            tenet_ir::Op::Gather { x, indices, axis } if *indices == input => {
+                graph.node(*x).ty.shape.get(*axis as usize).copied()
+            }
+            _ => None,
+        })
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenet_ir::GraphBuilder;
+
+    #[test]
+    fn challenges_are_drawn_from_the_seed_and_token_ids_span_the_vocabulary() {
+        // A toy language model: token ids gather rows of a 50-word embedding.
+        let g = GraphBuilder::new();
+        let ids = g.input("ids", DType::I64, &[64]);
+        let table = g.input("embedding", DType::F32, &[50, 4]);
+        let x = g.input("x", DType::F32, &[3]);
+        let y = table.gather(&ids, 0);
+        let graph = g.finish(&[("y", &y), ("x", &x.tanh())]).unwrap();
+        let task = Hash::of(b"lm");
+        let a = challenge_inputs(&graph, &[1; 32], &task, 0);
+        assert_eq!(
+            a,
+            challenge_inputs(&graph, &[1; 32], &task, 0),
+            "drawn again"
+        );
+        assert_ne!(
+            a,
+            challenge_inputs(&graph, &[2; 32], &task, 0),
+            "another seed"
+        );
+        assert_ne!(
+            a,
+            challenge_inputs(&graph, &[1; 32], &task, 1),
+            "another challenge"
+        );
+        let ids = a.iter().find(|(n, _)| n == "ids").unwrap().1.to_i64_vec();
+        assert!(ids.iter().all(|&i| (0..50).contains(&i)), "{ids:?}");
+        assert!(
+            ids.iter().any(|&i| i >= 25),
+            "the whole vocabulary: {ids:?}"
+        );
+        let floats = a.iter().find(|(n, _)| n == "x").unwrap().1.to_f32_vec();
+        assert!(floats.iter().all(|v| (-1.0..1.0).contains(v)));
+    }
 }
