@@ -52,7 +52,8 @@ pub struct PeerArgs {
     #[arg(long, hide = true)]
     cheat: Option<String>,
     /// Write every request and job phase as a JSON line here (`-`: standard error); the
-    /// swarm's lines (DHT records, gossip, challenges, settlements) go to FILE-p2p.jsonl.
+    /// swarm's lines (DHT records, gossip, challenges, settlements) go beside it, to
+    /// NAME-p2p.jsonl for a FILE named NAME.jsonl.
     #[arg(long, value_name = "FILE")]
     event_log: Option<PathBuf>,
     /// The network spec (`tenet peer network` writes one): epochs, validators and their
