@@ -457,8 +457,10 @@ enum Command {
         tenet node --open --listen 127.0.0.1:0 --data-dir /tmp/node1 --event-log -")]
     Node(Box<node_cmd::NodeArgs>),
     /// Run a peer of the peer-to-peer network (no coordinator): host tasks for any caller,
-    /// announced on the DHT and reached over libp2p. Prints its peer id and the addresses
-    /// other peers bootstrap from; runs until Ctrl-C.
+    /// announced on the DHT and reached over libp2p, and, with --network and --validate,
+    /// challenge the hosters every epoch and settle their standing. Prints its peer id and the
+    /// addresses other peers bootstrap from; runs until Ctrl-C. `tenet peer status` asks a
+    /// running peer what it sees (docs/P2P.md).
     Peer(Box<p2p_cmd::PeerArgs>),
     /// Is honesty a node's best strategy? Expected values of honest and dishonest play under
     /// spot-checking (EigenTensor's model), and the smallest check rate α that keeps honesty
