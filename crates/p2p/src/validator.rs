@@ -29,6 +29,9 @@ use crate::epoch::{
 };
 use crate::swarm::{Network, now_ms};
 
+/// A gossiped advert older than this is taken to be from a hoster that has left.
+pub const ADVERT_STALE_SECS: u64 = 600;
+
 /// How a validator runs.
 #[derive(Clone, Debug)]
 pub struct ValidatorOptions {
@@ -319,7 +322,12 @@ impl Run {
         };
         let me = self.net.peer_id();
         let mut groups: BTreeMap<(Hash, Option<Hash>), Vec<Hoster>> = BTreeMap::new();
+        let now_s = now_ms() / 1000;
         for advert in self.net.directory() {
+            // A hoster that stopped gossiping has left: it is not challenged (nor scored).
+            if advert.issued_at + ADVERT_STALE_SECS < now_s {
+                continue;
+            }
             let Some(peer) = crate::keys::peer_id(&advert.key) else {
                 continue;
             };
