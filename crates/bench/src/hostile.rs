@@ -44,6 +44,7 @@ use tenet_ir::{DType, Graph, GraphBuilder, WeightsId};
 use tenet_net::client::Bounds;
 use tenet_net::{Bytes, ClientError, Method, NodeClient, RawRequest, identity};
 use tenet_proto::Hash;
+use tenet_proto::api;
 use tenet_proto::auth::{KeyPair, PublicKey};
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{Batch, NodeInfo, RunJob, SessionOp};
@@ -1197,8 +1198,8 @@ impl Api {
                 Duration::from_secs(60),
             )
             .await;
-        match r.value()["endpoint"].as_str() {
-            Some(p) if r.status() == Some(200) => Ok(p.to_string()),
+        match api::from_value::<api::TaskDeployed>(r.value()) {
+            Ok(d) if r.status() == Some(200) => Ok(d.task.endpoint),
             _ => Err(r),
         }
     }
@@ -1555,8 +1556,8 @@ impl Honest {
     /// Check an answer: 200, a receipt by this coordinator that verifies and names only bonded
     /// nodes, the right result.
     fn check(&self, status: u16, body: &[u8], expected: &[u8]) -> Result<Done, String> {
-        let (v, receipt) = verified(status, body, &self.coordinator, expected)?;
-        for a in &receipt.nodes {
+        let answer = verified(status, body, &self.coordinator, expected)?;
+        for a in &answer.receipt.nodes {
             let node = a.commitment.node.to_hex();
             if !self.bonded.contains(&node) {
                 return Err(format!(
@@ -1565,19 +1566,10 @@ impl Honest {
                 ));
             }
         }
-        let job = v["job_id"]
-            .as_str()
-            .ok_or("the answer has no job id")?
-            .to_string();
-        let slashed = v["slashed"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s["node"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(Done { job, slashed })
+        Ok(Done {
+            slashed: answer.slashed.into_iter().map(|s| s.node).collect(),
+            job: answer.job_id,
+        })
     }
 }
 
@@ -2012,7 +2004,9 @@ async fn sybil(ctx: &Ctx, r: &mut ClassReport) -> Result<(), String> {
                     .caller
                     .json(Method::POST, "/v1/nodes", &json!({"url": url}), SHORT)
                     .await;
-                let stake = a.value()["stake"].as_i64();
+                let stake = api::from_value::<api::Node>(a.value())
+                    .ok()
+                    .map(|n| n.stake);
                 let label = match (a.status(), stake) {
                     (Some(200), Some(s)) => format!("register without stake 200, stake {s}"),
                     _ => format!("register without stake {}", a.label()),
@@ -2455,10 +2449,9 @@ async fn bond_nodes(admin: &Api, nodes: &[(String, String)]) -> Result<Vec<Strin
         let n = admin
             .json(Method::POST, "/v1/nodes", &json!({"url": url}), SHORT)
             .await;
-        let id = n.value()["id"]
-            .as_str()
-            .ok_or_else(|| format!("registering {url}: {n}"))?
-            .to_string();
+        let id = api::from_value::<api::Node>(n.value())
+            .map_err(|_| format!("registering {url}: {n}"))?
+            .id;
         let b = admin
             .json(
                 Method::POST,
@@ -2556,10 +2549,9 @@ pub fn run(
             let n = admin
                 .json(Method::POST, "/v1/nodes", &json!({"url": url}), SHORT)
                 .await;
-            let id = n.value()["id"]
-                .as_str()
-                .ok_or_else(|| format!("registering the withholding node: {n}"))?
-                .to_string();
+            let id = api::from_value::<api::Node>(n.value())
+                .map_err(|_| format!("registering the withholding node: {n}"))?
+                .id;
             bonded.push(id.clone());
             staller_id = Some(id);
         }
@@ -2668,26 +2660,17 @@ pub fn run(
     let (ledger_decided, ledger_not_decided, nodes, fake_nodes_listed, stall_counts) = honest_rt
         .block_on(async {
             let listed = caller.get("/v1/jobs?limit=10000").await;
-            let mut states: HashMap<String, String> = listed
-                .value()
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|j| {
-                            Some((
-                                j["job_id"].as_str()?.to_string(),
-                                j["state"].as_str()?.to_string(),
-                            ))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let mut states: HashMap<String, String> =
+                api::from_value::<Vec<api::Job>>(listed.value())
+                    .map(|jobs| jobs.into_iter().map(|j| (j.job_id, j.state)).collect())
+                    .unwrap_or_default();
             let mut decided = 0;
             let mut not = Vec::new();
             for d in &jobs {
                 if !states.contains_key(&d.job) {
                     let j = caller.get(&format!("/v1/jobs/{}", d.job)).await;
-                    let s = j.value()["state"].as_str().unwrap_or("missing").to_string();
+                    let s = api::from_value::<api::JobView>(j.value())
+                        .map_or_else(|_| "missing".to_string(), |j| j.job.state);
                     states.insert(d.job.clone(), s);
                 }
                 if states.get(&d.job).map(String::as_str) == Some("decided") {
@@ -2707,17 +2690,17 @@ pub fn run(
             }
             let mut nodes = Vec::new();
             let mut fake_count = 0;
-            for n in listed.value().as_array().into_iter().flatten() {
-                let id = n["id"].as_str().unwrap_or_default().to_string();
-                match names.get(&id) {
+            let listed: Vec<api::Node> = api::from_value(listed.value()).unwrap_or_default();
+            for n in listed {
+                match names.get(&n.id) {
                     Some(name) => nodes.push(NodeSeen {
                         name: name.clone(),
-                        id,
-                        operator: n["operator"].as_str().unwrap_or_default().to_string(),
-                        state: n["state"].as_str().unwrap_or_default().to_string(),
-                        stake: n["stake"].as_i64().unwrap_or(0),
+                        id: n.id,
+                        operator: n.operator,
+                        state: n.state,
+                        stake: n.stake,
                     }),
-                    None => fake_count += usize::from(fakes.contains(&id)),
+                    None => fake_count += usize::from(fakes.contains(&n.id)),
                 }
             }
             nodes.sort_by(|a, b| a.name.cmp(&b.name));
@@ -2726,9 +2709,8 @@ pub fn run(
             if let Some(sid) = &staller_id {
                 for d in attacked.done.iter().take(3000) {
                     let j = caller.get(&format!("/v1/jobs/{}", d.job)).await;
-                    let drawn = j.value()["assignments"]
-                        .as_array()
-                        .is_some_and(|a| a.iter().any(|x| x["node"].as_str() == Some(sid)));
+                    let drawn = api::from_value::<api::JobView>(j.value())
+                        .is_ok_and(|j| j.assignments.iter().any(|x| x.node == *sid));
                     let slashed = d.slashed.contains(sid);
                     if drawn || slashed {
                         stall_counts.0 += 1;

@@ -17,7 +17,7 @@ use tenet_ir::{DType, Graph, GraphBuilder};
 use tenet_ledger::{JobState, Ledger};
 use tenet_local::LocalNetwork;
 use tenet_net::{Bytes, Method, NodeClient, RawRequest, identity};
-use tenet_proto::receipt::Receipt;
+use tenet_proto::api;
 
 use crate::node::filled;
 
@@ -113,10 +113,15 @@ pub(crate) fn calls(graph: &Graph, n: usize, first: u32) -> Result<Vec<Call>, St
                 .remove(0)
                 .1;
             let given = vec![("x".to_string(), x), ("w".to_string(), w.clone())];
-            let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))
-                .map_err(|e| e.to_string())?;
+            let body = api::to_vec(&api::RunRequest {
+                inputs: serde_json::from_str(&tenet_models::outputs_json(&given))
+                    .map_err(|e| e.to_string())?,
+                tier: None,
+                seed: None,
+            })
+            .map_err(|e| e.to_string())?;
             Ok(Call {
-                body: Bytes::from(json!({"inputs": inputs}).to_string()),
+                body: Bytes::from(body),
                 expected: y.bytes().to_vec(),
             })
         })
@@ -124,29 +129,29 @@ pub(crate) fn calls(graph: &Graph, n: usize, first: u32) -> Result<Vec<Call>, St
 }
 
 /// Check one answer to a [`Call`]: 200, a receipt by this coordinator that verifies, the
-/// right result; the answer and its receipt.
+/// right result; the answer (its receipt in it).
 pub(crate) fn verified(
     status: u16,
     body: &[u8],
     coordinator: &tenet_proto::auth::PublicKey,
     expected: &[u8],
-) -> Result<(Value, Receipt), String> {
+) -> Result<api::RunAnswer, String> {
     let text = || String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
     if status != 200 {
         return Err(format!("status {status}: {}", text()));
     }
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("{e}: {}", text()))?;
-    let receipt: Receipt =
-        serde_json::from_value(v["receipt"].clone()).map_err(|e| format!("receipt: {e}"))?;
-    receipt
+    let answer: api::RunAnswer =
+        serde_json::from_slice(body).map_err(|e| format!("{e}: {}", text()))?;
+    answer
+        .receipt
         .verify_from(coordinator)
         .map_err(|e| format!("receipt does not verify: {e}"))?;
     let ty = tenet_ir::TensorType::new(DType::F32, vec![1u64, 32]);
-    let y = tenet_models::tensor_from_json(&v["outputs"]["y"], &ty)?;
+    let y = tenet_models::tensor_from_json(answer.outputs.get("y").unwrap_or(&Value::Null), &ty)?;
     if y.bytes() != expected {
         return Err("the result differs from a local run".into());
     }
-    Ok((v, receipt))
+    Ok(answer)
 }
 
 /// [`verified`], giving the job's id.
@@ -156,11 +161,7 @@ fn check(
     coordinator: &tenet_proto::auth::PublicKey,
     expected: &[u8],
 ) -> Result<String, String> {
-    let (v, _) = verified(status, body, coordinator, expected)?;
-    v["job_id"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| "the answer has no job id".into())
+    Ok(verified(status, body, coordinator, expected)?.job_id)
 }
 
 /// Start the network, run the clients, check the ledger, stop. `progress` hears each phase.
@@ -219,10 +220,10 @@ async fn drive(
         .await
         .map_err(|e| e.to_string())?;
     let deployed: Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
-    let path = deployed["endpoint"]
-        .as_str()
-        .ok_or_else(|| format!("deploying failed: {deployed}"))?
-        .to_string();
+    let path = api::from_value::<api::TaskDeployed>(&deployed)
+        .map_err(|_| format!("deploying failed: {deployed}"))?
+        .task
+        .endpoint;
     let calls = Arc::new(calls(&graph, config.jobs_per_client, 1000)?);
     let coordinator = net.coordinator_key.public();
     progress(&format!(

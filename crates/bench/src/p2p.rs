@@ -186,10 +186,10 @@ async fn coordinator_path(
             .await
             .map_err(|e| e.to_string())?;
         let deployed: Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
-        let path = deployed["endpoint"]
-            .as_str()
-            .ok_or_else(|| format!("deploying failed: {deployed}"))?
-            .to_string();
+        let path = tenet_proto::api::from_value::<tenet_proto::api::TaskDeployed>(&deployed)
+            .map_err(|_| format!("deploying failed: {deployed}"))?
+            .task
+            .endpoint;
         let key = net.coordinator_key.public();
         let mut times = Vec::new();
         for (i, call) in calls(&task(), config.jobs + WARMUP, 1)?.iter().enumerate() {

@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tenet_coordinator::{CoordinatorConfig, ServiceConfig};
 use tenet_ir::TensorType;
 use tenet_net::{Bytes, Method, NodeClient, RawRequest, identity};
-use tenet_proto::pipeline_receipt::PipelineReceipt;
-use tenet_proto::receipt::Receipt;
+use tenet_proto::api;
 use tenet_proto::{ApiError, Hash};
 
 use crate::progress::Transfer;
@@ -277,18 +276,28 @@ impl Client {
         &self,
         graph: &tenet_ir::Graph,
         weights: Option<&(String, Vec<u8>)>,
-    ) -> Result<Value> {
+    ) -> Result<api::TaskDeployed> {
         if let Some((name, bytes)) = weights {
             self.upload_unless_there(&format!("weights {name}"), bytes)
                 .await?;
         }
-        self.call(
-            Method::POST,
-            "/v1/tasks",
-            graph.to_bytes(),
-            "application/octet-stream",
-        )
-        .await
+        let v = self
+            .call(
+                Method::POST,
+                "/v1/tasks",
+                graph.to_bytes(),
+                "application/octet-stream",
+            )
+            .await?;
+        api::from_value(&v).with_context(|| not_an_answer("a deployed task"))
+    }
+
+    /// The coordinator's `/v1/info`.
+    pub(crate) async fn info(&self) -> Result<api::Info> {
+        let v = self
+            .call(Method::GET, "/v1/info", Vec::new(), "application/json")
+            .await?;
+        api::from_value::<api::Info>(&v).context("the coordinator's /v1/info has no key")
     }
 
     fn new(r: &Remote) -> Result<Client> {
@@ -358,6 +367,12 @@ impl Client {
     }
 }
 
+/// What to say when an answer of the coordinator's does not read as the API type it should
+/// be: `what` names it.
+pub(crate) fn not_an_answer(what: &str) -> String {
+    format!("the coordinator's answer is not {what}")
+}
+
 impl Client {
     /// Wait for a submitted job to end, for at most `limit`; its final view. A coordinator
     /// that cannot be reached (restarting) is retried: the job is in its ledger and resumes.
@@ -365,7 +380,7 @@ impl Client {
         &self,
         job_id: &str,
         limit: std::time::Duration,
-    ) -> Result<Value> {
+    ) -> Result<api::JobView> {
         let deadline = Instant::now() + limit;
         let mut unreachable_said = false;
         loop {
@@ -386,14 +401,18 @@ impl Client {
                 )
                 .await
             {
-                Ok(v) => match v["state"].as_str() {
-                    Some("decided") => return Ok(v),
-                    Some("failed") => bail!(
-                        "job {job_id} failed: {}",
-                        v["error"].as_str().unwrap_or("no reason given")
-                    ),
-                    _ => {}
-                },
+                Ok(v) => {
+                    let v: api::JobView =
+                        api::from_value(&v).with_context(|| not_an_answer("a job"))?;
+                    match v.job.state.as_str() {
+                        "decided" => return Ok(v),
+                        "failed" => bail!(
+                            "job {job_id} failed: {}",
+                            v.job.error.as_deref().unwrap_or("no reason given")
+                        ),
+                        _ => {}
+                    }
+                }
                 Err(e)
                     if e.downcast_ref::<tenet_net::ClientError>()
                         .is_some_and(|c| matches!(c, tenet_net::ClientError::Transport { .. })) =>
@@ -443,20 +462,18 @@ pub fn deploy(
         })
         .transpose()?;
     runtime()?.block_on(async {
-        let task = client.deploy(&graph, weights.as_ref()).await?;
+        let deployed = client.deploy(&graph, weights.as_ref()).await?;
         if as_json {
-            println!("{task}");
+            println!("{}", api::to_value(&deployed)?);
         } else {
-            println!("deployed task {}", task["id"].as_str().unwrap_or("?"));
+            let task = &deployed.task;
+            println!("deployed task {}", task.id);
             println!(
                 "  call it: POST {}{}",
                 remote.coordinator.trim_end_matches('/'),
-                task["endpoint"].as_str().unwrap_or("")
+                task.endpoint
             );
-            println!(
-                "  or: tenet call {} -i NAME=FILE ...",
-                task["id"].as_str().unwrap_or("?")
-            );
+            println!("  or: tenet call {} -i NAME=FILE ...", task.id);
         }
         Ok(())
     })
@@ -481,16 +498,12 @@ fn deploy_split(remote: &Remote, dir: &Path, as_json: bool) -> Result<()> {
                 }
                 None => None,
             };
-            let task = client.deploy(&stage.graph, weights.as_ref()).await?;
+            let deployed = client.deploy(&stage.graph, weights.as_ref()).await?;
             if !as_json {
-                eprintln!(
-                    "deployed stage {} of {n}: task {}",
-                    k + 1,
-                    task["id"].as_str().unwrap_or("?")
-                );
+                eprintln!("deployed stage {} of {n}: task {}", k + 1, deployed.task.id);
             }
         }
-        let p = client
+        let v = client
             .call(
                 Method::POST,
                 "/v1/pipelines",
@@ -498,23 +511,23 @@ fn deploy_split(remote: &Remote, dir: &Path, as_json: bool) -> Result<()> {
                 "application/json",
             )
             .await?;
+        let p: api::PipelineDeployed =
+            api::from_value(&v).with_context(|| not_an_answer("a deployed pipeline"))?;
         if as_json {
-            println!("{p}");
+            println!("{}", api::to_value(&p)?);
             return Ok(());
         }
-        let id = p["id"].as_str().unwrap_or("?");
+        let id = p.pipeline.id;
         println!("deployed pipeline {id} ({n} stages)");
-        if let Some(able) = p["nodes_able"].as_array() {
-            let counts: Vec<String> = able.iter().map(|v| v.to_string()).collect();
-            println!(
-                "  nodes whose limits take each stage: {}",
-                counts.join(", ")
-            );
-        }
+        let counts: Vec<String> = p.nodes_able.iter().map(|v| v.to_string()).collect();
+        println!(
+            "  nodes whose limits take each stage: {}",
+            counts.join(", ")
+        );
         println!(
             "  call it: POST {}{}",
             remote.coordinator.trim_end_matches('/'),
-            p["endpoint"].as_str().unwrap_or("")
+            p.pipeline.endpoint
         );
         println!("  or: tenet call {id} -i NAME=FILE ...");
         Ok(())
@@ -535,9 +548,12 @@ pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
     let client = Client::new(remote)?;
     runtime()?.block_on(async {
         let hash = client.upload_unless_there(GGUF_FILE, &bytes).await?;
-        let body = serde_json::json!({"name": model, "weights": hash}).to_string();
+        let body = api::to_vec(&api::DeployLlm {
+            name: model.to_string(),
+            weights: hash,
+        })?;
         let llm = client
-            .call(Method::POST, "/v1/llms", body.into_bytes(), "application/json")
+            .call(Method::POST, "/v1/llms", body, "application/json")
             .await?;
         if as_json {
             println!("{llm}");
@@ -565,9 +581,7 @@ pub struct CallArgs<'a> {
 pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
     let client = Client::new(remote)?;
     runtime()?.block_on(async {
-        let info = client
-            .call(Method::GET, "/v1/info", Vec::new(), "application/json")
-            .await?;
+        let info = client.info().await?;
         if let Ok(p) = client
             .call(
                 Method::GET,
@@ -576,6 +590,9 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
                 "application/json",
             )
             .await
+            .and_then(|v| {
+                api::from_value::<api::Pipeline>(&v).with_context(|| not_an_answer("a pipeline"))
+            })
         {
             return call_pipeline(&client, &info, &p, a).await;
         }
@@ -587,7 +604,8 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
                 "application/json",
             )
             .await?;
-        let body = call_body(&task, &a)?;
+        let task: api::Task = api::from_value(&task).with_context(|| not_an_answer("a task"))?;
+        let body = call_body(&task.inputs, &a)?;
         let t = Instant::now();
         let path = format!("/v1/tasks/{}/run?async=true", a.task);
         let submitted = if body.len() > 4 << 20 {
@@ -605,37 +623,39 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
                 .call(Method::POST, &path, body, "application/json")
                 .await?
         };
-        let job_id = submitted["job_id"]
-            .as_str()
+        let job_id = api::from_value::<api::Submitted>(&submitted)
             .context("the coordinator did not say the job's id")?
-            .to_string();
+            .job_id;
         let r = client.wait_for_job(&job_id, a.wait).await?;
         let took = t.elapsed();
-        let receipt: Receipt =
-            serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;
+        let receipt = r
+            .job
+            .receipt
+            .as_ref()
+            .context("the answer has no receipt")?;
         receipt
-            .verify_from(&coordinator_key(&info)?)
+            .verify_from(&info.coordinator)
             .context("the receipt does NOT verify")?;
         if let Some(p) = a.receipt {
-            tenet_models::write_atomically(p, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
+            tenet_models::write_atomically(p, serde_json::to_string_pretty(receipt)?.as_bytes())?;
         }
-        let outputs = answer_outputs(&r)?;
+        let outputs = answer_outputs(r.outputs.as_ref())?;
         if let Some(p) = a.output {
             tenet_models::write_outputs(p, &outputs)?;
         }
         if a.json {
-            println!("{r}");
+            println!("{}", api::to_value(&r)?);
             return Ok(());
         }
         println!(
             "job {} verified by {} of {} node(s) in {:.1} ms; receipt signed by {}",
-            r["job_id"].as_str().unwrap_or("?"),
+            r.job.job_id,
             receipt.nodes.len(),
             receipt.replicas,
             took.as_secs_f64() * 1e3,
             &receipt.coordinator.to_hex()[..12]
         );
-        print_slashed(&r["slashed"], "  ");
+        print_slashed(r.slashed.as_deref().unwrap_or_default(), "  ");
         if let Some(p) = a.receipt {
             println!(
                 "  receipt written to {} (check it: tenet receipt verify {})",
@@ -651,66 +671,63 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
 }
 
 /// The JSON body of a call: each `-i NAME=FILE` read as the task (or pipeline) declares it.
-fn call_body(task: &Value, a: &CallArgs<'_>) -> Result<Vec<u8>> {
+fn call_body(declared: &[api::TensorSpec], a: &CallArgs<'_>) -> Result<Vec<u8>> {
     let mut given = Vec::new();
     for spec in a.inputs {
         let (name, path) = spec
             .split_once('=')
             .with_context(|| format!("`{spec}` should be NAME=FILE"))?;
-        let decl = task["inputs"]
-            .as_array()
-            .and_then(|v| v.iter().find(|i| i["name"] == name))
+        let decl = declared
+            .iter()
+            .find(|i| i.name == name)
             .with_context(|| format!("{} has no input {name}", a.task))?;
-        let dtype = tenet_ir::DType::from_name(decl["dtype"].as_str().unwrap_or(""))
-            .context("the task declares an unknown dtype")?;
-        let shape: Vec<u64> = decl["shape"]
-            .as_array()
-            .map(|s| s.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default();
-        let t = tenet_models::read_tensor(Path::new(path), name, &TensorType::new(dtype, shape))?;
+        let ty = decl.ty().context("the task declares an unknown dtype")?;
+        let t = tenet_models::read_tensor(Path::new(path), name, &ty)?;
         given.push((name.to_string(), t));
     }
-    let inputs: Value = serde_json::from_str(&tenet_models::outputs_json(&given))?;
-    Ok(serde_json::to_vec(
-        &json!({"inputs": inputs, "tier": a.tier, "seed": a.seed}),
-    )?)
-}
-
-/// The coordinator's key, from its `/v1/info`.
-pub(crate) fn coordinator_key(info: &Value) -> Result<tenet_proto::auth::PublicKey> {
-    tenet_proto::auth::PublicKey::parse(info["coordinator"].as_str().unwrap_or(""))
-        .context("the coordinator's /v1/info has no key")
+    let tier = tenet_proto::commit::Tier::parse(a.tier)
+        .with_context(|| format!("--tier {:?}: say exact or tolerant", a.tier))?;
+    Ok(api::to_vec(&api::RunRequest {
+        inputs: serde_json::from_str(&tenet_models::outputs_json(&given))?,
+        tier: Some(tier),
+        seed: Some(a.seed),
+    })?)
 }
 
 /// The nodes an answer says were slashed, one line each.
-fn print_slashed(slashed: &Value, indent: &str) {
-    for x in slashed.as_array().into_iter().flatten() {
-        let node = x["node"].as_str().unwrap_or("?");
-        let short: String = node.chars().take(12).collect();
+fn print_slashed(slashed: &[api::Slash], indent: &str) {
+    for x in slashed {
+        let short: String = x.node.chars().take(12).collect();
         println!(
             "{indent}node {short} disagreed and was slashed {}",
-            x["amount"]
+            x.amount
         );
     }
 }
 
 /// Outputs of a call's answer, as tensors.
-fn answer_outputs(r: &Value) -> Result<Vec<(String, tenet_ir::HostTensor)>> {
-    let mut outputs = Vec::new();
-    if let Some(map) = r["outputs"].as_object() {
-        for (name, v) in map {
-            let fallback = TensorType::new(tenet_ir::DType::F32, Vec::<u64>::new());
-            let t = tenet_models::tensor_from_json(v, &fallback).map_err(anyhow::Error::msg)?;
-            outputs.push((name.clone(), t));
-        }
+fn answer_outputs(
+    outputs: Option<&api::JsonTensors>,
+) -> Result<Vec<(String, tenet_ir::HostTensor)>> {
+    let mut tensors = Vec::new();
+    for (name, v) in outputs.into_iter().flatten() {
+        let fallback = TensorType::new(tenet_ir::DType::F32, Vec::<u64>::new());
+        let t = tenet_models::tensor_from_json(v, &fallback).map_err(anyhow::Error::msg)?;
+        tensors.push((name.clone(), t));
     }
-    Ok(outputs)
+    Ok(tensors)
 }
 
 /// `tenet call` on a pipeline: the stages run in turn on the coordinator; the answer's
 /// pipeline receipt is checked (every stage, the chain) before anything is printed.
-async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>) -> Result<()> {
-    let body = call_body(p, &a)?;
+async fn call_pipeline(
+    client: &Client,
+    info: &api::Info,
+    p: &api::Pipeline,
+    a: CallArgs<'_>,
+) -> Result<()> {
+    let declared: Vec<api::TensorSpec> = p.inputs.iter().map(api::TensorSpec::from).collect();
+    let body = call_body(&declared, &a)?;
     let t = Instant::now();
     let r = client
         .call(
@@ -721,20 +738,21 @@ async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>
         )
         .await?;
     let took = t.elapsed();
-    let receipt: PipelineReceipt =
-        serde_json::from_value(r["receipt"].clone()).context("the answer has no receipt")?;
+    let r: api::PipelineAnswer =
+        api::from_value(&r).with_context(|| not_an_answer("a pipeline's answer"))?;
+    let receipt = &r.receipt;
     receipt
-        .verify_from(&coordinator_key(info)?)
+        .verify_from(&info.coordinator)
         .context("the pipeline receipt does NOT verify")?;
     if let Some(path) = a.receipt {
-        tenet_models::write_atomically(path, serde_json::to_string_pretty(&receipt)?.as_bytes())?;
+        tenet_models::write_atomically(path, serde_json::to_string_pretty(receipt)?.as_bytes())?;
     }
-    let outputs = answer_outputs(&r)?;
+    let outputs = answer_outputs(Some(&r.outputs))?;
     if let Some(path) = a.output {
         tenet_models::write_outputs(path, &outputs)?;
     }
     if a.json {
-        println!("{r}");
+        println!("{}", api::to_value(&r)?);
         return Ok(());
     }
     println!(
@@ -744,22 +762,18 @@ async fn call_pipeline(client: &Client, info: &Value, p: &Value, a: CallArgs<'_>
         took.as_secs_f64() * 1e3,
         &receipt.coordinator.to_hex()[..12]
     );
-    for (k, s) in r["stages"].as_array().into_iter().flatten().enumerate() {
+    for (k, s) in r.stages.iter().enumerate() {
         println!(
             "  stage {}: job {} agreed by {} of {} node(s) in {:.1} ms, {} bytes to the next stage{}",
             k + 1,
-            s["job_id"].as_str().unwrap_or("?"),
-            s["agreeing"],
-            s["replicas"],
-            s["ms"].as_f64().unwrap_or(0.0),
-            s["boundary_bytes"],
-            if s["refereed"].as_bool() == Some(true) {
-                " (refereed)"
-            } else {
-                ""
-            }
+            s.job_id,
+            s.agreeing,
+            s.replicas,
+            s.ms,
+            s.boundary_bytes,
+            if s.refereed { " (refereed)" } else { "" }
         );
-        print_slashed(&s["slashed"], "    ");
+        print_slashed(&s.slashed, "    ");
     }
     if let Some(path) = a.receipt {
         println!(
@@ -780,20 +794,19 @@ pub fn register(remote: &Remote, url: &str, stake: Option<i64>) -> Result<()> {
     }
     let client = Client::new(remote)?;
     runtime()?.block_on(async {
-        let body = serde_json::to_vec(&json!({"url": url, "stake": stake}))?;
+        let body = api::to_vec(&api::Register {
+            url: url.to_string(),
+            stake,
+        })?;
         let n = client
             .call(Method::POST, "/v1/nodes", body, "application/json")
             .await?;
-        println!(
-            "registered node {} at {} with stake {}",
-            n["id"].as_str().unwrap_or("?"),
-            url,
-            n["stake"]
-        );
-        if n["stake"].as_i64() == Some(0) {
+        let n: api::Node = api::from_value(&n).with_context(|| not_an_answer("a node"))?;
+        println!("registered node {} at {} with stake {}", n.id, url, n.stake);
+        if n.stake == 0 {
             println!(
                 "  it gets no jobs until the coordinator's admin bonds stake to it: tenet bond {} --amount N --admin-key KEY",
-                n["id"].as_str().unwrap_or("NODE")
+                n.id
             );
         }
         Ok(())
@@ -804,7 +817,10 @@ pub fn register(remote: &Remote, url: &str, stake: Option<i64>) -> Result<()> {
 pub fn bond(remote: &Remote, node: &str, amount: i64, operator: Option<&str>) -> Result<()> {
     let client = Client::new(remote)?;
     runtime()?.block_on(async {
-        let body = serde_json::to_vec(&json!({"amount": amount, "operator": operator}))?;
+        let body = api::to_vec(&api::Bond {
+            amount,
+            operator: operator.map(str::to_string),
+        })?;
         let n = client
             .call(
                 Method::POST,
@@ -813,11 +829,10 @@ pub fn bond(remote: &Remote, node: &str, amount: i64, operator: Option<&str>) ->
                 "application/json",
             )
             .await?;
+        let n: api::Node = api::from_value(&n).with_context(|| not_an_answer("a node"))?;
         println!(
             "node {} now has stake {} (operator {})",
-            n["id"].as_str().unwrap_or("?"),
-            n["stake"],
-            n["operator"].as_str().unwrap_or("?")
+            n.id, n.stake, n.operator
         );
         Ok(())
     })
@@ -833,7 +848,6 @@ pub fn generate_staged(
     (shown, body): (&str, Value),
     json: bool,
 ) -> Result<()> {
-    use tenet_proto::staged_receipt::StagedReceipt;
     let remote = Remote {
         coordinator: url.to_string(),
         api_key,
@@ -843,9 +857,7 @@ pub fn generate_staged(
     let client = Client::new(&remote)?;
     let start = Instant::now();
     let (info, v) = runtime()?.block_on(async {
-        let info = client
-            .call(Method::GET, "/v1/info", Vec::new(), "application/json")
-            .await?;
+        let info = client.info().await?;
         let v = client
             .call(
                 Method::POST,
@@ -857,16 +869,17 @@ pub fn generate_staged(
         anyhow::Ok((info, v))
     })?;
     let secs = start.elapsed().as_secs_f64();
-    let receipt: StagedReceipt = serde_json::from_value(v["receipt"].clone())
-        .context("the coordinator's answer has no staged receipt")?;
+    let v: api::StagedAnswer =
+        api::from_value(&v).context("the coordinator's answer has no staged receipt")?;
+    let receipt = &v.receipt;
     receipt
-        .verify_from(&coordinator_key(&info)?)
+        .verify_from(&info.coordinator)
         .context("the staged receipt does not verify")?;
     if json {
-        println!("{v}");
+        println!("{}", api::to_value(&v)?);
         return Ok(());
     }
-    println!("{shown}{}", v["text"].as_str().unwrap_or(""));
+    println!("{shown}{}", v.text);
     for s in &receipt.stages {
         eprintln!(
             "stage layers {}..{}: agreed by {}",
@@ -879,20 +892,11 @@ pub fn generate_staged(
                 .join(", ")
         );
     }
-    for r in v["replaced"].as_array().into_iter().flatten() {
-        eprintln!(
-            "stage {}: node {} replaced ({})",
-            r["stage"],
-            r["node"].as_str().unwrap_or("?"),
-            r["reason"].as_str().unwrap_or("?")
-        );
+    for r in &v.replaced {
+        eprintln!("stage {}: node {} replaced ({})", r.stage, r.node, r.reason);
     }
-    for s in v["slashed"].as_array().into_iter().flatten() {
-        eprintln!(
-            "slashed {} of node {}",
-            s["amount"],
-            s["node"].as_str().unwrap_or("?")
-        );
+    for s in &v.slashed {
+        eprintln!("slashed {} of node {}", s.amount, s.node);
     }
     eprintln!(
         "{} tokens in {secs:.2} s across {} stages × {} nodes; staged receipt verified (coordinator {})",

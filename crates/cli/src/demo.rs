@@ -16,9 +16,10 @@ use tenet_ir::{HostTensor, codec, text};
 use tenet_local::{LocalNetwork, LocalOptions};
 use tenet_models::{WeightsFile, check_bindings, examples};
 use tenet_net::Method;
-use tenet_proto::receipt::Receipt;
+use tenet_proto::api;
+use tenet_proto::commit::Tier;
 
-use crate::coord_cmd::Client;
+use crate::coord_cmd::{Client, not_an_answer};
 use crate::report;
 
 const STAKE: i64 = 1000;
@@ -186,27 +187,28 @@ async fn drive(
             graph,
             Some(&("mlp.safetensors".to_string(), weights.to_vec())),
         )
-        .await?;
-    let task_id = task["id"]
-        .as_str()
-        .context("deploy answered no id")?
-        .to_string();
+        .await?
+        .task;
+    let task_id = task.id.to_hex();
     say(format!(
         "deployed task {} → {}",
         &task_id[..12],
-        task["endpoint"].as_str().unwrap_or("")
+        task.endpoint
     ));
 
-    let inputs: Value =
-        serde_json::from_str(&tenet_models::outputs_json(&[("x".to_string(), x.clone())]))?;
-    let body = serde_json::to_vec(&json!({"inputs": inputs, "tier": "exact"}))?;
+    let body = api::to_vec(&api::RunRequest {
+        inputs: serde_json::from_str(&tenet_models::outputs_json(&[("x".to_string(), x.clone())]))?,
+        tier: Some(Tier::Exact),
+        seed: None,
+    })?;
+    let expected: api::JsonTensors = serde_json::from_str(&tenet_models::outputs_json(local))?;
     let coordinator = net.coordinator_key.public();
     let cheater = net.nodes[4].1.clone();
     let mut jobs = 0;
     let mut verified = true;
     let mut caught = false;
-    let mut last = Value::Null;
-    let mut first_catch: Option<Value> = None;
+    let mut last = None;
+    let mut first_catch: Option<api::RunAnswer> = None;
     while jobs < 3 || (!caught && jobs < 20) {
         let r = client
             .call(
@@ -217,16 +219,12 @@ async fn drive(
             )
             .await?;
         jobs += 1;
-        let receipt: Receipt = serde_json::from_value(r["receipt"].clone())?;
-        let ok = receipt.verify_from(&coordinator).is_ok()
-            && r["outputs"] == serde_json::from_str::<Value>(&tenet_models::outputs_json(local))?;
+        let r: api::RunAnswer =
+            api::from_value(&r).with_context(|| not_an_answer("a call's answer"))?;
+        let receipt = &r.receipt;
+        let ok = receipt.verify_from(&coordinator).is_ok() && r.outputs == expected;
         verified &= ok;
-        let slashed: Vec<&str> = r["slashed"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s["node"].as_str())
-            .collect();
+        let slashed: Vec<&str> = r.slashed.iter().map(|s| s.node.as_str()).collect();
         let nodes: Vec<String> = receipt
             .nodes
             .iter()
@@ -234,7 +232,7 @@ async fn drive(
             .collect();
         say(format!(
             "call {jobs}: job {} agreed by {} [{}]{}; receipt {}",
-            &r["job_id"].as_str().unwrap_or("?")[..12],
+            &r.job_id[..12],
             receipt.nodes.len(),
             nodes.join(", "),
             if slashed.is_empty() {
@@ -251,29 +249,33 @@ async fn drive(
             },
             if ok { "verified" } else { "DID NOT VERIFY" },
         ));
-        if slashed.contains(&cheater.as_str()) && first_catch.is_none() {
+        let catches = slashed.contains(&cheater.as_str());
+        if catches && first_catch.is_none() {
             first_catch = Some(r.clone());
         }
-        caught |= slashed.contains(&cheater.as_str());
-        last = r;
+        caught |= catches;
+        last = Some(r);
     }
-    let shown = first_catch.as_ref().unwrap_or(&last);
+    let shown = first_catch
+        .as_ref()
+        .or(last.as_ref())
+        .context("the MLP was never called")?;
     let receipt_path = dir.join("receipt.json");
+    // Through a `Value`, keys sorted: the file reads as it always has.
     crate::write_atomically(
         &receipt_path,
-        serde_json::to_string_pretty(&shown["receipt"])?.as_bytes(),
+        serde_json::to_string_pretty(&api::to_value(&shown.receipt)?)?.as_bytes(),
     )?;
     let nodes = client
         .call(Method::GET, "/v1/nodes", Vec::new(), "application/json")
         .await?;
+    let nodes: Vec<api::Node> =
+        api::from_value(&nodes).with_context(|| not_an_answer("a list of nodes"))?;
     let node_list: Vec<Value> = nodes
-        .as_array()
-        .into_iter()
-        .flatten()
+        .iter()
         .map(|n| {
-            let id = n["id"].as_str().unwrap_or("");
-            json!({"id": id, "url": n["url"], "stake": n["stake"], "agreed": n["agreed"],
-                   "disagreed": n["disagreed"], "cheating": id == cheater})
+            json!({"id": n.id, "url": n.url, "stake": n.stake, "agreed": n.agreed,
+                   "disagreed": n.disagreed, "cheating": n.id == cheater})
         })
         .collect();
     let cheater_row = node_list
@@ -290,7 +292,7 @@ async fn drive(
             "task": task_id,
             "coordinator": coordinator.to_hex(),
             "receipt": receipt_path,
-            "outputs": shown["outputs"],
+            "outputs": shown.outputs,
             "nodes": node_list,
             "graph": report::json(graph, true),
             "event_logs": dir.join("events"),

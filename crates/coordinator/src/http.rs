@@ -22,6 +22,7 @@ use tenet_ledger::{AssignmentState, JobRecord, JobState, Ledger, NodeRecord, Nod
 use tenet_net::errors::store_error;
 use tenet_net::gate::Gate;
 use tenet_net::serve::{Reply, body, collect_body_paced, error_reply, json_reply};
+use tenet_proto::api;
 use tenet_proto::auth::PublicKey;
 use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
@@ -277,37 +278,86 @@ fn ledger_error(e: tenet_ledger::LedgerError) -> ApiError {
     }
 }
 
-fn node_json(n: &NodeRecord) -> Value {
-    json!({
-        "id": n.id, "url": n.url, "stake": n.stake, "state": n.state.as_str(),
-        "operator": n.party(), "memory_limit": n.memory_limit, "max_flops": n.max_flops,
-        "device": n.device, "exact": n.exact,
-        "agreed": n.agreed, "disagreed": n.disagreed, "score": n.score(),
-        "last_heartbeat": n.last_heartbeat,
-    })
+/// An answer, written as the API has always written it: every object's keys sorted
+/// ([`api::to_value`]).
+fn api_reply<T: serde::Serialize>(answer: &T) -> Result<Reply, ApiError> {
+    let v = api::to_value(answer).map_err(|e| internal(format!("encoding the answer: {e}")))?;
+    json_reply(&v)
 }
 
-fn job_json(j: &JobRecord) -> Value {
-    json!({
-        "job_id": j.id, "task": j.task, "weights": j.weights, "tier": j.tier, "seed": j.seed,
-        "replicas": j.replicas, "state": j.state.as_str(), "created_at": j.created_at,
-        "updated_at": j.updated_at, "output_hash": j.output_hash, "error": j.error,
-        "receipt": j.receipt.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()),
-    })
+fn node_view(n: &NodeRecord) -> api::Node {
+    api::Node {
+        id: n.id.clone(),
+        url: n.url.clone(),
+        stake: n.stake,
+        state: n.state.as_str().to_string(),
+        operator: n.party().to_string(),
+        memory_limit: n.memory_limit,
+        max_flops: n.max_flops,
+        device: n.device.clone(),
+        exact: n.exact,
+        agreed: n.agreed,
+        disagreed: n.disagreed,
+        score: n.score(),
+        last_heartbeat: n.last_heartbeat,
+    }
+}
+
+fn job_summary(j: &JobRecord) -> api::Job {
+    api::Job {
+        job_id: j.id.clone(),
+        task: j.task.clone(),
+        weights: j.weights.clone(),
+        tier: j.tier.clone(),
+        seed: j.seed,
+        replicas: j.replicas,
+        state: j.state.as_str().to_string(),
+        created_at: j.created_at,
+        updated_at: j.updated_at,
+        output_hash: j.output_hash.clone(),
+        error: j.error.clone(),
+        receipt: j
+            .receipt
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok()),
+    }
+}
+
+/// The nodes slashed for a job, with the amount taken from each.
+fn slashes(slashed: &[(String, i64)]) -> Vec<api::Slash> {
+    slashed
+        .iter()
+        .map(|(node, amount)| api::Slash {
+            node: node.clone(),
+            amount: *amount,
+        })
+        .collect()
+}
+
+/// Outputs as JSON tensors by name.
+fn json_outputs(outputs: &[(String, tenet_ir::HostTensor)]) -> Result<api::JsonTensors, ApiError> {
+    serde_json::from_str(&tenet_models::outputs_json(outputs))
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
 }
 
 /// A deployed task as clients see it.
-fn task_json(id: &Hash, g: &Graph) -> Value {
-    let io = |name: &str, ty: &tenet_ir::TensorType| json!({"name": name, "dtype": ty.dtype.name(), "shape": ty.shape});
-    json!({
-        "id": id,
-        "endpoint": format!("/v1/tasks/{id}/run"),
-        "inputs": g.inputs().map(|(_, n, t)| io(n, t)).collect::<Vec<_>>(),
-        "outputs": g.outputs().iter().map(|o| io(&o.name, &g.node(o.node).ty)).collect::<Vec<_>>(),
-        "weights": weights_of(g),
-        "flops": g.cost().flops,
-        "peak_bytes": g.cost().peak_bytes,
-    })
+fn task_view(id: &Hash, g: &Graph) -> api::Task {
+    api::Task {
+        id: *id,
+        endpoint: format!("/v1/tasks/{id}/run"),
+        inputs: g
+            .inputs()
+            .map(|(_, n, t)| api::TensorSpec::new(n, t))
+            .collect(),
+        outputs: g
+            .outputs()
+            .iter()
+            .map(|o| api::TensorSpec::new(&o.name, &g.node(o.node).ty))
+            .collect(),
+        weights: weights_of(g),
+        flops: g.cost().flops,
+        peak_bytes: g.cost().peak_bytes,
+    }
 }
 
 /// The weights files a graph references.
@@ -532,17 +582,17 @@ impl<L: Ledger + 'static> Service<L> {
             return Ok(r);
         }
         let c = self.core.config();
-        json_reply(&json!({
-            "coordinator": self.core.key().public(),
-            "version": env!("CARGO_PKG_VERSION"),
-            "replicas": c.replicas,
-            "tolerance": c.tolerance,
-            "slash_fraction": c.slash_fraction,
-            "reward": c.reward,
-            "spot_check": c.spot_check,
-            "open": self.access.open,
-            "public_dashboard": self.access.public_reads || self.access.open,
-        }))
+        api_reply(&api::Info {
+            coordinator: self.core.key().public(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            replicas: c.replicas,
+            tolerance: c.tolerance,
+            slash_fraction: c.slash_fraction,
+            reward: c.reward,
+            spot_check: c.spot_check,
+            open: self.access.open,
+            public_dashboard: self.access.public_reads || self.access.open,
+        })
     }
 
     async fn route(&self, r: Routed<'_>) -> Result<Reply, ApiError> {
@@ -560,7 +610,8 @@ impl<L: Ledger + 'static> Service<L> {
         let ledger = &self.core.ledger;
         match (method.as_str(), parts.as_slice()) {
             ("POST", ["v1", "nodes"]) => {
-                let (url, stake) = registration(&body)?;
+                let api::Register { url, stake } = registration(&body)?;
+                let stake = stake.unwrap_or(0);
                 if stake > 0 {
                     caller.require_admin("registering a node with stake")?;
                 }
@@ -569,12 +620,13 @@ impl<L: Ledger + 'static> Service<L> {
                     .register_node(&url, stake, None)
                     .await
                     .map_err(dispatch_error)?;
-                json_reply(&node_json(&n))
+                api_reply(&node_view(&n))
             }
             ("PUT", ["v1", "nodes", id]) => {
                 let key = PublicKey::parse(id)
                     .ok_or_else(|| bad(format!("`{id}` is not a node id (64 hex characters)")))?;
-                let (url, stake) = registration(&body)?;
+                let api::Register { url, stake } = registration(&body)?;
+                let stake = stake.unwrap_or(0);
                 if stake > 0 {
                     caller.require_admin("registering a node with stake")?;
                 }
@@ -583,7 +635,7 @@ impl<L: Ledger + 'static> Service<L> {
                     .register_node(&url, stake, Some(&key))
                     .await
                     .map_err(dispatch_error)?;
-                json_reply(&node_json(&n))
+                api_reply(&node_view(&n))
             }
             ("GET", ["v1", "nodes", id]) => {
                 let n = ledger
@@ -591,27 +643,27 @@ impl<L: Ledger + 'static> Service<L> {
                     .await
                     .map_err(ledger_error)?
                     .ok_or_else(|| not_found(format!("no node {id}")))?;
-                json_reply(&node_json(&n))
+                api_reply(&node_view(&n))
             }
             ("POST", ["v1", "nodes", id, "stake"]) => {
                 caller.require_admin("bonding stake")?;
-                let (amount, operator) = bond_request(&body)?;
+                let api::Bond { amount, operator } = bond_request(&body)?;
                 let n = self
                     .core
                     .bond(id, amount, operator.as_deref())
                     .await
                     .map_err(dispatch_error)?;
-                json_reply(&node_json(&n))
+                api_reply(&node_view(&n))
             }
             ("POST", ["v1", "nodes", id, "heartbeat"]) => {
                 caller.require_node_or_admin("a heartbeat")?;
-                json_reply(&node_json(
+                api_reply(&node_view(
                     &self.core.heartbeat(id).await.map_err(dispatch_error)?,
                 ))
             }
             ("DELETE", ["v1", "nodes", id]) => {
                 caller.require_node_or_admin("deregistering a node")?;
-                json_reply(&node_json(
+                api_reply(&node_view(
                     &self.core.deregister(id).await.map_err(dispatch_error)?,
                 ))
             }
@@ -630,15 +682,25 @@ impl<L: Ledger + 'static> Service<L> {
                 let mut after = node.stake;
                 let mut out = Vec::with_capacity(limit.min(events.len()));
                 for e in events.iter().rev().take(limit) {
-                    out.push(json!({"at": e.at, "delta": e.delta, "reason": e.reason, "job": e.job_id, "stake": after}));
+                    out.push(api::StakeChange {
+                        at: e.at,
+                        delta: e.delta,
+                        reason: e.reason.clone(),
+                        job: e.job_id.clone(),
+                        stake: after,
+                    });
                     after -= e.delta;
                 }
                 out.reverse();
-                json_reply(&json!({"node": id, "stake": node.stake, "events": out}))
+                api_reply(&api::StakeHistory {
+                    node: id.to_string(),
+                    stake: node.stake,
+                    events: out,
+                })
             }
             ("GET", ["v1", "nodes"]) => {
                 let nodes = ledger.nodes().await.map_err(ledger_error)?;
-                json_reply(&nodes.iter().map(node_json).collect::<Vec<_>>())
+                api_reply(&nodes.iter().map(node_view).collect::<Vec<_>>())
             }
             ("GET" | "HEAD", ["v1", "blobs", h]) => {
                 let hash = Hash::parse(h).map_err(|e| bad(e.to_string()))?;
@@ -684,48 +746,45 @@ impl<L: Ledger + 'static> Service<L> {
                     .store()
                     .put_bytes(&graph.to_bytes())
                     .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-                let mut v = task_json(&id, &graph);
-                v["nodes_able"] = json!(
-                    self.core
+                api_reply(&api::TaskDeployed {
+                    task: task_view(&id, &graph),
+                    nodes_able: self
+                        .core
                         .nodes_able(graph.cost())
                         .await
-                        .map_err(dispatch_error)?
-                );
-                json_reply(&v)
+                        .map_err(dispatch_error)?,
+                })
             }
             ("GET", ["v1", "tasks", id]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
-                json_reply(&task_json(&id, &self.load_task(&id)?))
+                api_reply(&task_view(&id, &self.load_task(&id)?))
             }
             ("POST", ["v1", "tasks", _, "run"]) => {
                 let (id, graph) = task.ok_or_else(|| internal("the call's task was not loaded"))?;
                 let req = self.job_request(&id, &graph, &body, content_type, query)?;
                 if query_param(query, "async") == Some("true") {
                     let job_id = self.core.submit(req).await.map_err(dispatch_error)?;
-                    let mut r = json_reply(&json!({
-                        "job_id": job_id,
-                        "state": "pending",
-                        "status": format!("/v1/jobs/{job_id}"),
-                    }))?;
+                    let mut r = api_reply(&api::Submitted {
+                        status: format!("/v1/jobs/{job_id}"),
+                        job_id,
+                        state: "pending".to_string(),
+                    })?;
                     *r.status_mut() = hyper::StatusCode::ACCEPTED;
                     return Ok(r);
                 }
                 let out = self.core.run(req).await.map_err(dispatch_error)?;
-                let outputs: Value =
-                    serde_json::from_str(&tenet_models::outputs_json(&out.outputs))
-                        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-                json_reply(&json!({
-                    "job_id": out.job_id,
-                    "state": "decided",
-                    "outputs": outputs,
-                    "receipt": out.receipt,
-                    "slashed": out.slashed.iter().map(|(n, a)| json!({"node": n, "amount": a})).collect::<Vec<_>>(),
-                    "refereed": out.refereed,
-                }))
+                api_reply(&api::RunAnswer {
+                    outputs: json_outputs(&out.outputs)?,
+                    slashed: slashes(&out.slashed),
+                    job_id: out.job_id,
+                    state: "decided".to_string(),
+                    receipt: out.receipt,
+                    refereed: out.refereed,
+                })
             }
             ("POST", ["v1", "pipelines"]) => {
                 let (id, m) = self.core.deploy_pipeline(&body).map_err(dispatch_error)?;
-                let mut v = pipeline_json(&id, &m);
+                let pipeline = pipeline_view(&id, &m);
                 let mut able = Vec::new();
                 for s in &m.stages {
                     let cost = tenet_ir::Cost {
@@ -735,13 +794,15 @@ impl<L: Ledger + 'static> Service<L> {
                     };
                     able.push(self.core.nodes_able(&cost).await.map_err(dispatch_error)?);
                 }
-                v["nodes_able"] = json!(able);
-                json_reply(&v)
+                api_reply(&api::PipelineDeployed {
+                    pipeline,
+                    nodes_able: able,
+                })
             }
             ("GET", ["v1", "pipelines", id]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
                 let m = self.core.pipeline(&id).map_err(dispatch_error)?;
-                json_reply(&pipeline_json(&id, &m))
+                api_reply(&pipeline_view(&id, &m))
             }
             ("POST", ["v1", "pipelines", _, "run"]) => {
                 let (id, m) =
@@ -757,32 +818,27 @@ impl<L: Ledger + 'static> Service<L> {
                     .run_pipeline(id, &m, inputs, tier, seed)
                     .await
                     .map_err(dispatch_error)?;
-                let outputs: Value =
-                    serde_json::from_str(&tenet_models::outputs_json(&out.outputs))
-                        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-                let stages: Vec<Value> = out
+                let stages = out
                     .stages
                     .iter()
-                    .map(|s| {
-                        json!({
-                            "job_id": s.job_id,
-                            "task": s.task,
-                            "replicas": s.replicas,
-                            "agreeing": s.agreeing,
-                            "slashed": s.slashed.iter().map(|(n, a)| json!({"node": n, "amount": a})).collect::<Vec<_>>(),
-                            "refereed": s.refereed,
-                            "ms": s.ms,
-                            "boundary_bytes": s.boundary_bytes,
-                        })
+                    .map(|s| api::StageRun {
+                        job_id: s.job_id.clone(),
+                        task: s.task,
+                        replicas: s.replicas,
+                        agreeing: s.agreeing,
+                        slashed: slashes(&s.slashed),
+                        refereed: s.refereed,
+                        ms: s.ms,
+                        boundary_bytes: s.boundary_bytes,
                     })
                     .collect();
-                json_reply(&json!({
-                    "pipeline": id,
-                    "state": "decided",
-                    "outputs": outputs,
-                    "stages": stages,
-                    "receipt": out.receipt,
-                }))
+                api_reply(&api::PipelineAnswer {
+                    pipeline: id,
+                    state: "decided".to_string(),
+                    outputs: json_outputs(&out.outputs)?,
+                    stages,
+                    receipt: out.receipt,
+                })
             }
             ("GET", ["v1", "models"]) => crate::openai::models(&self.llms),
             ("POST", ["v1", "chat", "completions"]) => {
@@ -812,39 +868,43 @@ impl<L: Ledger + 'static> Service<L> {
                     .generate_staged(&llm, req)
                     .await
                     .map_err(dispatch_error)?;
-                json_reply(&json!({
-                    "generation": out.receipt.generation,
-                    "tokens": out.tokens,
-                    "text": llm.model.decode(&out.tokens).map_err(internal)?,
-                    "replaced": out.replaced.iter().map(|(k, n, why)| json!({
-                        "stage": k, "node": n, "reason": why,
-                    })).collect::<Vec<_>>(),
-                    "slashed": out.slashed.iter().map(|(n, a)| json!({
-                        "node": n, "amount": a,
-                    })).collect::<Vec<_>>(),
-                    "receipt": out.receipt,
-                }))
+                api_reply(&api::StagedAnswer {
+                    generation: out.receipt.generation.clone(),
+                    text: llm.model.decode(&out.tokens).map_err(internal)?,
+                    tokens: out.tokens,
+                    replaced: out
+                        .replaced
+                        .into_iter()
+                        .map(|(stage, node, reason)| api::Replaced {
+                            stage,
+                            node,
+                            reason,
+                        })
+                        .collect(),
+                    slashed: slashes(&out.slashed),
+                    receipt: out.receipt,
+                })
             }
             ("POST", ["v1", "llms"]) => {
                 caller.require_admin_because(
                     "deploying an LLM",
                     ": ask the admin to run `tenet deploy --model NAME --admin-key KEY`",
                 )?;
-                #[derive(serde::Deserialize)]
-                struct Deploy {
-                    name: String,
-                    weights: Hash,
-                }
-                let d: Deploy = serde_json::from_slice(&body)
+                let d: api::DeployLlm = serde_json::from_slice(&body)
                     .map_err(|e| bad(format!("expected {{\"name\", \"weights\"}}: {e}")))?;
                 let _turn = self.core.heavy_turn().await.map_err(dispatch_error)?;
                 let llm = self.llms.register(&d.name, d.weights, self.core.store())?;
-                json_reply(&json!({
-                    "name": llm.name, "weights": llm.weights,
-                    "context_length": llm.model.config.context,
-                    "endpoint": "/v1/chat/completions",
-                    "nodes_able": self.core.nodes_able(&tenet_ir::Cost::default()).await.map_err(dispatch_error)?,
-                }))
+                api_reply(&api::LlmDeployed {
+                    name: llm.name.clone(),
+                    weights: llm.weights,
+                    context_length: llm.model.config.context,
+                    endpoint: "/v1/chat/completions".to_string(),
+                    nodes_able: self
+                        .core
+                        .nodes_able(&tenet_ir::Cost::default())
+                        .await
+                        .map_err(dispatch_error)?,
+                })
             }
             ("GET", ["v1", "jobs", id]) => {
                 if let Some(wait) = query_param(query, "wait") {
@@ -860,7 +920,7 @@ impl<L: Ledger + 'static> Service<L> {
                     let limit = std::time::Duration::from_secs_f64(secs.min(MAX_WAIT_SECS));
                     self.core.wait(id, limit).await;
                 }
-                json_reply(&self.job_view(id).await?)
+                api_reply(&self.job_view(id).await?)
             }
             ("POST", ["v1", "trainings"]) => {
                 let v: Value = serde_json::from_slice(&body)
@@ -906,7 +966,7 @@ impl<L: Ledger + 'static> Service<L> {
                     .unwrap_or(100i64)
                     .clamp(1, 10_000);
                 let jobs = ledger.jobs(limit).await.map_err(ledger_error)?;
-                json_reply(&jobs.iter().map(job_json).collect::<Vec<_>>())
+                api_reply(&jobs.iter().map(job_summary).collect::<Vec<_>>())
             }
             _ => Err(not_found(format!(
                 "no route {method} {path}; see /openapi.json"
@@ -941,16 +1001,27 @@ impl<L: Ledger + 'static> Service<L> {
 
     /// A job as clients see it: its record and replicas, and once decided its outputs, its
     /// receipt and who was slashed for it.
-    async fn job_view(&self, id: &str) -> Result<Value, ApiError> {
+    async fn job_view(&self, id: &str) -> Result<api::JobView, ApiError> {
         let ledger = &self.core.ledger;
         let j = ledger
             .job(id)
             .await
             .map_err(ledger_error)?
             .ok_or_else(|| not_found(format!("no job {id}")))?;
-        let mut v = job_json(&j);
         let asg = ledger.assignments(id).await.map_err(ledger_error)?;
-        v["assignments"] = json!(asg.iter().map(|a| json!({"node": a.node_id, "state": a.state.as_str(), "output_hash": a.output_hash})).collect::<Vec<_>>());
+        let mut v = api::JobView {
+            job: job_summary(&j),
+            assignments: asg
+                .iter()
+                .map(|a| api::Assignment {
+                    node: a.node_id.clone(),
+                    state: a.state.as_str().to_string(),
+                    output_hash: a.output_hash.clone(),
+                })
+                .collect(),
+            outputs: None,
+            slashed: None,
+        };
         if j.state != JobState::Decided {
             return Ok(v);
         }
@@ -970,8 +1041,7 @@ impl<L: Ledger + 'static> Service<L> {
                 .map_err(|e| internal(format!("output {} of job {id}: {e}", o.name)))?;
             outputs.push((o.name.clone(), t));
         }
-        v["outputs"] = serde_json::from_str(&tenet_models::outputs_json(&outputs))
-            .map_err(|e| internal(e.to_string()))?;
+        v.outputs = Some(json_outputs(&outputs)?);
         let mut slashed = Vec::new();
         for a in asg.iter().filter(|a| a.state == AssignmentState::Disagreed) {
             let taken: i64 = ledger
@@ -982,9 +1052,12 @@ impl<L: Ledger + 'static> Service<L> {
                 .filter(|e| e.job_id.as_deref() == Some(id) && e.delta < 0)
                 .map(|e| -e.delta)
                 .sum();
-            slashed.push(json!({"node": a.node_id, "amount": taken}));
+            slashed.push(api::Slash {
+                node: a.node_id.clone(),
+                amount: taken,
+            });
         }
-        v["slashed"] = json!(slashed);
+        v.slashed = Some(slashed);
         Ok(v)
     }
 
@@ -1072,20 +1145,24 @@ fn run_inputs(
 }
 
 /// A deployed pipeline as its API describes it.
-fn pipeline_json(id: &Hash, m: &tenet_pipeline::Manifest) -> Value {
-    json!({
-        "id": id,
-        "endpoint": format!("/v1/pipelines/{id}/run"),
-        "inputs": m.inputs,
-        "outputs": m.outputs,
-        "stages": m.stages.iter().map(|s| json!({
-            "task": s.graph,
-            "weights": s.weights.first().map(|w| &w.id),
-            "peak_bytes": s.peak_bytes,
-            "flops": s.flops,
-            "boundary_out": s.boundary_out,
-        })).collect::<Vec<_>>(),
-    })
+fn pipeline_view(id: &Hash, m: &tenet_pipeline::Manifest) -> api::Pipeline {
+    api::Pipeline {
+        id: *id,
+        endpoint: format!("/v1/pipelines/{id}/run"),
+        inputs: m.inputs.clone(),
+        outputs: m.outputs.clone(),
+        stages: m
+            .stages
+            .iter()
+            .map(|s| api::PipelineStage {
+                task: s.graph.clone(),
+                weights: s.weights.first().map(|w| w.id.clone()),
+                peak_bytes: s.peak_bytes,
+                flops: s.flops,
+                boundary_out: s.boundary_out.clone(),
+            })
+            .collect(),
+    }
 }
 
 /// The longest a `GET /v1/jobs/{id}?wait=` holds the request.
@@ -1103,25 +1180,30 @@ fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
 }
 
 /// `{"url", "stake"?}` of a node registration (stake 0 when absent: only the admin bonds).
-fn registration(body: &[u8]) -> Result<(String, i64), ApiError> {
+/// Read field by field rather than by serde, so each mistake is named as it always was.
+fn registration(body: &[u8]) -> Result<api::Register, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| bad(format!("expected {{\"url\", \"stake\"}}: {e}")))?;
     let url = v["url"]
         .as_str()
         .ok_or_else(|| bad("\"url\" is required"))?;
     let stake = match &v["stake"] {
-        Value::Null => 0,
-        s => s
-            .as_i64()
-            .filter(|s| *s >= 0)
-            .ok_or_else(|| bad("\"stake\" must be a whole number, 0 or more"))?,
+        Value::Null => None,
+        s => Some(
+            s.as_i64()
+                .filter(|s| *s >= 0)
+                .ok_or_else(|| bad("\"stake\" must be a whole number, 0 or more"))?,
+        ),
     };
-    Ok((url.to_string(), stake))
+    Ok(api::Register {
+        url: url.to_string(),
+        stake,
+    })
 }
 
 /// `{"amount", "operator"?}` of a bond: stake to add (negative: to take back) and who answers
-/// for the node.
-fn bond_request(body: &[u8]) -> Result<(i64, Option<String>), ApiError> {
+/// for the node. Read field by field, as [`registration`] is.
+fn bond_request(body: &[u8]) -> Result<api::Bond, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| bad(format!("expected {{\"amount\", \"operator\"}}: {e}")))?;
     let amount = v["amount"]
@@ -1132,7 +1214,7 @@ fn bond_request(body: &[u8]) -> Result<(i64, Option<String>), ApiError> {
         Value::String(o) => Some(o.clone()),
         _ => return Err(bad("\"operator\" must be a string")),
     };
-    Ok((amount, operator))
+    Ok(api::Bond { amount, operator })
 }
 
 /// A request once authenticated and read.

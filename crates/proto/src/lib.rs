@@ -2,10 +2,12 @@
 //!
 //! Content addresses ([`Hash`]), the tensor blob encoding ([`tensor`]), signed requests
 //! ([`auth`]), commitments to results ([`commit`]), receipts ([`receipt`]), the JSON bodies of the node API ([`wire`]), the
-//! coordinator's call body, decoded against the task's inputs ([`run_body`]),
+//! coordinator's call body, decoded against the task's inputs ([`run_body`]), the JSON bodies
+//! of the coordinator's REST API that its clients read ([`api`]),
 //! and the one table that maps an error to an HTTP status ([`error`]). This crate does no I/O: it
 //! knows the bytes, not the sockets. Only this crate knows the wire format.
 
+pub mod api;
 pub mod auth;
 pub mod commit;
 pub mod compare;

@@ -14,7 +14,7 @@ use tenet_proto::training_receipt::TrainingReceipt;
 use tenet_train::{Dataset, StepSpec};
 
 use super::Settings;
-use crate::coord_cmd::{Client, coordinator_key, runtime};
+use crate::coord_cmd::{Client, runtime};
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn train(
@@ -32,10 +32,7 @@ pub(super) fn train(
     let model = spec.model.clone();
     let started = Instant::now();
     let (result, key) = runtime()?.block_on(async {
-        let info = client
-            .call(Method::GET, "/v1/info", Vec::new(), "application/json")
-            .await?;
-        let key = coordinator_key(&info)?;
+        let key = client.info().await?.coordinator;
         let mut body = json!({
             "dataset": s.dataset, "model": s.model, "optimizer": s.optimizer_name,
             "seed": s.seed, "epochs": epochs, "batch": s.batch, "data_parallel": s.shards,
