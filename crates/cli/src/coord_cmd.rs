@@ -201,10 +201,12 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
 /// How a client reaches and authenticates to a coordinator.
 #[derive(clap::Args, Clone)]
 pub struct Remote {
-    /// The coordinator's URL.
+    /// The coordinator's URL. `tenet call` takes several, comma-separated (coordinators of
+    /// one deployment, sharing a ledger): a call that cannot be submitted to one is submitted
+    /// to the next under the same idempotency key, so it is never run twice.
     #[arg(
         long,
-        value_name = "URL",
+        value_name = "URL[,URL...]",
         env = "TENET_COORDINATOR",
         default_value = "http://127.0.0.1:7080"
     )]
@@ -220,10 +222,29 @@ pub struct Remote {
     key: Option<PathBuf>,
 }
 
+impl Remote {
+    /// The coordinators named, in order (at least one).
+    fn coordinators(&self) -> Vec<&str> {
+        let list: Vec<&str> = self
+            .coordinator
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        if list.is_empty() {
+            vec![self.coordinator.as_str()]
+        } else {
+            list
+        }
+    }
+}
+
 pub(crate) struct Client {
     http: NodeClient,
     api_key: Option<String>,
     signed: bool,
+    /// Sent as `Idempotency-Key` with every request (a call and its retries share one).
+    idempotency_key: Option<String>,
 }
 
 impl Client {
@@ -233,6 +254,7 @@ impl Client {
             http: NodeClient::new(url, identity::generate())?,
             api_key: api_key.map(str::to_string),
             signed: false,
+            idempotency_key: None,
         })
     }
 
@@ -242,6 +264,7 @@ impl Client {
             http: NodeClient::new(url, identity::generate())?,
             api_key: Some(api_key.to_string()),
             signed: false,
+            idempotency_key: None,
         })
     }
 
@@ -301,14 +324,20 @@ impl Client {
     }
 
     fn new(r: &Remote) -> Result<Client> {
+        Client::new_at(r, r.coordinators()[0])
+    }
+
+    /// A client of the coordinator at `url`, with `r`'s credentials.
+    fn new_at(r: &Remote, url: &str) -> Result<Client> {
         let key = match &r.key {
             Some(p) => identity::read_key(p)?,
             None => identity::generate(),
         };
         Ok(Client {
-            http: NodeClient::new(&r.coordinator, key)?,
+            http: NodeClient::new(url, key)?,
             api_key: r.admin_key.clone().or_else(|| r.api_key.clone()),
             signed: r.key.is_some(),
+            idempotency_key: None,
         })
     }
 
@@ -348,6 +377,9 @@ impl Client {
         }
         req.headers
             .push(("content-type".into(), content_type.into()));
+        if let Some(k) = &self.idempotency_key {
+            req.headers.push(("idempotency-key".into(), k.clone()));
+        }
         let r = self.http.send_counting(req, sent).await?;
         if !(200..300).contains(&r.status) {
             match ApiError::from_json(&r.body) {
@@ -567,6 +599,7 @@ pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
     })
 }
 
+#[derive(Clone, Copy)]
 pub struct CallArgs<'a> {
     pub task: &'a str,
     pub inputs: &'a [String],
@@ -579,8 +612,36 @@ pub struct CallArgs<'a> {
 }
 
 pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
-    let client = Client::new(remote)?;
-    runtime()?.block_on(async {
+    // One key for this call and every retry of it, on any of the coordinators.
+    let key = tenet_proto::to_hex(&identity::random_bytes::<16>());
+    let urls = remote.coordinators();
+    let rt = runtime()?;
+    let mut last = None;
+    for (i, url) in urls.iter().enumerate() {
+        let mut client = Client::new_at(remote, url)?;
+        client.idempotency_key = Some(key.clone());
+        match rt.block_on(call_on(&client, &a)) {
+            Ok(()) => return Ok(()),
+            // Refused by a coordinator that answered: another would refuse it too.
+            Err(e) if format!("{e:#}").contains("the coordinator refused") => return Err(e),
+            Err(e) => {
+                if i + 1 < urls.len() {
+                    eprintln!(
+                        "tenet call: {url}: {e:#}; submitting to {} under the same idempotency key",
+                        urls[i + 1]
+                    );
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no coordinator named")))
+}
+
+/// One attempt of `tenet call` on one coordinator.
+async fn call_on(client: &Client, a: &CallArgs<'_>) -> Result<()> {
+    let a = *a;
+    {
         let info = client.info().await?;
         if let Ok(p) = client
             .call(
@@ -594,7 +655,7 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
                 api::from_value::<api::Pipeline>(&v).with_context(|| not_an_answer("a pipeline"))
             })
         {
-            return call_pipeline(&client, &info, &p, a).await;
+            return call_pipeline(client, &info, &p, a).await;
         }
         let task = client
             .call(
@@ -667,7 +728,7 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
             println!("{}", tenet_models::outputs_json(&outputs));
         }
         Ok(())
-    })
+    }
 }
 
 /// The JSON body of a call: each `-i NAME=FILE` read as the task (or pipeline) declares it.

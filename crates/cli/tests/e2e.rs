@@ -213,6 +213,21 @@ fn deploy_and_call_through_the_cli_with_one_lying_node() {
         1,
         "{stakes:?}"
     );
+    // Coordinators named in order: one that cannot be reached is passed for the next, under
+    // the same idempotency key.
+    let listed = format!("http://127.0.0.1:1,{curl}");
+    let failover = tenet()
+        .args(["call", &task, "-i", &format!("x={}", d("x.json"))])
+        .args(["--coordinator", &listed, "--api-key", "secret"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&failover.stderr);
+    assert!(failover.status.success(), "{said}");
+    assert!(
+        said.contains("submitting to") && said.contains("under the same idempotency key"),
+        "{said}"
+    );
+    assert!(String::from_utf8_lossy(&failover.stdout).contains("verified by"));
 }
 
 /// `GET path` on the coordinator with the test's API key; the status and the JSON answer.

@@ -87,6 +87,17 @@ pub enum DispatchError {
     Internal(String),
 }
 
+/// How long a submission waits for the job another submission tied its key to before taking
+/// the key over (that submission's coordinator died before recording the job).
+pub const ORPHAN_WAIT: Duration = Duration::from_secs(3);
+
+/// Whether a keyed submission made a job or found the one its key already names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admitted {
+    New(String),
+    Existing(String),
+}
+
 /// A job to run.
 #[derive(Clone, Debug)]
 pub struct JobRequest {
@@ -447,6 +458,21 @@ impl<L: Ledger + 'static> Coordinator<L> {
     /// Accept a job: store its inputs and record it, with its first replicas, in the ledger.
     /// Once this returns, the job survives a crash of the coordinator; it has not started.
     pub async fn admit(&self, req: JobRequest) -> Result<String, DispatchError> {
+        match self.admit_keyed(req, None).await? {
+            Admitted::New(id) | Admitted::Existing(id) => Ok(id),
+        }
+    }
+
+    /// [`Coordinator::admit`] under a caller's idempotency key: the first submission with the
+    /// key (to this coordinator or any other on the same ledger) makes the job; a later one
+    /// gets that job back instead of a second. The key is tied to the job id before the job
+    /// is recorded, so two racing submissions agree on one; a key whose job never appeared
+    /// (its coordinator died in between) is taken over after [`ORPHAN_WAIT`].
+    pub async fn admit_keyed(
+        &self,
+        req: JobRequest,
+        key: Option<&str>,
+    ) -> Result<Admitted, DispatchError> {
         if req.task.0 == tenet_models::generation::task_id() {
             // The generation task is one fixed document, deployed wherever it is first used
             // (its model is the job's weights, which must be here).
@@ -471,6 +497,11 @@ impl<L: Ledger + 'static> Coordinator<L> {
             inputs.insert(name.clone(), self.store.put_bytes(&tensor::encode(t))?);
         }
         let job_id = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
+        if let Some(key) = key
+            && let Some(existing) = self.tie_key(key, &job_id).await?
+        {
+            return Ok(Admitted::Existing(existing));
+        }
         let record = JobRecord {
             id: job_id.clone(),
             task: req.task.to_hex(),
@@ -498,7 +529,38 @@ impl<L: Ledger + 'static> Coordinator<L> {
             self.events
                 .job(&job_id, "assigned", serde_json::json!({"node": id}));
         }
-        Ok(job_id)
+        Ok(Admitted::New(job_id))
+    }
+
+    /// Tie `key` to `job_id`; the job it already names, if another submission got there first.
+    async fn tie_key(&self, key: &str, job_id: &str) -> Result<Option<String>, DispatchError> {
+        for _ in 0..4 {
+            let holder = self
+                .ledger
+                .claim_idempotency_key(key, job_id, now())
+                .await?;
+            if holder == job_id {
+                return Ok(None);
+            }
+            // The other submission records its job right after tying the key: wait for it.
+            let started = std::time::Instant::now();
+            while started.elapsed() < ORPHAN_WAIT {
+                if self.ledger.job(&holder).await?.is_some() {
+                    return Ok(Some(holder));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if self
+                .ledger
+                .take_over_idempotency_key(key, &holder, job_id)
+                .await?
+            {
+                return Ok(None);
+            }
+        }
+        Err(DispatchError::Busy(format!(
+            "idempotency key {key:?} is contended: try again"
+        )))
     }
 
     /// Drive an admitted job to its end in a task of its own; a failure is recorded in the
@@ -583,6 +645,20 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let job_id = self.admit(req).await?;
         drop(self.start(job_id.clone()));
         Ok(job_id)
+    }
+
+    /// [`Coordinator::submit`] under an idempotency key: a new job is started; one the key
+    /// already names is left as it is (running here, elsewhere, or ended).
+    pub async fn submit_keyed(
+        self: &Arc<Self>,
+        req: JobRequest,
+        key: Option<&str>,
+    ) -> Result<Admitted, DispatchError> {
+        let admitted = self.admit_keyed(req, key).await?;
+        if let Admitted::New(id) = &admitted {
+            drop(self.start(id.clone()));
+        }
+        Ok(admitted)
     }
 
     /// Start every job the ledger holds unfinished (after a restart); their ids.

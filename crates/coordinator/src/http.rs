@@ -28,7 +28,7 @@ use tenet_proto::commit::Tier;
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tokio::net::TcpListener;
 
-use crate::dispatch::{Coordinator, DispatchError, JobRequest};
+use crate::dispatch::{Admitted, Coordinator, DispatchError, JobRequest};
 
 /// The OpenAPI document served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -495,6 +495,7 @@ impl<L: Ledger + 'static> Service<L> {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let idempotency_key = idempotency_key(req.headers())?;
         let (path, query) = path_q.split_once('?').unwrap_or((&path_q, ""));
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         if let ("PUT", ["v1", "blobs", h]) = (method.as_str(), parts.as_slice()) {
@@ -565,6 +566,7 @@ impl<L: Ledger + 'static> Service<L> {
             query,
             body,
             content_type: content_type.as_deref(),
+            idempotency_key: idempotency_key.as_deref(),
             task,
             pipeline,
         };
@@ -603,6 +605,7 @@ impl<L: Ledger + 'static> Service<L> {
             query,
             body,
             content_type,
+            idempotency_key,
             task,
             pipeline,
         } = r;
@@ -763,16 +766,43 @@ impl<L: Ledger + 'static> Service<L> {
                 let (id, graph) = task.ok_or_else(|| internal("the call's task was not loaded"))?;
                 let req = self.job_request(&id, &graph, &body, content_type, query)?;
                 if query_param(query, "async") == Some("true") {
-                    let job_id = self.core.submit(req).await.map_err(dispatch_error)?;
+                    let admitted = self
+                        .core
+                        .submit_keyed(req, idempotency_key)
+                        .await
+                        .map_err(dispatch_error)?;
+                    let (job_id, state) = match admitted {
+                        Admitted::New(id) => (id, "pending".to_string()),
+                        Admitted::Existing(id) => {
+                            let view = self.job_view(&id).await?;
+                            (id, view.job.state)
+                        }
+                    };
                     let mut r = api_reply(&api::Submitted {
                         status: format!("/v1/jobs/{job_id}"),
                         job_id,
-                        state: "pending".to_string(),
+                        state,
                     })?;
                     *r.status_mut() = hyper::StatusCode::ACCEPTED;
                     return Ok(r);
                 }
-                let out = self.core.run(req).await.map_err(dispatch_error)?;
+                let job_id = match self
+                    .core
+                    .admit_keyed(req, idempotency_key)
+                    .await
+                    .map_err(dispatch_error)?
+                {
+                    Admitted::New(id) => id,
+                    // The call was made before (a retry, perhaps to another coordinator): its
+                    // job's answer, once it ends.
+                    Admitted::Existing(id) => return self.answer_of(&id).await,
+                };
+                let out = self
+                    .core
+                    .start(job_id)
+                    .await
+                    .map_err(|e| internal(format!("the job's task failed: {e}")))?
+                    .map_err(dispatch_error)?;
                 api_reply(&api::RunAnswer {
                     outputs: json_outputs(&out.outputs)?,
                     slashed: slashes(&out.slashed),
@@ -999,6 +1029,48 @@ impl<L: Ledger + 'static> Service<L> {
         json_reply(&json!({"hash": hash, "size": size, "existed": existed}))
     }
 
+    /// The answer a call gets for the job `id` an earlier submission with the same key made:
+    /// its result once it is decided (waiting for it as a `?wait=` does), its failure, or —
+    /// still running past the wait — where to find it, as an async call is answered.
+    async fn answer_of(&self, id: &str) -> Result<Reply, ApiError> {
+        let limit = std::time::Duration::from_secs_f64(MAX_WAIT_SECS);
+        let started = std::time::Instant::now();
+        // Here, the job's own task says when it ends; driven elsewhere, the ledger does.
+        self.core.wait(id, limit).await;
+        let mut view = self.job_view(id).await?;
+        while !matches!(view.job.state.as_str(), "decided" | "failed") && started.elapsed() < limit
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            view = self.job_view(id).await?;
+        }
+        match view.job.state.as_str() {
+            "decided" => api_reply(&api::RunAnswer {
+                receipt: view
+                    .job
+                    .receipt
+                    .ok_or_else(|| internal(format!("decided job {id} has no readable receipt")))?,
+                outputs: view.outputs.unwrap_or_default(),
+                slashed: view.slashed.unwrap_or_default(),
+                job_id: view.job.job_id,
+                state: "decided".to_string(),
+                // A referee's run is not recorded apart from the receipt.
+                refereed: false,
+            }),
+            "failed" => Err(dispatch_error(DispatchError::Nodes(
+                view.job.error.unwrap_or_else(|| "the job failed".into()),
+            ))),
+            _ => {
+                let mut r = api_reply(&api::Submitted {
+                    status: format!("/v1/jobs/{id}"),
+                    job_id: view.job.job_id,
+                    state: view.job.state,
+                })?;
+                *r.status_mut() = hyper::StatusCode::ACCEPTED;
+                Ok(r)
+            }
+        }
+    }
+
     /// A job as clients see it: its record and replicas, and once decided its outputs, its
     /// receipt and who was slashed for it.
     async fn job_view(&self, id: &str) -> Result<api::JobView, ApiError> {
@@ -1043,13 +1115,11 @@ impl<L: Ledger + 'static> Service<L> {
         }
         v.outputs = Some(json_outputs(&outputs)?);
         let mut slashed = Vec::new();
+        let events = ledger.job_stake_events(id).await.map_err(ledger_error)?;
         for a in asg.iter().filter(|a| a.state == AssignmentState::Disagreed) {
-            let taken: i64 = ledger
-                .stake_events(&a.node_id)
-                .await
-                .map_err(ledger_error)?
+            let taken: i64 = events
                 .iter()
-                .filter(|e| e.job_id.as_deref() == Some(id) && e.delta < 0)
+                .filter(|e| e.node_id == a.node_id && e.delta < 0)
                 .map(|e| -e.delta)
                 .sum();
             slashed.push(api::Slash {
@@ -1173,6 +1243,25 @@ fn internal(message: impl Into<String>) -> ApiError {
 }
 
 /// `key`'s value in a query string.
+/// The longest idempotency key taken.
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+/// A call's `Idempotency-Key` header: printable ASCII, at most [`MAX_IDEMPOTENCY_KEY`].
+fn idempotency_key(headers: &hyper::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let text = v.to_str().ok().filter(|t| {
+        !t.is_empty() && t.len() <= MAX_IDEMPOTENCY_KEY && t.bytes().all(|b| b.is_ascii_graphic())
+    });
+    match text {
+        Some(t) => Ok(Some(t.to_string())),
+        None => Err(bad(format!(
+            "the Idempotency-Key header must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
+        ))),
+    }
+}
+
 fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
     query
         .split('&')
@@ -1225,6 +1314,8 @@ struct Routed<'a> {
     query: &'a str,
     body: Bytes,
     content_type: Option<&'a str>,
+    /// The caller's `Idempotency-Key`, if it sent one.
+    idempotency_key: Option<&'a str>,
     /// The task a call names, loaded before its body was read.
     task: Option<(Hash, Graph)>,
     /// The pipeline a call names, loaded before its body was read.

@@ -336,4 +336,27 @@ pub trait Ledger: Send + Sync {
     fn unfinished_jobs(&self) -> impl Future<Output = Result<Vec<JobRecord>>> + Send;
     fn assignments(&self, job_id: &str) -> impl Future<Output = Result<Vec<Assignment>>> + Send;
     fn stake_events(&self, node_id: &str) -> impl Future<Output = Result<Vec<StakeEvent>>> + Send;
+    /// The stake events recorded for one job (its slashes and credits), by an index.
+    fn job_stake_events(
+        &self,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Vec<StakeEvent>>> + Send;
+    /// Tie a caller's idempotency `key` to `job_id` unless it is tied already; the job the key
+    /// names afterwards (`job_id`, or the one an earlier submission tied it to). Atomic: of
+    /// two submissions racing with one key, on any coordinators sharing the ledger, one wins.
+    fn claim_idempotency_key(
+        &self,
+        key: &str,
+        job_id: &str,
+        at: i64,
+    ) -> impl Future<Output = Result<String>> + Send;
+    /// Move `key` from `from` (a job that was never created: its coordinator died between
+    /// claiming the key and recording the job) to `to`; whether it moved (false: someone else
+    /// moved it first, or it no longer names `from`).
+    fn take_over_idempotency_key(
+        &self,
+        key: &str,
+        from: &str,
+        to: &str,
+    ) -> impl Future<Output = Result<bool>> + Send;
 }

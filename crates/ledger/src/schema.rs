@@ -89,6 +89,19 @@ ALTER TABLE nodes ADD COLUMN device TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN exact BIGINT NOT NULL DEFAULT 1
 ";
 
+/// A job's stake events found by the job (what a job's answer lists as slashed) without
+/// reading every node's history; and idempotency keys: a caller's key for a submission, the
+/// job it made, so a retried call (to this coordinator or another on the same ledger) finds
+/// the job instead of making a second.
+const JOB_EVENTS_IDEMPOTENCY: &str = "
+CREATE INDEX stake_events_by_job ON stake_events (job_id);
+CREATE TABLE idempotency (
+    key TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+)
+";
+
 /// Migrations in order: (version, statements for SQLite, statements for PostgreSQL).
 pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
     let stake = match d {
@@ -99,6 +112,7 @@ pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
         (1, statements(NODES_JOBS).chain(statements(stake)).collect()),
         (2, statements(NODE_OPERATOR_LIMITS).collect()),
         (3, statements(NODE_DEVICE).collect()),
+        (4, statements(JOB_EVENTS_IDEMPOTENCY).collect()),
     ]
 }
 

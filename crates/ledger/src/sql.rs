@@ -823,15 +823,57 @@ impl Ledger for SqlLedger {
         .fetch_all(&self.pool)
         .await?
         .iter()
-        .map(|r| {
-            Ok(StakeEvent {
-                node_id: r.try_get("node_id")?,
-                job_id: r.try_get("job_id")?,
-                delta: r.try_get("delta")?,
-                reason: r.try_get("reason")?,
-                at: r.try_get("at")?,
-            })
-        })
+        .map(stake_event)
         .collect()
     }
+
+    async fn job_stake_events(&self, job_id: &str) -> Result<Vec<StakeEvent>> {
+        sqlx::query(
+            "SELECT node_id, job_id, delta, reason, at FROM stake_events WHERE job_id = $1 ORDER BY seq",
+        )
+        .bind(job_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(stake_event)
+        .collect()
+    }
+
+    async fn claim_idempotency_key(&self, key: &str, job_id: &str, at: i64) -> Result<String> {
+        // Both dialects take ON CONFLICT DO NOTHING: the first insert wins, and everyone reads
+        // the winner back.
+        sqlx::query(
+            "INSERT INTO idempotency (key, job_id, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(key)
+        .bind(job_id)
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        let held: String = sqlx::query_scalar("SELECT job_id FROM idempotency WHERE key = $1")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(held)
+    }
+
+    async fn take_over_idempotency_key(&self, key: &str, from: &str, to: &str) -> Result<bool> {
+        let r = sqlx::query("UPDATE idempotency SET job_id = $1 WHERE key = $2 AND job_id = $3")
+            .bind(to)
+            .bind(key)
+            .bind(from)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+}
+
+fn stake_event(r: &sqlx::any::AnyRow) -> Result<StakeEvent> {
+    Ok(StakeEvent {
+        node_id: r.try_get("node_id")?,
+        job_id: r.try_get("job_id")?,
+        delta: r.try_get("delta")?,
+        reason: r.try_get("reason")?,
+        at: r.try_get("at")?,
+    })
 }

@@ -44,6 +44,11 @@ fn job(id: &str, created_at: i64) -> JobRecord {
     }
 }
 
+/// Two futures run at once (the suite has no futures crate).
+async fn futures_like_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    tokio::join!(a, b)
+}
+
 fn conflict<T: std::fmt::Debug>(r: Result<T, LedgerError>) {
     assert!(
         matches!(r, Err(LedgerError::Conflict(_))),
@@ -53,7 +58,7 @@ fn conflict<T: std::fmt::Debug>(r: Result<T, LedgerError>) {
 
 /// The suite. `reopen` connects again to the same database (a coordinator restart).
 async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
-    assert_eq!(l.schema_version().await.unwrap(), 3);
+    assert_eq!(l.schema_version().await.unwrap(), 4);
     // Nodes: register, refuse duplicates, heartbeat, states, re-register after leaving.
     for (id, stake) in [("a", 1000), ("b", 1000), ("c", 700)] {
         l.register_node(&node(id, stake)).await.unwrap();
@@ -356,11 +361,65 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         (-150, tenet_ledger::WITHHELD, Some("j4"))
     );
 
+    // A job's stake events by the job: j4's slash of b, and nothing of another job's.
+    let by_job = l.job_stake_events("j4").await.unwrap();
+    assert!(by_job.iter().all(|e| e.job_id.as_deref() == Some("j4")));
+    let slashes: Vec<(&str, i64)> = by_job
+        .iter()
+        .filter(|e| e.delta < 0)
+        .map(|e| (e.node_id.as_str(), e.delta))
+        .collect();
+    assert_eq!(slashes, [("b", -150)]);
+    assert!(l.job_stake_events("no-such-job").await.unwrap().is_empty());
+
+    // Idempotency keys: the first job tied to a key keeps it, on every ledger handle; racing
+    // claims agree on one winner.
+    assert_eq!(
+        l.claim_idempotency_key("k1", "j1", 500).await.unwrap(),
+        "j1"
+    );
+    assert_eq!(
+        l.claim_idempotency_key("k1", "j9", 501).await.unwrap(),
+        "j1"
+    );
+    let other = reopen().await;
+    assert_eq!(
+        other.claim_idempotency_key("k1", "j8", 502).await.unwrap(),
+        "j1"
+    );
+    let racing = futures_like_join(
+        l.claim_idempotency_key("k2", "jA", 503),
+        other.claim_idempotency_key("k2", "jB", 503),
+    )
+    .await;
+    assert_eq!(racing.0.as_ref().unwrap(), racing.1.as_ref().unwrap());
+    assert!(["jA", "jB"].contains(&racing.0.unwrap().as_str()));
+    // A key whose job was never created is taken over once, by one claimant.
+    assert_eq!(
+        l.claim_idempotency_key("k3", "ghost", 504).await.unwrap(),
+        "ghost"
+    );
+    assert!(
+        l.take_over_idempotency_key("k3", "ghost", "jC")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !other
+            .take_over_idempotency_key("k3", "ghost", "jD")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        l.claim_idempotency_key("k3", "jE", 505).await.unwrap(),
+        "jC"
+    );
+
     // Everything is still there after reconnecting (a restart), and j2 is still unfinished.
     let again = reopen().await;
     assert_eq!(
         again.schema_version().await.unwrap(),
-        3,
+        4,
         "migrations are not re-applied"
     );
     assert_eq!(again.node("c").await.unwrap().unwrap().stake, 245);

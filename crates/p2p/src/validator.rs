@@ -503,6 +503,7 @@ impl Run {
     ) -> Result<(), tenet_ledger::LedgerError> {
         let at = (now_ms() / 1000) as i64;
         let job = format!("epoch-{epoch}");
+        let recorded = self.ledger.job_stake_events(&job).await?;
         for s in settled.standings.iter().filter(|s| s.decided) {
             let Some(key) = s
                 .peer
@@ -533,12 +534,7 @@ impl Run {
                     })
                     .await?;
             }
-            let done = self
-                .ledger
-                .stake_events(&id)
-                .await?
-                .iter()
-                .any(|e| e.job_id.as_deref() == Some(job.as_str()));
+            let done = recorded.iter().any(|e| e.node_id == id);
             if done {
                 continue;
             }
