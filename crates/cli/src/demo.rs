@@ -34,6 +34,28 @@ pub struct DemoOptions {
     pub dashboard: bool,
 }
 
+/// The demo's input to the MLP, and the answer this machine computes by itself (what every
+/// verified result must equal).
+pub(crate) fn input_and_local_answer(
+    graph: &tenet_ir::Graph,
+    weights: &WeightsFile,
+) -> Result<(HostTensor, Vec<(String, HostTensor)>)> {
+    let (_, _, x_ty) = graph.inputs().next().context("the MLP has an input")?;
+    let n = x_ty.numel().unwrap_or(0) as usize;
+    let xs: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let x = HostTensor::from_f32(&x_ty.shape, &xs)?;
+    let local = tenet_devices::open("cpu", &Default::default())?
+        .compile(graph)?
+        .run(
+            &HashMap::from([("x".to_string(), x.clone())]),
+            &tenet_models::WeightSet(vec![weights.clone()]),
+            0,
+        )?;
+    Ok((x, local))
+}
+
 pub fn run(dir: &Path, options: DemoOptions) -> Result<()> {
     let as_json = options.as_json;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -74,20 +96,7 @@ pub fn run(dir: &Path, options: DemoOptions) -> Result<()> {
         );
     }
 
-    // The input, and the answer this machine computes by itself.
-    let (_, _, x_ty) = graph.inputs().next().context("the MLP has an input")?;
-    let n = x_ty.numel().unwrap_or(0) as usize;
-    let xs: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let x = HostTensor::from_f32(&x_ty.shape, &xs)?;
-    let local = tenet_devices::open("cpu", &Default::default())?
-        .compile(&graph)?
-        .run(
-            &HashMap::from([("x".to_string(), x.clone())]),
-            &tenet_models::WeightSet(vec![file.clone()]),
-            0,
-        )?;
+    let (x, local) = input_and_local_answer(&graph, &file)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -5,13 +5,11 @@
 //! have been settled; by then the validators have scored the liar down and the client passes
 //! it over. Ends with one summary (`--json`: one object).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
-use tenet_ir::HostTensor;
 use tenet_models::examples;
 use tenet_p2p::call::{CallSpec, drop_bad, find};
 use tenet_p2p::host::TaskFiles;
@@ -29,19 +27,7 @@ pub fn run(dir: &Path, as_json: bool) -> Result<()> {
     crate::write_atomically(&tnt, &graph.to_bytes())?;
     crate::write_atomically(&st, &weights)?;
     let file = tenet_models::WeightsFile::open(&st)?;
-    let (_, _, x_ty) = graph.inputs().next().context("the MLP has an input")?;
-    let n = x_ty.numel().unwrap_or(0) as usize;
-    let xs: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let x = HostTensor::from_f32(&x_ty.shape, &xs)?;
-    let local = tenet_devices::open("cpu", &Default::default())?
-        .compile(&graph)?
-        .run(
-            &HashMap::from([("x".to_string(), x.clone())]),
-            &tenet_models::WeightSet(vec![file]),
-            0,
-        )?;
+    let (x, local) = crate::demo::input_and_local_answer(&graph, &file)?;
     let say = |s: String| {
         if !as_json {
             println!("{s}");

@@ -193,7 +193,7 @@ pub fn run_peer(args: &PeerArgs) -> Result<()> {
         let path = if log == std::path::Path::new("-") {
             log.clone()
         } else {
-            log.with_extension("").with_file_name(format!(
+            log.with_file_name(format!(
                 "{}-p2p.jsonl",
                 log.file_stem().unwrap_or_default().to_string_lossy()
             ))

@@ -827,10 +827,13 @@ impl Driver {
                     ..
                 } => {
                     let now = now_ms();
-                    let key = String::from_utf8_lossy(record.key.as_ref())
-                        .chars()
-                        .take(120)
-                        .collect::<String>();
+                    // Named in the event log only: not made when nothing is logged.
+                    let key = self.events.enabled().then(|| {
+                        String::from_utf8_lossy(record.key.as_ref())
+                            .chars()
+                            .take(120)
+                            .collect::<String>()
+                    });
                     match check_any(&record, self.spec.as_deref(), now, Use::Store) {
                         Ok(checked) => {
                             if let (Checked::Score(s), Some(spec)) = (&checked, &self.spec) {
@@ -849,19 +852,23 @@ impl Driver {
                             if stored {
                                 self.stats.stored_records.fetch_add(1, Ordering::Relaxed);
                             }
-                            self.events.emit(
-                                "p2p.record",
-                                serde_json::json!({"key": key, "from": source.to_string(),
-                                    "stored": stored}),
-                            );
+                            if let Some(key) = key {
+                                self.events.emit(
+                                    "p2p.record",
+                                    serde_json::json!({"key": key, "from": source.to_string(),
+                                        "stored": stored}),
+                                );
+                            }
                         }
                         Err(e) => {
                             self.stats.refused_records.fetch_add(1, Ordering::Relaxed);
-                            self.events.emit(
-                                "p2p.record_refused",
-                                serde_json::json!({"key": key, "from": source.to_string(),
-                                    "why": e.to_string()}),
-                            );
+                            if let Some(key) = key {
+                                self.events.emit(
+                                    "p2p.record_refused",
+                                    serde_json::json!({"key": key, "from": source.to_string(),
+                                        "why": e.to_string()}),
+                                );
+                            }
                         }
                     }
                 }

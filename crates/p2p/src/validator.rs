@@ -308,18 +308,6 @@ impl Run {
     /// Challenge every known hoster; its score is the share of its challenges it answered as
     /// the strict majority of its task's hosters did.
     async fn challenge(&mut self, epoch: u64, seed: &[u8; 32], deadline_ms: u64) -> Vec<Score> {
-        // Challenges go out under a key and a peer id made for this epoch, through a client
-        // swarm of their own: to a hoster they look like any stranger's jobs, so it cannot
-        // answer validators honestly and callers not.
-        let key = tenet_net::identity::generate();
-        let mut config = crate::swarm::Config::new(key.clone());
-        config.transport = self.net.transport();
-        config.bootstrap = self.net.listen_addrs().await.unwrap_or_default();
-        config.spec = Some(self.spec.clone());
-        let caller = match Network::start(config, None).await {
-            Ok(n) => n,
-            Err(_) => self.net.clone(),
-        };
         let me = self.net.peer_id();
         let mut groups: BTreeMap<(Hash, Option<Hash>), Vec<Hoster>> = BTreeMap::new();
         let now_s = now_ms() / 1000;
@@ -334,9 +322,6 @@ impl Run {
             if peer == me {
                 continue;
             }
-            for addr in advert.addrs.iter().filter_map(|a| a.parse().ok()) {
-                let _ = caller.add_address(peer, addr).await;
-            }
             for h in &advert.tasks {
                 groups.entry((h.task, h.weights)).or_default().push(Hoster {
                     peer,
@@ -344,12 +329,32 @@ impl Run {
                 });
             }
         }
+        // One hoster alone cannot be checked against anyone.
+        groups.retain(|_, hosters| hosters.len() >= 2);
+        if groups.is_empty() {
+            return Vec::new();
+        }
+        // Challenges go out under a key and a peer id made for this epoch, through a client
+        // swarm of their own: to a hoster they look like any stranger's jobs, so it cannot
+        // answer validators honestly and callers not.
+        let key = tenet_net::identity::generate();
+        let mut config = crate::swarm::Config::new(key.clone());
+        config.transport = self.net.transport();
+        config.bootstrap = self.net.listen_addrs().await.unwrap_or_default();
+        config.spec = Some(self.spec.clone());
+        let caller = match Network::start(config, None).await {
+            Ok(n) => n,
+            Err(_) => self.net.clone(),
+        };
+        for hosters in groups.values() {
+            for h in hosters {
+                for addr in h.advert.addrs.iter().filter_map(|a| a.parse().ok()) {
+                    let _ = caller.add_address(h.peer, addr).await;
+                }
+            }
+        }
         let mut tally: BTreeMap<PeerId, (u32, u32)> = BTreeMap::new();
         for ((task, weights), hosters) in groups {
-            // One hoster alone cannot be checked against anyone.
-            if hosters.len() < 2 {
-                continue;
-            }
             let found = Found {
                 task,
                 weights,
@@ -422,31 +427,7 @@ impl Run {
 
     /// Settle `epoch` from every validator's records into the ledger, once.
     async fn settle_epoch(&mut self, epoch: u64) {
-        let mut commits = Vec::new();
-        let mut reveals = Vec::new();
-        let mut previous = Vec::new();
-        for v in &self.spec.validators {
-            let Some(peer) = crate::keys::peer_id(&v.key) else {
-                continue;
-            };
-            for (e, kind) in [
-                (Some(epoch), Phase::Commit),
-                (Some(epoch), Phase::Reveal),
-                (epoch.checked_sub(1), Phase::Commit),
-            ] {
-                let Some(e) = e else { continue };
-                let Ok(found) = self.net.score_records(e, &peer, kind).await else {
-                    continue;
-                };
-                for r in found {
-                    match r {
-                        ScoreRecord::Commit(c) if c.epoch == epoch => commits.push(c),
-                        ScoreRecord::Commit(c) => previous.push(c),
-                        ScoreRecord::Reveal(r) => reveals.push(r),
-                    }
-                }
-            }
-        }
+        let (commits, reveals, previous) = epoch_records(&self.net, &self.spec, epoch).await;
         let settled = settle(&self.spec, epoch, &commits, &reveals, &previous);
         let evidence = serde_json::json!({
             "epoch": epoch, "settled": settled, "commits": commits, "reveals": reveals,
@@ -563,11 +544,25 @@ impl Run {
 /// standing.
 pub async fn last_settled(net: &Network, spec: &NetworkSpec) -> Option<Settled> {
     let epoch = spec.epoch_at(now_ms())?.checked_sub(1)?;
+    let (commits, reveals, previous) = epoch_records(net, spec, epoch).await;
+    Some(settle(spec, epoch, &commits, &reveals, &previous))
+}
+
+/// What settling `epoch` reads from the DHT: every validator's commitments and reveals of the
+/// epoch, and its commitments of the epoch before (for the seeds). A lookup that fails reads
+/// as no records.
+async fn epoch_records(
+    net: &Network,
+    spec: &NetworkSpec,
+    epoch: u64,
+) -> (Vec<ScoreCommit>, Vec<ScoreReveal>, Vec<ScoreCommit>) {
     let mut commits = Vec::new();
     let mut reveals = Vec::new();
     let mut previous = Vec::new();
     for v in &spec.validators {
-        let peer = crate::keys::peer_id(&v.key)?;
+        let Some(peer) = crate::keys::peer_id(&v.key) else {
+            continue;
+        };
         let lookups = [
             (Some(epoch), Phase::Commit),
             (Some(epoch), Phase::Reveal),
@@ -584,7 +579,7 @@ pub async fn last_settled(net: &Network, spec: &NetworkSpec) -> Option<Settled> 
             }
         }
     }
-    Some(settle(spec, epoch, &commits, &reveals, &previous))
+    (commits, reveals, previous)
 }
 
 /// Random inputs to `graph` for challenge `n` of `task`, drawn from the epoch's `seed`: anyone

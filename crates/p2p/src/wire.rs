@@ -210,11 +210,7 @@ impl libp2p::request_response::Codec for NodeCodec {
     type Request = Request;
     type Response = Answer;
 
-    async fn read_request<T>(
-        &mut self,
-        protocol: &StreamProtocol,
-        io: &mut T,
-    ) -> std::io::Result<Request>
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> std::io::Result<Request>
     where
         T: libp2p::futures::AsyncRead + Unpin + Send,
     {
@@ -245,8 +241,9 @@ impl libp2p::request_response::Codec for NodeCodec {
             }
             frame.extend_from_slice(&chunk[..n]);
         }
-        let mut cursor = libp2p::futures::io::Cursor::new(frame);
-        self.inner.read_request(protocol, &mut cursor).await
+        // Decoded in place: the bytes counted against the budget are the only copy.
+        cbor4ii::serde::from_slice(&frame)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
     }
 
     async fn read_response<T>(

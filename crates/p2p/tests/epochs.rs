@@ -8,31 +8,22 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tenet_ir::{DType, Graph, GraphBuilder, HostTensor};
 use tenet_ledger::Ledger;
 use tenet_node::NodeConfig;
 use tenet_p2p::call::{CallSpec, drop_bad, find};
 use tenet_p2p::epoch::{NetworkSpec, ScoreCommit, ScoreRecord};
 use tenet_p2p::host::{HostConfig, Hoster, TaskFiles};
 use tenet_p2p::validator::{ValidatorOptions, last_settled};
-use tenet_p2p::{Config, Multiaddr, Network, Transport};
+use tenet_p2p::{Config, Multiaddr, Network};
 use tenet_proto::Hash;
+
+mod common;
+use common::{graph, inputs};
 
 const EPOCH_MS: u64 = 4_000;
 
-fn graph() -> Graph {
-    let g = GraphBuilder::new();
-    let x = g.input("x", DType::F32, &[4, 8]);
-    let w = g.input("w", DType::F32, &[8, 3]);
-    let y = x.matmul(&w).tanh();
-    g.finish(&[("y", &y)]).unwrap()
-}
-
 fn config(bootstrap: &[Multiaddr], spec: &Arc<NetworkSpec>) -> Config {
-    let mut c = Config::new(tenet_net::identity::generate());
-    c.transport = Transport::Memory;
-    c.listen = vec!["/memory/0".parse().unwrap()];
-    c.bootstrap = bootstrap.to_vec();
+    let mut c = common::config(bootstrap);
     c.spec = Some(spec.clone());
     c
 }
@@ -76,20 +67,6 @@ async fn peer(
     })
     .await
     .unwrap()
-}
-
-fn inputs(seed: u32) -> Vec<(String, HostTensor)> {
-    let t = |shape: &[u64], s: u32| {
-        let n: u64 = shape.iter().product();
-        let v: Vec<f32> = (0..n as u32)
-            .map(|i| ((i.wrapping_mul(2654435761) ^ s) % 1000) as f32 / 500.0 - 1.0)
-            .collect();
-        HostTensor::from_f32(shape, &v).unwrap()
-    };
-    vec![
-        ("x".into(), t(&[4, 8], seed)),
-        ("w".into(), t(&[8, 3], seed + 1)),
-    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,11 @@ use tenet_node::NodeConfig;
 use tenet_p2p::advert::{Advert, Hosted, peer_key};
 use tenet_p2p::call::{CallSpec, find};
 use tenet_p2p::host::{HostConfig, Hoster, TaskFiles};
-use tenet_p2p::{Config, Multiaddr, Network, Transport};
+use tenet_p2p::{Multiaddr, Network};
 use tenet_proto::Hash;
+
+mod common;
+use common::{config, tensor_of};
 
 /// y = tanh(x @ w) + b.
 fn graph() -> Graph {
@@ -21,22 +24,6 @@ fn graph() -> Graph {
     let b = g.input("b", DType::F32, &[3]);
     let y = x.matmul(&w).tanh().add(&b);
     g.finish(&[("y", &y)]).unwrap()
-}
-
-fn tensor_of(shape: &[u64], seed: u32) -> HostTensor {
-    let n: u64 = shape.iter().product();
-    let v: Vec<f32> = (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
-        .collect();
-    HostTensor::from_f32(shape, &v).unwrap()
-}
-
-fn config(bootstrap: &[Multiaddr]) -> Config {
-    let mut c = Config::new(tenet_net::identity::generate());
-    c.transport = Transport::Memory;
-    c.listen = vec!["/memory/0".parse().unwrap()];
-    c.bootstrap = bootstrap.to_vec();
-    c
 }
 
 async fn hoster(
