@@ -797,7 +797,7 @@ impl Drop for Network {
 
 /// Start `exe ARGS`, wait (at most a minute) for its `… listening on http://…` line; the
 /// child and that line. Standard error goes to `log`; the rest of standard output is drained.
-fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<(Child, String), String> {
+pub(crate) fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<(Child, String), String> {
     let err = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut child = Command::new(exe)
         .args(args)

@@ -12,6 +12,7 @@ pub mod onnx;
 pub mod p2p;
 mod peer;
 pub mod pipeline;
+pub mod scale;
 pub mod watch;
 
 use std::collections::HashMap;

@@ -63,6 +63,12 @@ pub struct CoordinatorArgs {
     /// Seconds a node may take to commit or reveal.
     #[arg(long, default_value_t = 60.0)]
     node_timeout: f64,
+    /// Seconds a job's lease lasts unrenewed. Several coordinators may share one ledger
+    /// (give each the same --ledger postgres://… and a --data-dir of its own): each drives
+    /// the jobs it leases, renewing every third of this; when one dies, the others take its
+    /// jobs over this long after its last renewal.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    lease: f64,
     /// The largest task, by its certificate's peak memory, that may be deployed (the
     /// coordinator referees disagreements by running a task itself) [default: the memory
     /// available at start].
@@ -152,6 +158,13 @@ pub fn run_coordinator(a: &CoordinatorArgs) -> Result<()> {
             node_timeout: std::time::Duration::from_secs_f64(a.node_timeout),
             max_task_bytes: a.max_task_memory.unwrap_or(0),
             max_task_flops: a.max_task_gflop.saturating_mul(1_000_000_000),
+            lease: match secs(a.lease, "--lease")? {
+                d if d < std::time::Duration::from_millis(300) => {
+                    bail!("--lease must be at least 0.3 seconds (it is renewed every third of it)")
+                }
+                d => d,
+            },
+            stall: None,
         },
         health_interval: std::time::Duration::from_secs_f64(a.health_interval),
         conn,
@@ -245,6 +258,9 @@ pub(crate) struct Client {
     signed: bool,
     /// Sent as `Idempotency-Key` with every request (a call and its retries share one).
     idempotency_key: Option<String>,
+    /// Another coordinator of the deployment can be asked instead: waiting for a job does not
+    /// ride out this one being unreachable, it hands over to the next at once.
+    failover: bool,
 }
 
 impl Client {
@@ -255,6 +271,7 @@ impl Client {
             api_key: api_key.map(str::to_string),
             signed: false,
             idempotency_key: None,
+            failover: false,
         })
     }
 
@@ -265,6 +282,7 @@ impl Client {
             api_key: Some(api_key.to_string()),
             signed: false,
             idempotency_key: None,
+            failover: false,
         })
     }
 
@@ -323,6 +341,29 @@ impl Client {
         api::from_value::<api::Info>(&v).context("the coordinator's /v1/info has no key")
     }
 
+    /// The keys whose receipts the coordinator's deployment stands behind: its own and those
+    /// of the coordinators sharing its ledger (`GET /v1/coordinators`; a job may be settled by
+    /// whichever of them held it last).
+    pub(crate) async fn deployment_keys(
+        &self,
+        info: &api::Info,
+    ) -> Vec<tenet_proto::auth::PublicKey> {
+        let mut keys = vec![info.coordinator];
+        if let Ok(v) = self
+            .call(
+                Method::GET,
+                "/v1/coordinators",
+                Vec::new(),
+                "application/json",
+            )
+            .await
+            && let Ok(set) = api::from_value::<api::Coordinators>(&v)
+        {
+            keys.extend(set.coordinators.iter().map(|c| c.key));
+        }
+        keys
+    }
+
     fn new(r: &Remote) -> Result<Client> {
         Client::new_at(r, r.coordinators()[0])
     }
@@ -338,6 +379,7 @@ impl Client {
             api_key: r.admin_key.clone().or_else(|| r.api_key.clone()),
             signed: r.key.is_some(),
             idempotency_key: None,
+            failover: false,
         })
     }
 
@@ -446,8 +488,10 @@ impl Client {
                     }
                 }
                 Err(e)
-                    if e.downcast_ref::<tenet_net::ClientError>()
-                        .is_some_and(|c| matches!(c, tenet_net::ClientError::Transport { .. })) =>
+                    if !self.failover
+                        && e.downcast_ref::<tenet_net::ClientError>().is_some_and(|c| {
+                            matches!(c, tenet_net::ClientError::Transport { .. })
+                        }) =>
                 {
                     if !unreachable_said {
                         eprintln!(
@@ -620,6 +664,7 @@ pub fn call(remote: &Remote, a: CallArgs<'_>) -> Result<()> {
     for (i, url) in urls.iter().enumerate() {
         let mut client = Client::new_at(remote, url)?;
         client.idempotency_key = Some(key.clone());
+        client.failover = i + 1 < urls.len();
         match rt.block_on(call_on(&client, &a)) {
             Ok(()) => return Ok(()),
             // Refused by a coordinator that answered: another would refuse it too.
@@ -694,8 +739,18 @@ async fn call_on(client: &Client, a: &CallArgs<'_>) -> Result<()> {
             .receipt
             .as_ref()
             .context("the answer has no receipt")?;
+        if !client
+            .deployment_keys(&info)
+            .await
+            .contains(&receipt.coordinator)
+        {
+            anyhow::bail!(
+                "the receipt is signed by {}, which is not a coordinator of this deployment (GET /v1/coordinators lists them)",
+                receipt.coordinator
+            );
+        }
         receipt
-            .verify_from(&info.coordinator)
+            .verify_from(&receipt.coordinator)
             .context("the receipt does NOT verify")?;
         if let Some(p) = a.receipt {
             tenet_models::write_atomically(p, serde_json::to_string_pretty(receipt)?.as_bytes())?;

@@ -110,6 +110,7 @@ pub fn run(dir: &Path, options: DemoOptions) -> Result<()> {
         let local_options = LocalOptions {
             event_logs: Some(events.clone()),
             public_reads: options.dashboard,
+            ..LocalOptions::default()
         };
         let net = LocalNetwork::start_with(
             &net_dir,

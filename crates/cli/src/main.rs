@@ -122,7 +122,13 @@ enum BenchWhat {
     },
     /// Start a coordinator and nodes on 127.0.0.1 and call a small task from many concurrent
     /// clients over the REST API: jobs/s and latency percentiles, every answer verified, and
-    /// the ledger checked for lost jobs.
+    /// the ledger checked for lost jobs. With --coordinators N: coordinators and nodes as
+    /// processes, the same load against one coordinator and then N sharing the ledger, with
+    /// each tier's CPU per job (coordinators, PostgreSQL, nodes, clients) from each process's
+    /// own accounting and a projection to more machines.
+    #[command(
+        after_help = "Examples:\n  tenet bench load\n  tenet bench load --coordinators 3 --ledger postgres://postgres@127.0.0.1:5432/postgres\n  tenet bench load --coordinators 3 --ledger postgres://... --kill-one   (coordinator 0 killed halfway)"
+    )]
     Load {
         /// Concurrent clients.
         #[arg(long, default_value_t = 200)]
@@ -137,9 +143,26 @@ enum BenchWhat {
         #[arg(long, default_value_t = 5)]
         nodes: usize,
         /// The coordinator's ledger: a postgres:// URL [default: SQLite in a temporary
-        /// directory].
+        /// directory]. With --coordinators, a server whose user may create databases: each
+        /// tier gets a fresh one.
         #[arg(long, value_name = "URL")]
         ledger: Option<String>,
+        /// Coordinator processes sharing the ledger in the scaled tier (a tier of one runs
+        /// first, in the same run, for comparison).
+        #[arg(long, value_name = "N")]
+        coordinators: Option<usize>,
+        /// With --coordinators: kill coordinator 0 of the scaled tier (SIGKILL) halfway; its
+        /// callers resubmit to the others under their idempotency keys.
+        #[arg(long, requires = "coordinators")]
+        kill_one: bool,
+        /// With --coordinators: the coordinators' lease time in seconds.
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value_t = 2.0,
+            requires = "coordinators"
+        )]
+        lease: f64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -201,8 +224,10 @@ enum ReceiptCommand {
     Verify {
         /// The receipt (JSON, as `tenet call` saves it).
         file: PathBuf,
-        /// Also require that this coordinator (public key) signed it.
-        #[arg(long, value_name = "KEY")]
+        /// Also require that this coordinator signed it: its public key, or a file with a
+        /// deployment's key set (several coordinators on one ledger; as GET /v1/coordinators
+        /// answers, a JSON list of keys, or a key a line): any key of the set.
+        #[arg(long, value_name = "KEY|FILE")]
         coordinator: Option<String>,
         /// Re-run the job locally from the blobs in DIR (files named by hash, or a blob store)
         /// and compare with the receipt.
@@ -959,6 +984,9 @@ fn run(cli: Cli) -> Result<()> {
                     replicas,
                     nodes,
                     ledger,
+                    coordinators,
+                    kill_one,
+                    lease,
                     json,
                 }),
             ..
@@ -967,6 +995,40 @@ fn run(cli: Cli) -> Result<()> {
                 bail!(
                     "--clients, --jobs and --replicas must be at least 1, and --nodes at least --replicas"
                 );
+            }
+            if let Some(n) = coordinators {
+                if n == 0 {
+                    bail!("--coordinators must be at least 1");
+                }
+                if !(lease >= 0.3 && lease.is_finite()) {
+                    bail!("--lease must be at least 0.3 seconds");
+                }
+                let config = tenet_bench::scale::ScaleConfig {
+                    clients,
+                    jobs_per_client: jobs,
+                    replicas,
+                    nodes,
+                    coordinators: n,
+                    ledger,
+                    kill_one,
+                    lease: std::time::Duration::from_secs_f64(lease),
+                    ..tenet_bench::scale::ScaleConfig::new(
+                        std::env::current_exe().context("finding the tenet binary")?,
+                    )
+                };
+                let report = tenet_bench::scale::run(&config, |what| {
+                    eprintln!("tenet bench load: {what}...")
+                })
+                .map_err(anyhow::Error::msg)?;
+                if json {
+                    println!("{}", report.json());
+                } else {
+                    print!("{}", report.table());
+                }
+                if report.tiers.iter().any(|t| !t.nothing_lost(&config)) {
+                    bail!("jobs were lost, failed or settled twice");
+                }
+                return Ok(());
             }
             let config = tenet_bench::load::LoadConfig {
                 clients,

@@ -357,18 +357,76 @@ fn verify_training(a: &VerifyArgs<'_>, text: &str) -> Result<()> {
     Ok(())
 }
 
-/// Run `verify` with the coordinator key `--coordinator` pins (parsed here), or none; an error
-/// says the file does not verify.
+/// Run `verify` with the coordinator key `--coordinator` pins (parsed here) — or, given a key
+/// set file, with each key of the set until one verifies — or none; an error says the file
+/// does not verify.
 fn check<E: std::error::Error + Send + Sync + 'static>(
     a: &VerifyArgs<'_>,
-    verify: impl FnOnce(Option<&PublicKey>) -> Result<(), E>,
+    verify: impl Fn(Option<&PublicKey>) -> Result<(), E>,
 ) -> Result<()> {
-    let key = a
-        .coordinator
-        .map(|k| {
-            PublicKey::parse(k)
-                .with_context(|| format!("`{k}` is not a 64-hex-character public key"))
+    let Some(pinned) = a.coordinator else {
+        return verify(None).with_context(|| format!("{} does NOT verify", a.file.display()));
+    };
+    let keys = coordinator_keys(pinned)?;
+    let mut last = None;
+    for k in &keys {
+        match verify(Some(k)) {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    let why = last.map_or_else(|| "the key set is empty".to_string(), |e| e.to_string());
+    Err(anyhow::anyhow!(
+        "{} does NOT verify against {} coordinator key(s) of {pinned}: {why}",
+        a.file.display(),
+        keys.len()
+    ))
+}
+
+/// `--coordinator`: one public key (64 hex characters), or a file holding a deployment's key
+/// set — as `GET /v1/coordinators` answers (`{"coordinators": [{"key": …}, …]}`), a JSON
+/// list of keys, or one key a line.
+pub fn coordinator_keys(arg: &str) -> Result<Vec<PublicKey>> {
+    if let Some(k) = PublicKey::parse(arg) {
+        return Ok(vec![k]);
+    }
+    let path = Path::new(arg);
+    if !path.exists() {
+        bail!(
+            "--coordinator `{arg}` is neither a 64-hex-character public key nor a key set file (save one with: curl -H 'authorization: Bearer KEY' URL/v1/coordinators > keys.json)"
+        );
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let parse = |k: &str| {
+        PublicKey::parse(k.trim()).with_context(|| {
+            format!(
+                "{}: `{}` is not a 64-hex-character public key",
+                path.display(),
+                k.trim()
+            )
         })
-        .transpose()?;
-    verify(key.as_ref()).with_context(|| format!("{} does NOT verify", a.file.display()))
+    };
+    let keys: Vec<PublicKey> = match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(serde_json::Value::Object(o)) => o
+            .get("coordinators")
+            .and_then(|c| c.as_array())
+            .with_context(|| format!("{}: expected {{\"coordinators\": [...]}}", path.display()))?
+            .iter()
+            .map(|c| parse(c.get("key").and_then(|k| k.as_str()).unwrap_or("")))
+            .collect::<Result<_>>()?,
+        Ok(serde_json::Value::Array(list)) => list
+            .iter()
+            .map(|k| parse(k.as_str().unwrap_or("")))
+            .collect::<Result<_>>()?,
+        _ => text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .map(parse)
+            .collect::<Result<_>>()?,
+    };
+    if keys.is_empty() {
+        bail!("{} holds no coordinator keys", path.display());
+    }
+    Ok(keys)
 }

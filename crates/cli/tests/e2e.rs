@@ -2,7 +2,8 @@
 //! 127.0.0.1: with one node lying, the verified result equals a local run, the liar is slashed,
 //! the receipt verifies offline and a forged one does not, and callers without a key are
 //! refused; a node joins by itself, beats and leaves; a coordinator killed mid-job and
-//! restarted finishes the job for a caller that kept waiting.
+//! restarted finishes the job for a caller that kept waiting; one of two coordinators on one
+//! ledger killed mid-job has the job taken over by the other.
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -252,6 +253,44 @@ fn api_get(url: &str, path: &str) -> (u16, serde_json::Value) {
     }
 }
 
+/// A task slow enough (a chain of 256² matmuls) to kill a coordinator while nodes run it, as
+/// `slow.tnt` in `dir`, and its input as `s.json`.
+fn write_slow_task(dir: &std::path::Path) {
+    let g = tenet_ir::GraphBuilder::new();
+    let s = g.input("s", tenet_ir::DType::F32, &[256, 256]);
+    let mut acc = s.clone();
+    for _ in 0..600 {
+        acc = acc.matmul(&s).tanh();
+    }
+    let graph = g.finish(&[("y", &acc)]).unwrap();
+    std::fs::write(dir.join("slow.tnt"), graph.to_bytes()).unwrap();
+    let s_in: Vec<Vec<f32>> = (0..256)
+        .map(|i| {
+            (0..256)
+                .map(|j| ((i * 31 + j * 17) % 19) as f32 / 1900.0)
+                .collect()
+        })
+        .collect();
+    std::fs::write(dir.join("s.json"), serde_json::to_string(&s_in).unwrap()).unwrap();
+}
+
+/// Wait until every node's event log says it started a job.
+fn wait_until_all_started(d: &dyn Fn(&str) -> String, nodes: usize) {
+    let started = |i: usize| {
+        std::fs::read_to_string(d(&format!("node{i}.log")))
+            .unwrap_or_default()
+            .contains("\"started\"")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !(0..nodes).all(started) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn coordinator_args<'a>(data: &'a str, listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
         "coordinator",
@@ -375,23 +414,7 @@ fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_
             .unwrap());
         nodes.push(p);
     }
-    // A task slow enough (a chain of 256² matmuls) to kill the coordinator while nodes run it.
-    let g = tenet_ir::GraphBuilder::new();
-    let s = g.input("s", tenet_ir::DType::F32, &[256, 256]);
-    let mut acc = s.clone();
-    for _ in 0..600 {
-        acc = acc.matmul(&s).tanh();
-    }
-    let graph = g.finish(&[("y", &acc)]).unwrap();
-    std::fs::write(d("slow.tnt"), graph.to_bytes()).unwrap();
-    let s_in: Vec<Vec<f32>> = (0..256)
-        .map(|i| {
-            (0..256)
-                .map(|j| ((i * 31 + j * 17) % 19) as f32 / 1900.0)
-                .collect()
-        })
-        .collect();
-    std::fs::write(d("s.json"), serde_json::to_string(&s_in).unwrap()).unwrap();
+    write_slow_task(&dir);
     let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
     let task = serde_json::from_str::<serde_json::Value>(&ok(tenet()
         .args(["deploy", &d("slow.tnt"), "--json"])
@@ -418,19 +441,7 @@ fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_
         .spawn()
         .unwrap();
     // Kill the coordinator once every node has started the job.
-    let started = |i: usize| {
-        std::fs::read_to_string(d(&format!("node{i}.log")))
-            .unwrap_or_default()
-            .contains("\"started\"")
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !(0..3).all(started) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_until_all_started(&d, 3);
     coord.kill().unwrap();
     coord.wait().unwrap();
     let committed_before = (0..3)
@@ -483,6 +494,151 @@ fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_
     let (_, jobs) = api_get(&curl, "/v1/jobs");
     assert_eq!(jobs.as_array().unwrap().len(), 1);
     let (_, nodes_now) = api_get(&curl, "/v1/nodes");
+    for n in nodes_now.as_array().unwrap() {
+        assert_eq!(n["stake"], 1001, "{n}");
+        assert_eq!(n["agreed"], 1, "{n}");
+    }
+    for i in 0..3 {
+        let log = std::fs::read_to_string(d(&format!("node{i}.log"))).unwrap();
+        assert_eq!(log.matches("\"accepted\"").count(), 1, "node {i}: {log}");
+    }
+}
+
+/// Two coordinators on one ledger; the one a caller's job runs on is killed (SIGKILL) while the
+/// nodes run it: the other takes the job over once its lease lapses, the caller — given both —
+/// resubmits under the same idempotency key and gets the decision from the survivor, whose
+/// signature the deployment's key set vouches for; the job is decided once, each node credited
+/// once and run once.
+#[test]
+fn a_coordinator_killed_mid_job_is_taken_over_by_its_peer_on_the_same_ledger() {
+    let dir = tmp();
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let ledger = format!("sqlite://{}", d("ledger.db"));
+    let shared = ["--ledger", ledger.as_str(), "--lease", "1"];
+    let (dir_a, dir_b) = (d("coord-a"), d("coord-b"));
+    let (mut coord_a, line) = spawn(coordinator_args(&dir_a, "127.0.0.1:0", &shared));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (key_a, url_a) = (words[2].to_string(), words.last().unwrap().to_string());
+    let (_coord_b, line) = spawn(coordinator_args(&dir_b, "127.0.0.1:0", &shared));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (key_b, url_b) = (words[2].to_string(), words.last().unwrap().to_string());
+    assert_ne!(key_a, key_b);
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let data = d(&format!("node{i}"));
+        let (p, line) = spawn([
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--no-fsync",
+            "--data-dir",
+            &data,
+            "--trust",
+            &key_a,
+            "--trust",
+            &key_b,
+            "--event-log",
+            &d(&format!("node{i}.log")),
+        ]);
+        let url = line.split_whitespace().last().unwrap().to_string();
+        // Registered with A: B reads the same node registry from the ledger.
+        ok(tenet()
+            .args(["register", &url, "--stake", "1000", "--coordinator", &url_a])
+            .args(["--admin-key", "admin"])
+            .output()
+            .unwrap());
+        nodes.push(p);
+    }
+    write_slow_task(&dir);
+    let both = format!("{url_a},{url_b}");
+    let remote = ["--coordinator", both.as_str(), "--api-key", "secret"];
+    let task = serde_json::from_str::<serde_json::Value>(&ok(tenet()
+        .args(["deploy", &d("slow.tnt"), "--json"])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let caller = tenet()
+        .args(["call", &task, "-i"])
+        .arg(format!("s={}", d("s.json")))
+        .args([
+            "-o",
+            &d("y.json"),
+            "--receipt",
+            &d("receipt.json"),
+            "--json",
+        ])
+        .args(remote)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_all_started(&d, 3);
+    coord_a.kill().unwrap();
+    coord_a.wait().unwrap();
+    let out = caller.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the caller failed: {stderr}");
+    assert!(
+        stderr.contains("under the same idempotency key"),
+        "the caller moved to the other coordinator: {stderr}"
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["state"], "decided");
+    let job_id = answer["job_id"].as_str().unwrap();
+    ok(tenet()
+        .args(["run", &d("slow.tnt"), "-i"])
+        .arg(format!("s={}", d("s.json")))
+        .args(["-o", &d("local.json")])
+        .output()
+        .unwrap());
+    assert_eq!(
+        std::fs::read(d("y.json")).unwrap(),
+        std::fs::read(d("local.json")).unwrap()
+    );
+    // Signed by B, which settled it; the deployment's key set (as B publishes it) verifies it,
+    // and A's key alone does not.
+    let receipt: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d("receipt.json")).unwrap()).unwrap();
+    assert_eq!(receipt["coordinator"], key_b.as_str());
+    let (status, set) = api_get(&url_b, "/v1/coordinators");
+    assert_eq!(status, 200, "{set}");
+    std::fs::write(d("keys.json"), set.to_string()).unwrap();
+    ok(tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &d("keys.json"),
+        ])
+        .output()
+        .unwrap());
+    let only_a = tenet()
+        .args([
+            "receipt",
+            "verify",
+            &d("receipt.json"),
+            "--coordinator",
+            &key_a,
+        ])
+        .output()
+        .unwrap();
+    assert!(!only_a.status.success());
+    // Decided once; every node agreed, was credited once, and ran the job once.
+    let (_, job) = api_get(&url_b, &format!("/v1/jobs/{job_id}"));
+    assert_eq!(job["state"], "decided", "{job}");
+    let asg = job["assignments"].as_array().unwrap();
+    assert_eq!(asg.len(), 3, "{job}");
+    assert!(asg.iter().all(|a| a["state"] == "agreed"), "{job}");
+    let (_, jobs) = api_get(&url_b, "/v1/jobs");
+    assert_eq!(jobs.as_array().unwrap().len(), 1, "{jobs}");
+    let (_, nodes_now) = api_get(&url_b, "/v1/nodes");
     for n in nodes_now.as_array().unwrap() {
         assert_eq!(n["stake"], 1001, "{n}");
         assert_eq!(n["agreed"], 1, "{n}");

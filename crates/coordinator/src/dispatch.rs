@@ -39,6 +39,29 @@ pub struct CoordinatorConfig {
     /// referee any task it accepts (0: the memory available when it starts).
     pub max_task_bytes: u64,
     pub max_task_flops: u64,
+    /// How long a job's lease lasts unrenewed when several coordinators share the ledger: a
+    /// dead coordinator's jobs are taken over this long after its last renewal.
+    pub lease: Duration,
+    /// A fault to inject, for tests: the coordinator freezes at a point of every job.
+    pub stall: Option<Stall>,
+}
+
+/// Where a job's driver freezes under [`CoordinatorConfig::stall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallPoint {
+    /// All commitments are in, before any reveal is asked.
+    BeforeReveal,
+    /// The result is decided, before it is written to the ledger.
+    BeforeSettle,
+}
+
+/// A fault for tests: at `at`, the job's driver and the coordinator's lease keeper freeze for
+/// `pause`, as a paused or overloaded process would; the other coordinators on the ledger see
+/// its leases lapse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stall {
+    pub at: StallPoint,
+    pub pause: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -52,6 +75,8 @@ impl Default for CoordinatorConfig {
             node_timeout: Duration::from_secs(60),
             max_task_bytes: 0,
             max_task_flops: 10_000_000_000_000,
+            lease: Duration::from_secs(10),
+            stall: None,
         }
     }
 }
@@ -128,7 +153,7 @@ pub struct Coordinator<L: Ledger> {
     pub(crate) config: CoordinatorConfig,
     clients: Mutex<HashMap<String, Arc<NodeClient>>>,
     /// Jobs being driven by this process; the flag turns true when one ends.
-    running: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    pub(crate) running: Mutex<HashMap<String, watch::Receiver<bool>>>,
     /// What deployed tasks need of a node and what their outputs weigh, by task id.
     facts: Mutex<HashMap<Hash, Arc<TaskFacts>>>,
     /// Work whose memory grows with a task — a weights file loaded to check a deploy, a
@@ -146,6 +171,8 @@ pub struct Coordinator<L: Ledger> {
     pub(crate) pipelines: Mutex<HashMap<Hash, Arc<tenet_pipeline::Manifest>>>,
     /// What happens to jobs and nodes, for the event log and live subscribers (`events.rs`).
     pub events: crate::events::Events,
+    /// Until when the coordinator is frozen by an injected [`Stall`].
+    pub(crate) frozen_until: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A pipeline stage's job, as its nodes are told.
@@ -206,6 +233,10 @@ fn unit_random() -> f64 {
         / (1u64 << 53) as f64
 }
 
+/// Requests in flight to one node at once, each on a kept connection: jobs on the same node
+/// do not queue behind one another's round trips, and a node is not flooded with sockets.
+pub const NODE_CONNECTIONS: usize = 8;
+
 /// Inputs of at most this many bytes travel inside the run request instead of as blobs.
 const INLINE_INPUT_BYTES: u64 = 256 << 10;
 
@@ -224,7 +255,23 @@ impl<L: Ledger + 'static> Coordinator<L> {
             stage_jobs: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             events: Default::default(),
+            frozen_until: Mutex::new(None),
         }
+    }
+
+    /// Freeze here if the config injects a stall at `point` (tests only).
+    pub(crate) async fn stall_at(&self, point: StallPoint) {
+        let Some(stall) = self.config.stall.filter(|s| s.at == point) else {
+            return;
+        };
+        let until = tokio::time::Instant::now() + stall.pause;
+        *lock(&self.frozen_until) = Some(until);
+        tokio::time::sleep_until(until).await;
+    }
+
+    /// Whether an injected stall has the coordinator frozen now.
+    pub(crate) fn frozen(&self) -> bool {
+        lock(&self.frozen_until).is_some_and(|t| t > tokio::time::Instant::now())
     }
 
     /// Write the event stream to `log` as well (`--event-log`).
@@ -245,14 +292,15 @@ impl<L: Ledger + 'static> Coordinator<L> {
         &self.config
     }
 
-    /// A client for `node`, reused across jobs (one per URL).
+    /// A client for `node`, reused across jobs (one per URL), carrying up to
+    /// [`NODE_CONNECTIONS`] of its jobs' requests at once.
     pub(crate) fn client(&self, node: &NodeRecord) -> Result<Arc<NodeClient>, DispatchError> {
         let mut c = lock(&self.clients);
         if let Some(existing) = c.get(&node.url) {
             return Ok(existing.clone());
         }
         let client = Arc::new(
-            NodeClient::new(&node.url, self.key.clone())
+            NodeClient::pooled(&node.url, self.key.clone(), NODE_CONNECTIONS)
                 .map_err(|e| DispatchError::BadRequest(e.to_string()))?,
         );
         c.insert(node.url.clone(), client.clone());
@@ -473,18 +521,16 @@ impl<L: Ledger + 'static> Coordinator<L> {
         req: JobRequest,
         key: Option<&str>,
     ) -> Result<Admitted, DispatchError> {
-        if req.task.0 == tenet_models::generation::task_id() {
-            // The generation task is one fixed document, deployed wherever it is first used
-            // (its model is the job's weights, which must be here).
-            self.store
-                .put_bytes(tenet_models::generation::TASK_BYTES)
-                .map_err(|e| DispatchError::Internal(e.to_string()))?;
-        }
-        if self.store.contains(&req.task).is_none() {
-            return Err(DispatchError::BadRequest(format!(
-                "task {} is not deployed on this coordinator",
+        self.ensure_task(&req.task).await.map_err(|e| match e {
+            DispatchError::NotFound(_) => DispatchError::BadRequest(format!(
+                "task {} is not deployed on this coordinator nor on any other on its ledger",
                 req.task
-            )));
+            )),
+            e => e,
+        })?;
+        if let Some(w) = &req.weights {
+            // A generation's model: deployed here, or by a peer coordinator.
+            self.ensure_blob(w, &[]).await?;
         }
         let want = self.replicas_for_new_job();
         let need = self.need(&req.task, req.tier)?;
@@ -493,8 +539,16 @@ impl<L: Ledger + 'static> Coordinator<L> {
             return Err(self.shortfall(chosen.len(), want, need).await);
         }
         let mut inputs = BTreeMap::new();
+        // Inputs small enough to travel inside run requests are kept in the ledger with the
+        // job too: whichever coordinator ends up driving it has them.
+        let mut small = Vec::new();
         for (name, t) in &req.inputs {
-            inputs.insert(name.clone(), self.store.put_bytes(&tensor::encode(t))?);
+            let bytes = tensor::encode(t);
+            let hash = self.store.put_bytes(&bytes)?;
+            if bytes.len() as u64 <= INLINE_INPUT_BYTES && self.leasing() {
+                small.push((hash.to_hex(), bytes));
+            }
+            inputs.insert(name.clone(), hash);
         }
         let job_id = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
         if let Some(key) = key
@@ -519,7 +573,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             error: None,
         };
         let ids: Vec<String> = chosen.into_iter().map(|n| n.id).collect();
-        self.ledger.create_job(&record, &ids).await?;
+        self.ledger.create_job(&record, &ids, &small).await?;
         self.events.job(
             &job_id,
             "accepted",
@@ -602,6 +656,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
                         );
                     }
                 }
+                Err(e) if crate::scale::lease_lost(e) => {
+                    // Another coordinator holds the job now, and ends it.
+                    me.events.job(
+                        &job_id,
+                        "handed-over",
+                        serde_json::json!({"error": e.to_string()}),
+                    );
+                }
                 Err(e) => {
                     let _ = me.ledger.fail_job(&job_id, &e.to_string(), now()).await;
                     me.events.job(
@@ -661,10 +723,12 @@ impl<L: Ledger + 'static> Coordinator<L> {
         Ok(admitted)
     }
 
-    /// Start every job the ledger holds unfinished (after a restart); their ids.
+    /// Start every job the ledger holds unfinished (after a restart) that is this
+    /// coordinator's to drive: with peers on the ledger, those leased to it before the restart
+    /// and those whose lease lapsed; their ids.
     pub async fn resume(self: &Arc<Self>) -> Result<Vec<String>, DispatchError> {
         let mut resumed = Vec::new();
-        for job in self.ledger.unfinished_jobs().await? {
+        for job in self.ledger.claim_jobs(i64::MAX, true).await? {
             if lock(&self.running).contains_key(&job.id) {
                 continue;
             }

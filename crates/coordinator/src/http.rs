@@ -61,6 +61,7 @@ fn dashboard_read(method: &str, path: &str) -> bool {
                 | ["v1", "jobs"]
                 | ["v1", "jobs", _]
                 | ["v1", "events"]
+                | ["v1", "coordinators"]
         )
 }
 
@@ -73,6 +74,8 @@ enum Caller {
     Client,
     /// A registered node signing for itself (its heartbeats and leaving).
     Node,
+    /// Another coordinator on the same ledger, signing with its key (fetching a blob).
+    Peer,
 }
 
 impl Caller {
@@ -376,7 +379,9 @@ fn weights_of(g: &Graph) -> Option<Hash> {
 }
 
 impl<L: Ledger + 'static> Service<L> {
-    fn load_task(&self, id: &Hash) -> Result<Graph, ApiError> {
+    /// A deployed task, from this coordinator's store or, deployed by a peer, the ledger.
+    async fn load_task(&self, id: &Hash) -> Result<Graph, ApiError> {
+        self.core.ensure_task(id).await.map_err(dispatch_error)?;
         let bytes = self
             .core
             .store()
@@ -415,10 +420,13 @@ impl<L: Ledger + 'static> Service<L> {
         {
             return Ok((Caller::Client, None));
         }
-        let itself = if signed {
-            self.node_speaking_for_itself(req.uri().path()).await
+        let (itself, speaker) = if signed {
+            match self.node_speaking_for_itself(req.uri().path()).await {
+                Some(key) => (Some(key), Caller::Node),
+                None => (self.peer_speaking(req).await, Caller::Peer),
+            }
         } else {
-            None
+            (None, Caller::Client)
         };
         let path_q = req
             .uri()
@@ -435,7 +443,7 @@ impl<L: Ledger + 'static> Service<L> {
         let caller = if self.access.open {
             Caller::Admin
         } else if itself == Some(auth.key) {
-            Caller::Node
+            speaker
         } else {
             Caller::Client
         };
@@ -453,6 +461,23 @@ impl<L: Ledger + 'static> Service<L> {
         let key = PublicKey::parse(id)?;
         let node = self.core.ledger.node(id).await.ok()??;
         (node.state != NodeState::Deregistered).then_some(key)
+    }
+
+    /// On `/v1/blobs/{hash}/data`, another coordinator on the same ledger may sign with its
+    /// own key (the key it announced there) without being a trusted client.
+    async fn peer_speaking(&self, req: &Request<Incoming>) -> Option<PublicKey> {
+        let parts: Vec<&str> = req.uri().path().trim_matches('/').split('/').collect();
+        if !matches!(parts.as_slice(), ["v1", "blobs", _, "data"]) {
+            return None;
+        }
+        let key = req
+            .headers()
+            .get(tenet_proto::auth::KEY_HEADER)?
+            .to_str()
+            .ok()?;
+        let key = PublicKey::parse(key)?;
+        let peers = self.core.ledger.coordinators().await.ok()?;
+        peers.iter().any(|c| c.key == key.to_hex()).then_some(key)
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Reply {
@@ -512,7 +537,7 @@ impl<L: Ledger + 'static> Service<L> {
         let task = match (method.as_str(), parts.as_slice()) {
             ("POST", ["v1", "tasks", id, "run"]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
-                Some((id, self.load_task(&id)?))
+                Some((id, self.load_task(&id).await?))
             }
             _ => None,
         };
@@ -714,6 +739,43 @@ impl<L: Ledger + 'static> Service<L> {
                     .ok_or_else(|| not_found(format!("no blob {hash}")))?;
                 json_reply(&json!({"hash": hash, "size": size}))
             }
+            ("GET", ["v1", "blobs", h, "data"]) => {
+                if !matches!(caller, Caller::Peer | Caller::Admin) {
+                    return Err(ApiError::new(
+                        ErrorCode::Forbidden,
+                        "a blob's bytes are for the coordinators sharing this one's ledger (signed with a key announced there) and the admin",
+                    ));
+                }
+                let hash = Hash::parse(h).map_err(|e| bad(e.to_string()))?;
+                let bytes = self
+                    .core
+                    .store()
+                    .get(&hash)
+                    .map_err(|_| not_found(format!("no blob {hash}")))?;
+                let mut r = Response::new(tenet_net::serve::body(Bytes::from(bytes)));
+                r.headers_mut().insert(
+                    "content-type",
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                Ok(r)
+            }
+            ("GET", ["v1", "coordinators"]) => {
+                let peers = ledger.coordinators().await.map_err(ledger_error)?;
+                let live = (3 * self.core.config().lease).as_millis() as i64;
+                api_reply(&api::Coordinators {
+                    coordinators: peers
+                        .iter()
+                        .filter_map(|c| {
+                            Some(api::CoordinatorPeer {
+                                key: PublicKey::parse(&c.key)?,
+                                url: c.url.clone(),
+                                started_at: c.started_at,
+                                live: c.silent_ms <= live,
+                            })
+                        })
+                        .collect(),
+                })
+            }
             ("POST", ["v1", "tasks"]) => {
                 let graph = tenet_ir::decode_any(&body)
                     .map_err(|e| ApiError::new(ErrorCode::InvalidGraph, e.to_string()))?;
@@ -744,11 +806,17 @@ impl<L: Ledger + 'static> Service<L> {
                     tenet_models::check_bindings(&graph, std::slice::from_ref(&file))
                         .map_err(|e| ApiError::new(ErrorCode::BadInputs, e.to_string()))?;
                 }
+                let bytes = graph.to_bytes();
                 let id = self
                     .core
                     .store()
-                    .put_bytes(&graph.to_bytes())
+                    .put_bytes(&bytes)
                     .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+                // Every coordinator on the ledger can run it from now on.
+                ledger
+                    .put_task(&id.to_hex(), &bytes, crate::dispatch::now())
+                    .await
+                    .map_err(ledger_error)?;
                 api_reply(&api::TaskDeployed {
                     task: task_view(&id, &graph),
                     nodes_able: self
@@ -760,7 +828,7 @@ impl<L: Ledger + 'static> Service<L> {
             }
             ("GET", ["v1", "tasks", id]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
-                api_reply(&task_view(&id, &self.load_task(&id)?))
+                api_reply(&task_view(&id, &self.load_task(&id).await?))
             }
             ("POST", ["v1", "tasks", _, "run"]) => {
                 let (id, graph) = task.ok_or_else(|| internal("the call's task was not loaded"))?;
@@ -797,12 +865,18 @@ impl<L: Ledger + 'static> Service<L> {
                     // job's answer, once it ends.
                     Admitted::Existing(id) => return self.answer_of(&id).await,
                 };
-                let out = self
+                let out = match self
                     .core
-                    .start(job_id)
+                    .start(job_id.clone())
                     .await
                     .map_err(|e| internal(format!("the job's task failed: {e}")))?
-                    .map_err(dispatch_error)?;
+                {
+                    Ok(out) => out,
+                    // Its lease passed to another coordinator (this one stalled): the answer
+                    // is whatever that one decides.
+                    Err(e) if crate::scale::lease_lost(&e) => return self.answer_of(&job_id).await,
+                    Err(e) => return Err(dispatch_error(e)),
+                };
                 api_reply(&api::RunAnswer {
                     outputs: json_outputs(&out.outputs)?,
                     slashed: slashes(&out.slashed),
@@ -948,7 +1022,10 @@ impl<L: Ledger + 'static> Service<L> {
                             ))
                         })?;
                     let limit = std::time::Duration::from_secs_f64(secs.min(MAX_WAIT_SECS));
-                    self.core.wait(id, limit).await;
+                    self.core
+                        .wait_ended(id, limit)
+                        .await
+                        .map_err(dispatch_error)?;
                 }
                 api_reply(&self.job_view(id).await?)
             }
@@ -1034,15 +1111,12 @@ impl<L: Ledger + 'static> Service<L> {
     /// still running past the wait — where to find it, as an async call is answered.
     async fn answer_of(&self, id: &str) -> Result<Reply, ApiError> {
         let limit = std::time::Duration::from_secs_f64(MAX_WAIT_SECS);
-        let started = std::time::Instant::now();
         // Here, the job's own task says when it ends; driven elsewhere, the ledger does.
-        self.core.wait(id, limit).await;
-        let mut view = self.job_view(id).await?;
-        while !matches!(view.job.state.as_str(), "decided" | "failed") && started.elapsed() < limit
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            view = self.job_view(id).await?;
-        }
+        self.core
+            .wait_ended(id, limit)
+            .await
+            .map_err(dispatch_error)?;
+        let view = self.job_view(id).await?;
         match view.job.state.as_str() {
             "decided" => api_reply(&api::RunAnswer {
                 receipt: view
@@ -1104,6 +1178,23 @@ impl<L: Ledger + 'static> Service<L> {
             .ok_or_else(|| internal(format!("decided job {id} has no readable receipt")))?;
         let mut outputs = Vec::new();
         for o in &receipt.outputs {
+            if self.core.store().contains(&o.hash).is_none() {
+                // Decided by another coordinator: from it, or from the nodes that agreed.
+                let mut agreeing = Vec::new();
+                for a in &receipt.nodes {
+                    if let Some(n) = ledger
+                        .node(&a.commitment.node.to_hex())
+                        .await
+                        .map_err(ledger_error)?
+                    {
+                        agreeing.push(n);
+                    }
+                }
+                self.core
+                    .ensure_blob(&o.hash, &agreeing)
+                    .await
+                    .map_err(dispatch_error)?;
+            }
             let bytes = self
                 .core
                 .store()

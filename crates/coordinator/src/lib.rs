@@ -18,10 +18,13 @@ pub mod openai;
 mod phases;
 pub mod pipeline;
 pub mod registry;
+pub mod scale;
 pub mod staged;
 pub mod training;
 
-pub use dispatch::{Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest};
+pub use dispatch::{
+    Coordinator, CoordinatorConfig, DispatchError, JobOutcome, JobRequest, Stall, StallPoint,
+};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -82,6 +85,22 @@ pub enum StartError {
     SharedAdminKey,
 }
 
+/// This coordinator's lease holder id: made once per data directory and kept there, so a
+/// restart takes back the jobs it was driving at once instead of waiting out their leases.
+fn instance_id(dir: &std::path::Path) -> std::io::Result<String> {
+    let path = dir.join("coordinator.instance");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
+        _ => {
+            let id = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
+            let tmp = dir.join("coordinator.instance.tmp");
+            std::fs::write(&tmp, format!("{id}\n"))?;
+            std::fs::rename(&tmp, &path)?;
+            Ok(id)
+        }
+    }
+}
+
 /// Start a coordinator, resume the jobs its ledger holds unfinished, watch its nodes' health,
 /// and serve until Ctrl-C or SIGTERM; `ready` hears where it listens, its key and what it
 /// resumed.
@@ -112,8 +131,23 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
         message,
     };
     std::fs::create_dir_all(&config.data_dir).map_err(|e| dir_err(e.to_string()))?;
+    // One process per data directory: its lease holder id lives there, and two processes
+    // driving jobs under one id would defeat the leases.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(config.data_dir.join("lock"))
+        .map_err(|e| dir_err(e.to_string()))?;
+    lock.try_lock().map_err(|_| {
+        dir_err(
+            "another coordinator is running on this data directory; give each coordinator a directory of its own (--data-dir)"
+                .into(),
+        )
+    })?;
     let key = tenet_net::identity::load_or_create_at(&config.data_dir.join("coordinator.key"))
         .map_err(|e| dir_err(e.to_string()))?;
+    let holder = instance_id(&config.data_dir).map_err(|e| dir_err(e.to_string()))?;
     let store = tenet_store::Store::open(
         &config.data_dir.join("store"),
         tenet_store::StoreConfig::default(),
@@ -129,7 +163,9 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
             .ledger_url
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}", config.data_dir.join("ledger.db").display()));
-        let ledger = tenet_ledger::SqlLedger::connect(&url).await?;
+        let ledger = tenet_ledger::SqlLedger::connect(&url)
+            .await?
+            .leasing(&holder, config.core.lease);
         let log = match &config.event_log {
             Some(path) => {
                 tenet_net::events::EventLog::open(path).map_err(|e| StartError::DataDir {
@@ -181,6 +217,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
         );
         let resumed = service.core.resume().await?;
         let monitor = tokio::spawn(service.core.clone().monitor_health(config.health_interval));
+        let leases = tokio::spawn(service.core.clone().keep_leases(format!("http://{bound}")));
         let _ = std::fs::write(config.data_dir.join("addr"), format!("{bound}\n"));
         ready(&Started {
             addr: bound,
@@ -197,6 +234,7 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
         };
         http::serve(service, listener, stopping).await;
         monitor.abort();
+        leases.abort();
         core.events.close();
         Ok(())
     })

@@ -120,6 +120,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
             self.ledger.job(job_id).await?.ok_or_else(|| {
                 DispatchError::Internal(format!("job {job_id} is not in the ledger"))
             })?;
+        // A job admitted by another coordinator: its task, weights and inputs come here first.
+        self.gather_job(&job).await?;
         let spec = self.spec_of(&job)?;
         let stage = lock(&self.stage_jobs)
             .get(job_id)
@@ -146,6 +148,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     state.as_str()
                 )));
             }
+            self.stall_at(crate::dispatch::StallPoint::BeforeReveal)
+                .await;
             let mut seen = self.reveal_phase(&spec).await?;
             let mut decision = match spec.tier {
                 Tier::Exact => compare::exact(&seen.replicas),
@@ -692,6 +696,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
             signature: Sig([0; 64]),
         }
         .sign(&self.key);
+        self.stall_at(crate::dispatch::StallPoint::BeforeSettle)
+            .await;
         // The outputs first: a decided job's outputs must be readable after any crash.
         for (_, t) in &chosen.outputs {
             self.store.put_bytes(&tensor::encode(t))?;

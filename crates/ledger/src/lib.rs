@@ -28,6 +28,10 @@ pub enum LedgerError {
     BadUrl(String),
     #[error("the ledger holds a value this version cannot read: {0}")]
     Corrupt(String),
+    /// A write to a job through a leasing handle whose lease on it lapsed or was taken by
+    /// another coordinator (`holder`): the job is someone else's to drive now.
+    #[error("this coordinator no longer holds the lease on job {job} (held by `{holder}`)")]
+    LeaseLost { job: String, holder: String },
 }
 
 pub type Result<T> = std::result::Result<T, LedgerError>;
@@ -220,6 +224,20 @@ pub struct Settlement<'a> {
     pub at: i64,
 }
 
+/// A coordinator process sharing the ledger, as it announces itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoordinatorRecord {
+    /// The process's lease holder id (unique to it).
+    pub holder: String,
+    /// The public key (hex) its receipts are signed with.
+    pub key: String,
+    /// Where its API listens (`http://host:port`).
+    pub url: String,
+    pub started_at: i64,
+    /// Milliseconds since it last announced itself, by the ledger's clock (when read).
+    pub silent_ms: i64,
+}
+
 /// Why the ledger records a slash for a disagreeing replica.
 pub const DISAGREED: &str = "its committed result disagreed with the decided result";
 
@@ -232,6 +250,9 @@ pub const UNBONDED: &str = "unbonded by the admin";
 
 /// Everything the coordinator records. Every method is one transaction.
 pub trait Ledger: Send + Sync {
+    /// Who this handle drives jobs as, when it leases them (several coordinators share the
+    /// ledger); `None` for a handle that is the ledger's only driver.
+    fn lease_holder(&self) -> Option<&str>;
     /// Record a new node with its stake (a stake event when positive), or bring back a node
     /// that deregistered: its URL, state, times and limits are updated, but its stake and
     /// operator stay what they were (stake moves only by bonds, slashes and credits).
@@ -257,11 +278,14 @@ pub trait Ledger: Send + Sync {
     fn node(&self, id: &str) -> impl Future<Output = Result<Option<NodeRecord>>> + Send;
     fn nodes(&self) -> impl Future<Output = Result<Vec<NodeRecord>>> + Send;
 
-    /// Record a new job and its first replicas.
+    /// Record a new job, its first replicas, and the small blobs (hash, bytes) it needs that
+    /// must outlive the coordinator admitting it (its inputs that travel inside run requests);
+    /// through a leasing handle, the job is leased to it.
     fn create_job(
         &self,
         job: &JobRecord,
         nodes: &[String],
+        blobs: &[(String, Vec<u8>)],
     ) -> impl Future<Output = Result<()>> + Send;
     /// Add a replica (a rescheduled or extra node).
     fn assign(&self, job_id: &str, node_id: &str) -> impl Future<Output = Result<()>> + Send;
@@ -341,6 +365,31 @@ pub trait Ledger: Send + Sync {
         &self,
         job_id: &str,
     ) -> impl Future<Output = Result<Vec<StakeEvent>>> + Send;
+    /// Through a leasing handle: lease to it up to `limit` unfinished jobs whose lease lapsed
+    /// (or that never had one) — and with `own`, those its holder leased before (a restart
+    /// under the same holder) — oldest first; they are its to drive. Of coordinators claiming
+    /// at once, each job goes to one.
+    fn claim_jobs(
+        &self,
+        limit: i64,
+        own: bool,
+    ) -> impl Future<Output = Result<Vec<JobRecord>>> + Send;
+    /// Through a leasing handle: extend every unexpired lease it holds by its lease time; how
+    /// many. A lease that lapsed stays lapsed (another coordinator may have claimed the job).
+    fn renew_leases(&self) -> impl Future<Output = Result<u64>> + Send;
+    /// Announce a coordinator sharing the ledger (or that it is still alive).
+    fn announce_coordinator(
+        &self,
+        c: &CoordinatorRecord,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Every coordinator that ever announced itself on the ledger, with how long each has
+    /// been silent.
+    fn coordinators(&self) -> impl Future<Output = Result<Vec<CoordinatorRecord>>> + Send;
+    /// Keep a deployed task's document, so every coordinator on the ledger can run it.
+    fn put_task(&self, id: &str, body: &[u8], at: i64) -> impl Future<Output = Result<()>> + Send;
+    fn task(&self, id: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+    /// A small blob recorded with a job ([`Ledger::create_job`]).
+    fn blob(&self, hash: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
     /// Tie a caller's idempotency `key` to `job_id` unless it is tied already; the job the key
     /// names afterwards (`job_id`, or the one an earlier submission tied it to). Atomic: of
     /// two submissions racing with one key, on any coordinators sharing the ledger, one wins.

@@ -2,6 +2,15 @@
 //! `ledger_migrations`. Both dialects share the DDL except where they cannot (an auto-numbered
 //! key). Never edit an applied migration; add the next one.
 
+/// The ledger's clock in milliseconds since the Unix epoch, as SQL: leases are timed by the one
+/// clock every coordinator sharing the ledger reads, not by each machine's own.
+pub fn now_ms(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS BIGINT)",
+        Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+    }
+}
+
 /// Which database the SQL is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dialect {
@@ -102,17 +111,46 @@ CREATE TABLE idempotency (
 )
 ";
 
+/// Scale-out: several coordinators on one ledger. A job's lease (who drives it, until when on
+/// the ledger's clock, in ms): a coordinator writes to a job only while it holds the lease,
+/// and claims jobs whose lease lapsed. The coordinators that share the ledger (their signing
+/// keys and where they listen); deployed tasks, so any coordinator can run any of them; and
+/// small blobs — job inputs that travel inside run requests — so a job outlives the
+/// coordinator that admitted it.
+const SCALE_OUT: &str = "
+ALTER TABLE jobs ADD COLUMN lease_holder TEXT;
+ALTER TABLE jobs ADD COLUMN lease_until BIGINT NOT NULL DEFAULT 0;
+CREATE TABLE coordinators (
+    holder TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
+    url TEXT NOT NULL,
+    started_at BIGINT NOT NULL,
+    seen_at BIGINT NOT NULL
+)
+";
+
+const SCALE_OUT_BLOBS_SQLITE: &str = "
+CREATE TABLE tasks (id TEXT PRIMARY KEY, body BLOB NOT NULL, deployed_at BIGINT NOT NULL);
+CREATE TABLE blobs (hash TEXT PRIMARY KEY, body BLOB NOT NULL)
+";
+
+const SCALE_OUT_BLOBS_POSTGRES: &str = "
+CREATE TABLE tasks (id TEXT PRIMARY KEY, body BYTEA NOT NULL, deployed_at BIGINT NOT NULL);
+CREATE TABLE blobs (hash TEXT PRIMARY KEY, body BYTEA NOT NULL)
+";
+
 /// Migrations in order: (version, statements for SQLite, statements for PostgreSQL).
 pub fn migrations(d: Dialect) -> Vec<(i64, Vec<&'static str>)> {
-    let stake = match d {
-        Dialect::Sqlite => STAKE_EVENTS_SQLITE,
-        Dialect::Postgres => STAKE_EVENTS_POSTGRES,
+    let (stake, blobs) = match d {
+        Dialect::Sqlite => (STAKE_EVENTS_SQLITE, SCALE_OUT_BLOBS_SQLITE),
+        Dialect::Postgres => (STAKE_EVENTS_POSTGRES, SCALE_OUT_BLOBS_POSTGRES),
     };
     vec![
         (1, statements(NODES_JOBS).chain(statements(stake)).collect()),
         (2, statements(NODE_OPERATOR_LIMITS).collect()),
         (3, statements(NODE_DEVICE).collect()),
         (4, statements(JOB_EVENTS_IDEMPOTENCY).collect()),
+        (5, statements(SCALE_OUT).chain(statements(blobs)).collect()),
     ]
 }
 

@@ -6,18 +6,56 @@ use std::sync::Once;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
-use crate::schema::{Dialect, migrations};
+use crate::schema::{Dialect, migrations, now_ms};
 use crate::{
-    Assignment, AssignmentState, BONDED, DISAGREED, JobRecord, JobState, Ledger, LedgerError,
-    NodeLimits, NodeRecord, NodeState, Result, Settlement, StakeEvent, UNBONDED, WITHHELD,
+    Assignment, AssignmentState, BONDED, CoordinatorRecord, DISAGREED, JobRecord, JobState, Ledger,
+    LedgerError, NodeLimits, NodeRecord, NodeState, Result, Settlement, StakeEvent, UNBONDED,
+    WITHHELD,
 };
+
+/// A query assembled only from this file's constant column lists and fixed words (never from
+/// data, which is always bound as a parameter).
+macro_rules! sql {
+    ($($t:tt)*) => {
+        sqlx::AssertSqlSafe(format!($($t)*))
+    };
+}
 
 /// A ledger in SQLite or PostgreSQL.
 #[derive(Clone)]
 pub struct SqlLedger {
     pool: AnyPool,
     dialect: Dialect,
+    /// Who this handle drives jobs as, and for how long a lease lasts unrenewed: every write to
+    /// a job through a leasing handle holds only while the handle holds the job's lease.
+    lease: Option<Lease>,
 }
+
+#[derive(Clone, Debug)]
+struct Lease {
+    holder: String,
+    ttl_ms: i64,
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// Binds a fence's holder (the last parameter of a fenced statement) when the handle leases:
+/// a statement without a fence has no parameter for it.
+trait BindHolder {
+    fn bind_holder(self, ledger: &SqlLedger) -> Self;
+}
+
+impl BindHolder for AnyQuery<'_> {
+    fn bind_holder(self, ledger: &SqlLedger) -> Self {
+        match &ledger.lease {
+            Some(l) => self.bind(l.holder.clone()),
+            None => self,
+        }
+    }
+}
+
+/// The states of a job someone must still drive, as SQL.
+const UNFINISHED: &str = "('pending', 'committing', 'revealing')";
 
 static DRIVERS: Once = Once::new();
 
@@ -59,19 +97,126 @@ impl SqlLedger {
                 .execute(&pool)
                 .await?;
         }
-        let ledger = SqlLedger { pool, dialect };
+        let ledger = SqlLedger {
+            pool,
+            dialect,
+            lease: None,
+        };
         ledger.migrate().await?;
         Ok(ledger)
     }
 
+    /// This handle drives jobs as `holder` (unique to one process: two processes must never
+    /// share one), its leases lasting `ttl` unless renewed. Jobs it creates are leased to it;
+    /// every later write to a job — its replicas, commitments, reveals, settlement or failure —
+    /// takes effect only while `holder` holds the job's unexpired lease, and is otherwise
+    /// refused with [`LedgerError::LeaseLost`].
+    pub fn leasing(mut self, holder: &str, ttl: std::time::Duration) -> SqlLedger {
+        self.lease = Some(Lease {
+            holder: holder.to_string(),
+            ttl_ms: ttl.as_millis().clamp(1, i64::MAX as u128) as i64,
+        });
+        self
+    }
+
+    /// The ledger's clock expression.
+    fn now_ms(&self) -> &'static str {
+        now_ms(self.dialect)
+    }
+
+    /// The condition that the job in `jobs` (its row in scope) is leased to this handle now,
+    /// with the holder bound as parameter `$n`: empty for a handle that does not lease.
+    fn fence(&self, n: usize) -> String {
+        match &self.lease {
+            None => String::new(),
+            Some(_) => format!(
+                " AND lease_holder = ${n} AND lease_until > {}",
+                self.now_ms()
+            ),
+        }
+    }
+
+    /// The same condition for a statement on `assignments`, whose job is `job_id` (`$j`).
+    fn fence_job(&self, j: usize, n: usize) -> String {
+        match &self.lease {
+            None => String::new(),
+            Some(_) => format!(
+                " AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = ${j} AND jobs.lease_holder = ${n} AND jobs.lease_until > {})",
+                self.now_ms()
+            ),
+        }
+    }
+
+    /// Why a fenced write to `job_id` touched nothing: the lease is not this handle's (or
+    /// lapsed), or — when it is — `otherwise`.
+    async fn refused(&self, job_id: &str, otherwise: LedgerError) -> LedgerError {
+        let Some(lease) = &self.lease else {
+            return otherwise;
+        };
+        let held = sqlx::query(sql!(
+            "SELECT lease_holder, lease_until > {} AS live FROM jobs WHERE id = $1",
+            self.now_ms()
+        ))
+        .bind(job_id)
+        .fetch_optional(&self.pool)
+        .await;
+        match held {
+            Ok(Some(row)) => {
+                let holder: Option<String> = row.try_get("lease_holder").ok().flatten();
+                let live = row
+                    .try_get::<bool, _>("live")
+                    .or_else(|_| row.try_get::<i64, _>("live").map(|v| v != 0))
+                    .unwrap_or(false);
+                if holder.as_deref() == Some(lease.holder.as_str()) && live {
+                    otherwise
+                } else {
+                    LedgerError::LeaseLost {
+                        job: job_id.to_string(),
+                        holder: holder.unwrap_or_default(),
+                    }
+                }
+            }
+            Ok(None) => LedgerError::NotFound(format!("job {job_id}")),
+            Err(e) => e.into(),
+        }
+    }
+
     async fn migrate(&self) -> Result<()> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS ledger_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&self.pool)
-        .await?;
+        // Coordinators that start together on one PostgreSQL ledger take turns: each
+        // migration's transaction holds an advisory lock, so one applies it and the others
+        // find it applied.
+        let lock = match self.dialect {
+            Dialect::Postgres => Some("SELECT pg_advisory_xact_lock(7283710511)"),
+            Dialect::Sqlite => None,
+        };
+        {
+            let mut tx = self.pool.begin().await?;
+            if let Some(lock) = lock {
+                sqlx::query(lock).execute(&mut *tx).await?;
+            }
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS ledger_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+            )
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        }
         for (version, statements) in migrations(self.dialect) {
             let mut tx = self.pool.begin().await?;
+            match lock {
+                Some(lock) => {
+                    sqlx::query(lock).execute(&mut *tx).await?;
+                }
+                None => {
+                    // Write first, so this transaction waits for the writer lock instead of
+                    // failing as busy when another process migrates at the same moment.
+                    sqlx::query(
+                        "UPDATE ledger_migrations SET applied_at = applied_at WHERE version = -1",
+                    )
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
             let done: Option<i64> =
                 sqlx::query_scalar("SELECT version FROM ledger_migrations WHERE version = $1")
                     .bind(version)
@@ -203,14 +348,6 @@ fn assignment_row(r: &AnyRow) -> Result<Assignment> {
     })
 }
 
-/// A query assembled only from this file's constant column lists and fixed words (never from
-/// data, which is always bound as a parameter).
-macro_rules! sql {
-    ($($t:tt)*) => {
-        sqlx::AssertSqlSafe(format!($($t)*))
-    };
-}
-
 const NODE_COLS: &str = "id, url, stake, state, registered_at, last_heartbeat, agreed, disagreed, score_sum, operator, memory_limit, max_flops, device, exact";
 const JOB_COLS: &str = "id, task, weights, inputs, tier, seed, replicas, state, created_at, updated_at, output_hash, receipt, error";
 
@@ -225,13 +362,14 @@ impl SqlLedger {
         commitment: Option<&str>,
         reveal: Option<(&str, &str)>,
     ) -> Result<()> {
-        let done = sqlx::query(
+        let done = sqlx::query(sql!(
             "UPDATE assignments SET state = $1,
                 commitment = COALESCE($2, commitment),
                 output_hash = COALESCE($3, output_hash),
                 salt = COALESCE($4, salt)
-             WHERE job_id = $5 AND node_id = $6 AND state = $7",
-        )
+             WHERE job_id = $5 AND node_id = $6 AND state = $7{}",
+            self.fence_job(5, 8)
+        ))
         .bind(to.as_str())
         .bind(commitment.map(str::to_string))
         .bind(reveal.map(|r| r.0.to_string()))
@@ -239,6 +377,7 @@ impl SqlLedger {
         .bind(job_id)
         .bind(node_id)
         .bind(from.as_str())
+        .bind_holder(self)
         .execute(&self.pool)
         .await?;
         if done.rows_affected() == 1 {
@@ -254,10 +393,16 @@ impl SqlLedger {
             None => Err(LedgerError::NotFound(format!(
                 "assignment of job {job_id} to node {node_id}"
             ))),
-            Some(s) => Err(LedgerError::Conflict(format!(
+            Some(s) if s != from.as_str() => Err(LedgerError::Conflict(format!(
                 "job {job_id} on node {node_id} is {s}, not {}",
                 from.as_str()
             ))),
+            Some(_) => Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!("job {job_id} on node {node_id} did not move")),
+                )
+                .await),
         }
     }
 }
@@ -329,6 +474,10 @@ async fn move_stake(
 }
 
 impl Ledger for SqlLedger {
+    fn lease_holder(&self) -> Option<&str> {
+        self.lease.as_ref().map(|l| l.holder.as_str())
+    }
+
     async fn register_node(&self, n: &NodeRecord) -> Result<()> {
         if n.stake < 0 {
             return Err(LedgerError::Conflict(format!(
@@ -497,12 +646,22 @@ impl Ledger for SqlLedger {
         .collect()
     }
 
-    async fn create_job(&self, j: &JobRecord, nodes: &[String]) -> Result<()> {
+    async fn create_job(
+        &self,
+        j: &JobRecord,
+        nodes: &[String],
+        blobs: &[(String, Vec<u8>)],
+    ) -> Result<()> {
         // Write first: a SQLite transaction that reads before it writes cannot wait for the
         // writer lock (it fails at once as busy when another writer got in between).
         let mut tx = self.pool.begin().await?;
+        let (holder, ttl) = match &self.lease {
+            Some(l) => (Some(l.holder.clone()), l.ttl_ms),
+            None => (None, 0),
+        };
         sqlx::query(sql!(
-            "INSERT INTO jobs ({JOB_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            "INSERT INTO jobs ({JOB_COLS}, lease_holder, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {} + $15)",
+            self.now_ms()
         ))
         .bind(&j.id)
         .bind(&j.task)
@@ -517,6 +676,8 @@ impl Ledger for SqlLedger {
         .bind(j.output_hash.clone())
         .bind(j.receipt.clone())
         .bind(j.error.clone())
+        .bind(holder)
+        .bind(ttl)
         .execute(&mut *tx)
         .await
         .map_err(|e| match e {
@@ -533,45 +694,75 @@ impl Ledger for SqlLedger {
                 .execute(&mut *tx)
                 .await?;
         }
+        for (hash, body) in blobs {
+            sqlx::query(
+                "INSERT INTO blobs (hash, body) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+            )
+            .bind(hash)
+            .bind(body.clone())
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
 
     async fn assign(&self, job_id: &str, node_id: &str) -> Result<()> {
-        sqlx::query("INSERT INTO assignments (job_id, node_id, state) VALUES ($1, $2, $3)")
-            .bind(job_id)
-            .bind(node_id)
-            .bind(AssignmentState::Assigned.as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| match e {
-                sqlx::Error::Database(d) if d.is_unique_violation() => LedgerError::Conflict(
-                    format!("job {job_id} is already assigned to node {node_id}"),
-                ),
-                e => e.into(),
-            })?;
+        let r = sqlx::query(sql!(
+            "INSERT INTO assignments (job_id, node_id, state) SELECT $1, $2, $3 WHERE 1 = 1{}",
+            self.fence_job(1, 4)
+        ))
+        .bind(job_id)
+        .bind(node_id)
+        .bind(AssignmentState::Assigned.as_str())
+        .bind_holder(self)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(d) if d.is_unique_violation() => LedgerError::Conflict(format!(
+                "job {job_id} is already assigned to node {node_id}"
+            )),
+            e => e.into(),
+        })?;
+        if r.rows_affected() != 1 {
+            return Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!("job {job_id} cannot take node {node_id}")),
+                )
+                .await);
+        }
         Ok(())
     }
 
     async fn advance_job(&self, job_id: &str, from: JobState, to: JobState, at: i64) -> Result<()> {
-        let r =
-            sqlx::query("UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4")
-                .bind(to.as_str())
-                .bind(at)
-                .bind(job_id)
-                .bind(from.as_str())
-                .execute(&self.pool)
-                .await?;
+        let r = sqlx::query(sql!(
+            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state = $4{}",
+            self.fence(5)
+        ))
+        .bind(to.as_str())
+        .bind(at)
+        .bind(job_id)
+        .bind(from.as_str())
+        .bind_holder(self)
+        .execute(&self.pool)
+        .await?;
         if r.rows_affected() == 1 {
             return Ok(());
         }
         match self.job(job_id).await? {
             None => Err(LedgerError::NotFound(format!("job {job_id}"))),
-            Some(j) => Err(LedgerError::Conflict(format!(
+            Some(j) if j.state != from => Err(LedgerError::Conflict(format!(
                 "job {job_id} is {}, not {}",
                 j.state.as_str(),
                 from.as_str()
             ))),
+            Some(_) => Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!("job {job_id} did not move")),
+                )
+                .await),
         }
     }
 
@@ -594,18 +785,24 @@ impl Ledger for SqlLedger {
         at: i64,
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let r = sqlx::query(
-            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state IN ('pending', 'committing')",
-        )
+        let r = sqlx::query(sql!(
+            "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state IN ('pending', 'committing'){}",
+            self.fence(4)
+        ))
         .bind(JobState::Revealing.as_str())
         .bind(at)
         .bind(job_id)
+        .bind_holder(self)
         .execute(&mut *tx)
         .await?;
         if r.rows_affected() != 1 {
-            return Err(LedgerError::Conflict(format!(
-                "job {job_id} is unknown or not committing"
-            )));
+            drop(tx);
+            return Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!("job {job_id} is unknown or not committing")),
+                )
+                .await);
         }
         for (node_id, commitment) in commitments {
             let r = sqlx::query(
@@ -647,18 +844,25 @@ impl Ledger for SqlLedger {
     }
 
     async fn fail_assignment(&self, job_id: &str, node_id: &str) -> Result<()> {
-        let r = sqlx::query(
-            "UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3 AND state IN ('assigned', 'committed', 'revealed')",
-        )
+        let r = sqlx::query(sql!(
+            "UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3 AND state IN ('assigned', 'committed', 'revealed'){}",
+            self.fence_job(2, 4)
+        ))
         .bind(AssignmentState::Failed.as_str())
         .bind(job_id)
         .bind(node_id)
+        .bind_holder(self)
         .execute(&self.pool)
         .await?;
         if r.rows_affected() == 0 {
-            return Err(LedgerError::Conflict(format!(
-                "job {job_id} on node {node_id} cannot fail now (unknown, failed or judged)"
-            )));
+            return Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!(
+                        "job {job_id} on node {node_id} cannot fail now (unknown, failed or judged)"
+                    )),
+                )
+                .await);
         }
         Ok(())
     }
@@ -666,21 +870,30 @@ impl Ledger for SqlLedger {
     async fn decide_job(&self, job_id: &str, s: &Settlement<'_>) -> Result<Vec<(String, i64)>> {
         check_fraction(s.slash_fraction)?;
         let mut tx = self.pool.begin().await?;
-        let r = sqlx::query(
+        // The lease is checked in the same statement that decides: a coordinator whose lease
+        // lapsed (another may be driving the job now) cannot settle it, and of two that race,
+        // the one whose update lands second finds the job decided.
+        let r = sqlx::query(sql!(
             "UPDATE jobs SET state = $1, output_hash = $2, receipt = $3, updated_at = $4
-             WHERE id = $5 AND state IN ('pending', 'committing', 'revealing')",
-        )
+             WHERE id = $5 AND state IN {UNFINISHED}{}",
+            self.fence(6)
+        ))
         .bind(JobState::Decided.as_str())
         .bind(s.output_hash)
         .bind(s.receipt)
         .bind(s.at)
         .bind(job_id)
+        .bind_holder(self)
         .execute(&mut *tx)
         .await?;
         if r.rows_affected() != 1 {
-            return Err(LedgerError::Conflict(format!(
-                "job {job_id} is unknown or already finished"
-            )));
+            drop(tx);
+            return Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!("job {job_id} is unknown or already finished")),
+                )
+                .await);
         }
         for (node_id, output_hash, salt) in s.reveals {
             sqlx::query(
@@ -730,20 +943,25 @@ impl Ledger for SqlLedger {
     }
 
     async fn fail_job(&self, job_id: &str, error: &str, at: i64) -> Result<()> {
-        let r = sqlx::query(
+        let r = sqlx::query(sql!(
             "UPDATE jobs SET state = $1, error = $2, updated_at = $3
-             WHERE id = $4 AND state IN ('pending', 'committing', 'revealing')",
-        )
+             WHERE id = $4 AND state IN {UNFINISHED}{}",
+            self.fence(5)
+        ))
         .bind(JobState::Failed.as_str())
         .bind(error)
         .bind(at)
         .bind(job_id)
+        .bind_holder(self)
         .execute(&self.pool)
         .await?;
         if r.rows_affected() != 1 {
-            return Err(LedgerError::Conflict(format!(
-                "job {job_id} is unknown or already finished"
-            )));
+            return Err(self
+                .refused(
+                    job_id,
+                    LedgerError::Conflict(format!("job {job_id} is unknown or already finished")),
+                )
+                .await);
         }
         Ok(())
     }
@@ -794,7 +1012,7 @@ impl Ledger for SqlLedger {
 
     async fn unfinished_jobs(&self) -> Result<Vec<JobRecord>> {
         sqlx::query(sql!(
-            "SELECT {JOB_COLS} FROM jobs WHERE state IN ('pending', 'committing', 'revealing') ORDER BY created_at, id"
+            "SELECT {JOB_COLS} FROM jobs WHERE state IN {UNFINISHED} ORDER BY created_at, id"
         ))
         .fetch_all(&self.pool)
         .await?
@@ -865,6 +1083,117 @@ impl Ledger for SqlLedger {
             .execute(&self.pool)
             .await?;
         Ok(r.rows_affected() == 1)
+    }
+
+    async fn claim_jobs(&self, limit: i64, own: bool) -> Result<Vec<JobRecord>> {
+        let Some(lease) = &self.lease else {
+            // The ledger's only driver: every unfinished job is its own.
+            let mut jobs = self.unfinished_jobs().await?;
+            jobs.truncate(limit.max(0) as usize);
+            return Ok(jobs);
+        };
+        let now = self.now_ms();
+        let mine = if own { " OR lease_holder = $1" } else { "" };
+        // PostgreSQL: claimers skip the rows another is claiming (or settling) instead of
+        // waiting for them. SQLite has one writer at a time: the statement is atomic as it is.
+        let skip = match self.dialect {
+            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+            Dialect::Sqlite => "",
+        };
+        let claimable = format!(
+            "state IN {UNFINISHED} AND (lease_holder IS NULL OR lease_until <= {now}{mine})"
+        );
+        sqlx::query(sql!(
+            "UPDATE jobs SET lease_holder = $1, lease_until = {now} + $2
+             WHERE id IN (SELECT id FROM jobs WHERE {claimable} ORDER BY created_at, id LIMIT $3{skip})
+               AND {claimable}
+             RETURNING {JOB_COLS}"
+        ))
+        .bind(lease.holder.clone())
+        .bind(lease.ttl_ms)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(job_row)
+        .collect()
+    }
+
+    async fn renew_leases(&self) -> Result<u64> {
+        let Some(lease) = &self.lease else {
+            return Ok(0);
+        };
+        let now = self.now_ms();
+        let r = sqlx::query(sql!(
+            "UPDATE jobs SET lease_until = {now} + $2
+             WHERE state IN {UNFINISHED} AND lease_holder = $1 AND lease_until > {now}"
+        ))
+        .bind(lease.holder.clone())
+        .bind(lease.ttl_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn announce_coordinator(&self, c: &CoordinatorRecord) -> Result<()> {
+        sqlx::query(sql!(
+            "INSERT INTO coordinators (holder, key, url, started_at, seen_at) VALUES ($1, $2, $3, $4, {now})
+             ON CONFLICT (holder) DO UPDATE SET key = $2, url = $3, seen_at = {now}",
+            now = self.now_ms()
+        ))
+        .bind(&c.holder)
+        .bind(&c.key)
+        .bind(&c.url)
+        .bind(c.started_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn coordinators(&self) -> Result<Vec<CoordinatorRecord>> {
+        let rows = sqlx::query(sql!(
+            "SELECT holder, key, url, started_at, {} - seen_at AS silent_ms FROM coordinators ORDER BY started_at, holder",
+            self.now_ms()
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(CoordinatorRecord {
+                    holder: r.try_get("holder")?,
+                    key: r.try_get("key")?,
+                    url: r.try_get("url")?,
+                    started_at: r.try_get("started_at")?,
+                    silent_ms: r.try_get("silent_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn put_task(&self, id: &str, body: &[u8], at: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO tasks (id, body, deployed_at) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(body.to_vec())
+        .bind(at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn task(&self, id: &str) -> Result<Option<Vec<u8>>> {
+        Ok(sqlx::query_scalar("SELECT body FROM tasks WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn blob(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        Ok(sqlx::query_scalar("SELECT body FROM blobs WHERE hash = $1")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?)
     }
 }
 

@@ -2,6 +2,8 @@
 //! TENET_TEST_POSTGRES_URL names a server that lets the test create a database; `.ci/run`
 //! starts one on 127.0.0.1).
 
+use std::time::Duration;
+use tenet_ledger::CoordinatorRecord;
 use tenet_ledger::{
     AssignmentState, JobRecord, JobState, Ledger, LedgerError, NodeRecord, NodeState, Settlement,
     SqlLedger, Verdict,
@@ -58,7 +60,7 @@ fn conflict<T: std::fmt::Debug>(r: Result<T, LedgerError>) {
 
 /// The suite. `reopen` connects again to the same database (a coordinator restart).
 async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
-    assert_eq!(l.schema_version().await.unwrap(), 4);
+    assert_eq!(l.schema_version().await.unwrap(), 5);
     // Nodes: register, refuse duplicates, heartbeat, states, re-register after leaving.
     for (id, stake) in [("a", 1000), ("b", 1000), ("c", 700)] {
         l.register_node(&node(id, stake)).await.unwrap();
@@ -88,8 +90,8 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
 
     // A job and its state machine.
     let nodes: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-    l.create_job(&job("j1", 100), &nodes).await.unwrap();
-    conflict(l.create_job(&job("j1", 100), &nodes).await);
+    l.create_job(&job("j1", 100), &nodes, &[]).await.unwrap();
+    conflict(l.create_job(&job("j1", 100), &nodes, &[]).await);
     l.advance_job("j1", JobState::Pending, JobState::Committing, 101)
         .await
         .unwrap();
@@ -239,7 +241,9 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     ));
 
     // Failing jobs and replicas; rescheduling onto another node.
-    l.create_job(&job("j2", 200), &nodes[..2]).await.unwrap();
+    l.create_job(&job("j2", 200), &nodes[..2], &[])
+        .await
+        .unwrap();
     l.advance_job("j2", JobState::Pending, JobState::Committing, 201)
         .await
         .unwrap();
@@ -248,7 +252,9 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     l.assign("j2", "c").await.unwrap();
     conflict(l.assign("j2", "c").await);
     assert_eq!(l.assignments("j2").await.unwrap().len(), 3);
-    l.create_job(&job("j3", 300), &nodes[..1]).await.unwrap();
+    l.create_job(&job("j3", 300), &nodes[..1], &[])
+        .await
+        .unwrap();
     l.fail_job("j3", "no nodes answered", 301).await.unwrap();
     assert_eq!(
         l.job("j3").await.unwrap().unwrap().error.as_deref(),
@@ -316,7 +322,9 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     assert!(l.node("a").await.unwrap().unwrap().exact);
 
     // A replica that committed and withheld its reveal is slashed with its own reason.
-    l.create_job(&job("j4", 400), &nodes[..2]).await.unwrap();
+    l.create_job(&job("j4", 400), &nodes[..2], &[])
+        .await
+        .unwrap();
     l.record_commitments(
         "j4",
         &[("a".into(), "{}".into()), ("b".into(), "{}".into())],
@@ -419,7 +427,7 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
     let again = reopen().await;
     assert_eq!(
         again.schema_version().await.unwrap(),
-        4,
+        5,
         "migrations are not re-applied"
     );
     assert_eq!(again.node("c").await.unwrap().unwrap().stake, 245);
@@ -435,6 +443,224 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         again.job("j1").await.unwrap().unwrap().state,
         JobState::Decided
     );
+}
+
+fn settlement<'a>(verdicts: &'a [Verdict]) -> Settlement<'a> {
+    Settlement {
+        output_hash: "out",
+        receipt: "{}",
+        reveals: &[],
+        verdicts,
+        slash_fraction: 0.1,
+        reward: 1,
+        at: 9,
+    }
+}
+
+/// Several coordinators on one ledger: each drives a job only while it holds the job's lease;
+/// a stalled one's jobs are claimed by another, and it can no longer write to them — least of
+/// all settle them; claims that race split the jobs; tasks, small blobs and the coordinators
+/// themselves are shared. `open` connects a new handle to the same database.
+async fn leases(open: impl AsyncFn() -> SqlLedger) {
+    let ttl = Duration::from_millis(600);
+    let plain = open().await;
+    let a = open().await.leasing("A", ttl);
+    let b = open().await.leasing("B", ttl);
+    assert_eq!(a.lease_holder(), Some("A"));
+    for id in ["la", "lb"] {
+        let mut n = node(id, 100);
+        n.state = NodeState::Active;
+        plain.register_node(&n).await.unwrap();
+    }
+    let two = ["la", "lb"].map(String::from).to_vec();
+    let input = (b"\x00\x01 small input".to_vec(), "h-small".to_string());
+    a.create_job(
+        &job("L1", 1000),
+        &two,
+        &[(input.1.clone(), input.0.clone())],
+    )
+    .await
+    .unwrap();
+    // The small blob is the ledger's, readable by every coordinator.
+    assert_eq!(b.blob("h-small").await.unwrap(), Some(input.0.clone()));
+    assert_eq!(b.blob("h-none").await.unwrap(), None);
+    // A's lease is live: B may neither claim the job nor write to it.
+    assert!(
+        b.claim_jobs(10, false)
+            .await
+            .unwrap()
+            .iter()
+            .all(|j| j.id != "L1")
+    );
+    let agreed = [
+        Verdict {
+            node_id: "la".into(),
+            agreed: true,
+            score: 1.0,
+            withheld: false,
+        },
+        Verdict {
+            node_id: "lb".into(),
+            agreed: true,
+            score: 1.0,
+            withheld: false,
+        },
+    ];
+    let lost = |r: Result<_, LedgerError>| {
+        assert!(
+            matches!(r, Err(LedgerError::LeaseLost { .. })),
+            "expected the lease to be lost, got {r:?}"
+        )
+    };
+    lost(b.decide_job("L1", &settlement(&agreed)).await.map(|_| ()));
+    lost(
+        b.advance_job("L1", JobState::Pending, JobState::Committing, 1)
+            .await,
+    );
+    lost(b.record_commitment("L1", "la", "c").await);
+    lost(b.assign("L1", "c-none").await);
+    a.advance_job("L1", JobState::Pending, JobState::Committing, 1)
+        .await
+        .unwrap();
+    // Renewed, A's lease outlasts its first term.
+    for _ in 0..3 {
+        tokio::time::sleep(ttl / 3).await;
+        assert_eq!(a.renew_leases().await.unwrap(), 1);
+    }
+    assert!(
+        b.claim_jobs(10, false)
+            .await
+            .unwrap()
+            .iter()
+            .all(|j| j.id != "L1")
+    );
+    // A stalls past its lease: B claims the job and A can change nothing of it any more.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    // (Jobs other suites left unfinished in the same database are not this test's.)
+    let ours = |jobs: Vec<JobRecord>, prefix: char| -> Vec<JobRecord> {
+        jobs.into_iter()
+            .filter(|j| j.id.starts_with(prefix))
+            .collect()
+    };
+    let claimed = ours(b.claim_jobs(10, false).await.unwrap(), 'L');
+    assert_eq!(
+        claimed.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        ["L1"]
+    );
+    assert_eq!(
+        claimed[0].state,
+        JobState::Committing,
+        "resumed where A left it"
+    );
+    assert_eq!(
+        a.renew_leases().await.unwrap(),
+        0,
+        "a lapsed lease is not renewed"
+    );
+    lost(
+        a.record_commitments(
+            "L1",
+            &[("la".into(), "c".into()), ("lb".into(), "c".into())],
+            2,
+        )
+        .await,
+    );
+    lost(a.fail_assignment("L1", "la").await);
+    lost(a.fail_job("L1", "gave up", 3).await);
+    // Both settle at once: only the lease holder's settlement is recorded, once.
+    b.record_commitments(
+        "L1",
+        &[("la".into(), "ca".into()), ("lb".into(), "cb".into())],
+        2,
+    )
+    .await
+    .unwrap();
+    let (by_a, by_b) = futures_like_join(
+        a.decide_job("L1", &settlement(&agreed)),
+        b.decide_job("L1", &settlement(&agreed)),
+    )
+    .await;
+    lost(by_a.map(|_| ()));
+    by_b.unwrap();
+    let credits = plain.job_stake_events("L1").await.unwrap();
+    assert_eq!(credits.len(), 2, "each node credited once: {credits:?}");
+    assert_eq!(
+        plain.job("L1").await.unwrap().unwrap().state,
+        JobState::Decided
+    );
+    conflict(b.decide_job("L1", &settlement(&agreed)).await);
+
+    // Jobs without a lease (a coordinator that died before leasing, or an older ledger), and
+    // two coordinators claiming at once: every job goes to exactly one of them.
+    for i in 0..24 {
+        plain
+            .create_job(&job(&format!("M{i:02}"), 2000 + i), &two, &[])
+            .await
+            .unwrap();
+    }
+    let (ca, cb) = futures_like_join(a.claim_jobs(16, false), b.claim_jobs(16, false)).await;
+    let (ca, cb) = (ours(ca.unwrap(), 'M'), ours(cb.unwrap(), 'M'));
+    let rest = ours(a.claim_jobs(100, false).await.unwrap(), 'M');
+    let mut all: Vec<String> = ca
+        .iter()
+        .chain(&cb)
+        .chain(&rest)
+        .map(|j| j.id.clone())
+        .collect();
+    all.sort();
+    let expected: Vec<String> = (0..24).map(|i| format!("M{i:02}")).collect();
+    assert_eq!(
+        all,
+        expected,
+        "claimed once each: A {} B {} then {}",
+        ca.len(),
+        cb.len(),
+        rest.len()
+    );
+    // A restart under the same holder takes its own live leases back; nobody else can.
+    let again = open().await.leasing("A", ttl);
+    assert!(ours(b.claim_jobs(100, false).await.unwrap(), 'M').is_empty());
+    let own = ours(again.claim_jobs(100, true).await.unwrap(), 'M');
+    assert_eq!(own.len(), ca.len() + rest.len());
+    for j in &cb {
+        plain.fail_job(&j.id, "done with", 5).await.unwrap();
+    }
+
+    // The coordinators sharing the ledger, and its tasks.
+    for (holder, key) in [("A", "ka"), ("B", "kb")] {
+        a.announce_coordinator(&CoordinatorRecord {
+            holder: holder.into(),
+            key: key.into(),
+            url: format!("http://127.0.0.1:9/{holder}"),
+            started_at: 5,
+            silent_ms: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let cs = b.coordinators().await.unwrap();
+    assert_eq!(
+        cs.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(),
+        ["ka", "kb"]
+    );
+    assert!(
+        cs.iter().all(|c| (0..60_000).contains(&c.silent_ms)),
+        "{cs:?}"
+    );
+    a.put_task("T1", b"graph bytes", 7).await.unwrap();
+    a.put_task("T1", b"graph bytes", 8).await.unwrap();
+    assert_eq!(
+        b.task("T1").await.unwrap().as_deref(),
+        Some(&b"graph bytes"[..])
+    );
+    assert_eq!(b.task("T2").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    leases(async || SqlLedger::connect(&url).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,6 +689,7 @@ async fn postgres() {
     let l = SqlLedger::connect(&url).await.unwrap();
     assert_eq!(l.dialect_name(), "postgres");
     suite(&l, async || SqlLedger::connect(&url).await.unwrap()).await;
+    leases(async || SqlLedger::connect(&url).await.unwrap()).await;
     l.close().await;
     SqlLedger::admin_execute(&admin, &format!("DROP DATABASE {name}"))
         .await

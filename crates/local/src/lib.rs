@@ -13,6 +13,56 @@ use tokio::sync::watch;
 use tenet_coordinator::http::{Access, Service};
 use tenet_coordinator::{Coordinator, CoordinatorConfig};
 
+/// Serve `core`'s API on a free port of 127.0.0.1 and keep its leases, until `rx` says stop;
+/// its URL and the tasks serving it.
+async fn serve(
+    core: Arc<Coordinator<SqlLedger>>,
+    dir: &Path,
+    api_key: &str,
+    public_reads: bool,
+    rx: &watch::Receiver<bool>,
+) -> Result<(String, Vec<tokio::task::JoinHandle<()>>), LocalError> {
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let llms = tenet_coordinator::openai::Llms::open(dir, core.store()).map_err(err)?;
+    let service = Arc::new(Service {
+        core: core.clone(),
+        llms: Arc::new(llms),
+        access: Access {
+            api_keys: vec![api_key.to_string()],
+            admin_keys: Vec::new(),
+            gate: tenet_net::gate::Gate::new(
+                Vec::new(),
+                false,
+                tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
+            ),
+            open: false,
+            max_request_bytes: 1 << 30,
+            conn: tenet_net::serve::ConnLimits::default(),
+            public_reads,
+        },
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(err)?;
+    let url = format!("http://{}", listener.local_addr().map_err(err)?);
+    let mut tasks = vec![tokio::spawn(tenet_coordinator::http::serve(
+        service,
+        listener,
+        stopped(rx.clone()),
+    ))];
+    let leases = core.keep_leases(url.clone());
+    let stop_leases = stopped(rx.clone());
+    tasks.push(tokio::spawn(async move {
+        tokio::select! {
+            _ = leases => {}
+            _ = stop_leases => {}
+        }
+    }));
+    Ok((url, tasks))
+}
+
 /// A running local network.
 pub struct LocalNetwork {
     pub coordinator_url: String,
@@ -22,6 +72,12 @@ pub struct LocalNetwork {
     /// Each node's URL, id and cheat mode.
     pub nodes: Vec<(String, String, Option<String>)>,
     pub core: Arc<Coordinator<SqlLedger>>,
+    /// Where the ledger is (every coordinator of the network shares it).
+    pub ledger_url: String,
+    /// Keys for the peer coordinators the nodes trust ([`LocalOptions::peer_coordinators`]),
+    /// taken by [`LocalNetwork::add_coordinator`] in turn.
+    pub peer_keys: Vec<KeyPair>,
+    public_reads: bool,
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -34,6 +90,16 @@ pub struct LocalOptions {
     pub event_logs: Option<std::path::PathBuf>,
     /// The dashboard's read-only views without the API key (a network on loopback).
     pub public_reads: bool,
+    /// Keys for this many more coordinators on the same ledger, which the nodes trust too
+    /// ([`LocalNetwork::add_coordinator`] starts one).
+    pub peer_coordinators: usize,
+}
+
+/// Another coordinator on a local network's ledger (its own key, store and port).
+pub struct PeerCoordinator {
+    pub url: String,
+    pub key: KeyPair,
+    pub core: Arc<Coordinator<SqlLedger>>,
 }
 
 /// Why the network could not start.
@@ -88,13 +154,20 @@ impl LocalNetwork {
             let _ = rx.wait_for(|s| *s).await;
         };
         let key = tenet_net::identity::generate();
+        let peer_keys: Vec<KeyPair> = (0..options.peer_coordinators)
+            .map(|_| tenet_net::identity::generate())
+            .collect();
+        let trusted: Vec<String> = std::iter::once(&key)
+            .chain(&peer_keys)
+            .map(|k| k.public().to_hex())
+            .collect();
         let mut servers = Vec::new();
         let mut nodes = Vec::new();
         for (i, cheat) in cheats.iter().enumerate() {
             let config = NodeConfig {
                 listen: "127.0.0.1:0".parse().map_err(err)?,
                 data_dir: dir.join(format!("node{i}")),
-                trusted_keys: vec![key.public().to_hex()],
+                trusted_keys: trusted.clone(),
                 threads_per_job: 1,
                 durable: false,
                 cheat: cheat.map(str::to_string),
@@ -122,9 +195,13 @@ impl LocalNetwork {
             nodes.push((url, id, cheat.map(str::to_string)));
         }
         let sqlite = format!("sqlite://{}", dir.join("ledger.db").display());
-        let ledger = SqlLedger::connect(ledger_url.unwrap_or(&sqlite))
+        // Leasing like a coordinator service: the local network drives its jobs the same way.
+        let holder = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
+        let ledger_url = ledger_url.unwrap_or(&sqlite).to_string();
+        let ledger = SqlLedger::connect(&ledger_url)
             .await
-            .map_err(err)?;
+            .map_err(err)?
+            .leasing(&holder, config.lease);
         let store = tenet_store::Store::open(
             &dir.join("coordinator-store"),
             tenet_store::StoreConfig::default(),
@@ -146,42 +223,54 @@ impl LocalNetwork {
             core.register_node(url, stake, None).await.map_err(err)?;
         }
         let api_key = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<16>());
-        let llms = tenet_coordinator::openai::Llms::open(dir, core.store()).map_err(err)?;
-        let service = Arc::new(Service {
-            core: core.clone(),
-            llms: Arc::new(llms),
-            access: Access {
-                api_keys: vec![api_key.clone()],
-                admin_keys: Vec::new(),
-                gate: tenet_net::gate::Gate::new(
-                    Vec::new(),
-                    false,
-                    tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
-                ),
-                open: false,
-                max_request_bytes: 1 << 30,
-                conn: tenet_net::serve::ConnLimits::default(),
-                public_reads: options.public_reads,
-            },
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(err)?;
-        let coordinator_url = format!("http://{}", listener.local_addr().map_err(err)?);
-        servers.push(tokio::spawn(tenet_coordinator::http::serve(
-            service,
-            listener,
-            stopped(rx.clone()),
-        )));
+        let (coordinator_url, mut served) =
+            serve(core.clone(), dir, &api_key, options.public_reads, &rx).await?;
+        servers.append(&mut served);
         Ok(LocalNetwork {
             coordinator_url,
             coordinator_key: key,
             api_key,
             nodes,
             core,
+            ledger_url,
+            peer_keys,
+            public_reads: options.public_reads,
             stop,
             servers,
         })
+    }
+
+    /// Start another coordinator on the network's ledger, with the next of
+    /// [`LocalNetwork::peer_keys`], its store under `dir`, the same API key, and `config`.
+    pub async fn add_coordinator(
+        &mut self,
+        dir: &Path,
+        config: CoordinatorConfig,
+    ) -> Result<PeerCoordinator, LocalError> {
+        if self.peer_keys.is_empty() {
+            return Err(LocalError(
+                "no peer coordinator keys are left: start the network with LocalOptions::peer_coordinators".into(),
+            ));
+        }
+        let key = self.peer_keys.remove(0);
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let holder = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
+        let ledger = SqlLedger::connect(&self.ledger_url)
+            .await
+            .map_err(err)?
+            .leasing(&holder, config.lease);
+        let store = tenet_store::Store::open(
+            &dir.join("coordinator-store"),
+            tenet_store::StoreConfig::default(),
+        )
+        .map_err(err)?;
+        let core = Arc::new(Coordinator::new(ledger, key.clone(), store, config));
+        let rx = self.stop.subscribe();
+        let (url, mut served) =
+            serve(core.clone(), dir, &self.api_key, self.public_reads, &rx).await?;
+        self.servers.append(&mut served);
+        core.resume().await.map_err(err)?;
+        Ok(PeerCoordinator { url, key, core })
     }
 
     /// Stop every server and wait for them.

@@ -1,6 +1,7 @@
-//! A client for the node API: signs every request with its key and keeps one HTTP/1.1
-//! connection open (reconnecting when the node closed it). One client carries one request at
-//! a time; open several for concurrency. Used by the CLI, the tests, the benchmark, and nodes
+//! A client for the node API: signs every request with its key and keeps its HTTP/1.1
+//! connections open (reconnecting when the node closed one). A client carries one request at
+//! a time unless made with a pool ([`NodeClient::pooled`]): then up to that many at once, each
+//! on a kept connection of its own. Used by the CLI, the tests, the benchmark, and nodes
 //! pulling tensors from peers.
 //!
 //! Every call is bounded in time and in the size of its answer: by the client's defaults
@@ -25,7 +26,7 @@ use tenet_proto::wire::{
     SessionCreated,
 };
 use tenet_proto::{ApiError, Hash};
-use tokio::sync::Mutex;
+use tokio::sync::Semaphore;
 
 use crate::body::Tracked;
 use crate::identity::random_bytes;
@@ -170,20 +171,47 @@ impl Drop for Conn {
     }
 }
 
-/// The node API over HTTP/1.1: one kept-alive connection, reopened when the node closed it.
+/// The node API over HTTP/1.1: kept-alive connections, reopened when the node closed them; at
+/// most `slots` requests at once, each on a connection of its own.
 pub struct HttpLink {
     addr: String,
-    conn: Mutex<Option<Conn>>,
+    /// Connections between requests.
+    idle: std::sync::Mutex<Vec<Conn>>,
+    slots: Semaphore,
 }
 
 impl HttpLink {
-    /// A link to the node at `url` (`http://host:port` or `host:port`). Connects on first use.
+    /// A link to the node at `url` (`http://host:port` or `host:port`), one request at a time.
+    /// Connects on first use.
     pub fn new(url: &str) -> Result<HttpLink, ClientError> {
+        HttpLink::pooled(url, 1)
+    }
+
+    /// A link carrying up to `connections` requests at once (at least one).
+    pub fn pooled(url: &str, connections: usize) -> Result<HttpLink, ClientError> {
         let addr = authority(url).ok_or_else(|| ClientError::BadUrl(url.to_string()))?;
         Ok(HttpLink {
             addr,
-            conn: Mutex::new(None),
+            idle: std::sync::Mutex::new(Vec::new()),
+            slots: Semaphore::new(connections.max(1)),
         })
+    }
+
+    fn take_idle(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(c) = idle.pop() {
+            if !c.sender.is_closed() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn keep(&self, conn: Conn) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn);
     }
 
     fn transport(&self, message: impl ToString) -> ClientError {
@@ -212,10 +240,12 @@ impl HttpLink {
     }
 
     async fn send(&self, raw: RawRequest, how: Exchange<'_>) -> Result<RawResponse, ClientError> {
-        let mut guard = self.conn.lock().await;
-        let (mut conn, mut reused) = match guard.take() {
-            Some(c) if !c.sender.is_closed() => (c, true),
-            _ => (self.connect().await?, false),
+        // A request abandoned at its deadline drops its connection (held here, not in the
+        // pool) and with it the socket; its slot comes back with the permit.
+        let _slot = self.slots.acquire().await.map_err(|e| self.transport(e))?;
+        let (mut conn, mut reused) = match self.take_idle() {
+            Some(c) => (c, true),
+            None => (self.connect().await?, false),
         };
         let mut req = Request::builder()
             .method(raw.method)
@@ -271,7 +301,7 @@ impl HttpLink {
                     size,
                 },
             })?;
-        *guard = Some(conn);
+        self.keep(conn);
         Ok(RawResponse { status, body })
     }
 }
@@ -337,6 +367,15 @@ impl NodeClient {
     /// A client for the node at `url` over HTTP, signing as `key`. Connects on first use.
     pub fn new(url: &str, key: KeyPair) -> Result<NodeClient, ClientError> {
         Ok(NodeClient::over(Box::new(HttpLink::new(url)?), key))
+    }
+
+    /// [`NodeClient::new`] carrying up to `connections` requests at once, each on a kept
+    /// connection of its own (a coordinator's client for a node it sends many jobs).
+    pub fn pooled(url: &str, key: KeyPair, connections: usize) -> Result<NodeClient, ClientError> {
+        Ok(NodeClient::over(
+            Box::new(HttpLink::pooled(url, connections)?),
+            key,
+        ))
     }
 
     /// A client for the node at the other end of `link`, signing as `key`.

@@ -87,6 +87,24 @@ pub struct Info {
     pub public_dashboard: bool,
 }
 
+/// The coordinators sharing one ledger (`GET /v1/coordinators`): the deployment's set of
+/// receipt-signing keys, and where each listens.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Coordinators {
+    pub coordinators: Vec<CoordinatorPeer>,
+}
+
+/// One coordinator on the ledger.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatorPeer {
+    /// The key its receipts are signed with.
+    pub key: PublicKey,
+    pub url: String,
+    pub started_at: i64,
+    /// It renewed its leases lately (within three lease times).
+    pub live: bool,
+}
+
 /// A task's input or output: its name and type, as the graph declares it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorSpec {
