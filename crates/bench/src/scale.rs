@@ -422,12 +422,15 @@ async fn tier_on(
     }
     // Coordinator 0 dies halfway (SIGKILL: no goodbye, its leases just stop being renewed).
     let mut killed_after = None;
+    let mut killed_cpu = 0.0;
     if config.kill_one && n > 1 {
         while answered.load(Ordering::Relaxed) < total / 2
             && started.elapsed() < Duration::from_secs(600)
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // Its CPU up to its death counts: once reaped, /proc knows it no more.
+        killed_cpu = cpu_seconds(&coordinators[0].pid.to_string(), false);
         let _ = coordinators[0].child.kill();
         let _ = coordinators[0].child.wait();
         killed_after = Some(answered.load(Ordering::Relaxed));
@@ -452,7 +455,7 @@ async fn tier_on(
     let seconds = started.elapsed().as_secs_f64();
     let after = snapshot(&coordinators, &nodes);
     let cpu = Cpu {
-        coordinators: after.coordinators - before.coordinators,
+        coordinators: after.coordinators + killed_cpu - before.coordinators,
         postgres: after.postgres.zip(before.postgres).map(|(a, b)| a - b),
         nodes: after.nodes - before.nodes,
         clients: after.clients - before.clients,

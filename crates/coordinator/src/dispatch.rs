@@ -171,6 +171,9 @@ pub struct Coordinator<L: Ledger> {
     pub(crate) pipelines: Mutex<HashMap<Hash, Arc<tenet_pipeline::Manifest>>>,
     /// What happens to jobs and nodes, for the event log and live subscribers (`events.rs`).
     pub events: crate::events::Events,
+    /// The node registry as last read, and when: picking a job's replicas and finding each
+    /// replica's record read it for every job ([`NODES_FRESH`]).
+    nodes_cache: Mutex<Option<(std::time::Instant, Arc<Vec<NodeRecord>>)>>,
     /// Until when the coordinator is frozen by an injected [`Stall`].
     pub(crate) frozen_until: Mutex<Option<tokio::time::Instant>>,
 }
@@ -233,6 +236,10 @@ fn unit_random() -> f64 {
         / (1u64 << 53) as f64
 }
 
+/// How long a read of the node registry serves picking replicas: a node another coordinator
+/// benches or bonds is seen within this; stakes and scores only weigh the draw.
+pub const NODES_FRESH: Duration = Duration::from_millis(500);
+
 /// Requests in flight to one node at once, each on a kept connection: jobs on the same node
 /// do not queue behind one another's round trips, and a node is not flooded with sockets.
 pub const NODE_CONNECTIONS: usize = 8;
@@ -256,7 +263,26 @@ impl<L: Ledger + 'static> Coordinator<L> {
             pipelines: Mutex::new(HashMap::new()),
             events: Default::default(),
             frozen_until: Mutex::new(None),
+            nodes_cache: Mutex::new(None),
         }
+    }
+
+    /// The node registry, read from the ledger at most every [`NODES_FRESH`] (changes this
+    /// coordinator makes are seen at once; another coordinator's within that time).
+    pub(crate) async fn registry(&self) -> Result<Arc<Vec<NodeRecord>>, DispatchError> {
+        if let Some((at, nodes)) = &*lock(&self.nodes_cache)
+            && at.elapsed() < NODES_FRESH
+        {
+            return Ok(nodes.clone());
+        }
+        let nodes = Arc::new(self.ledger.nodes().await?);
+        *lock(&self.nodes_cache) = Some((std::time::Instant::now(), nodes.clone()));
+        Ok(nodes)
+    }
+
+    /// The registry changed here: read it again next time.
+    pub(crate) fn forget_registry(&self) {
+        *lock(&self.nodes_cache) = None;
     }
 
     /// Freeze here if the config injects a stall at `point` (tests only).
@@ -425,14 +451,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
         exclude: &HashSet<String>,
         need: Need,
     ) -> Result<Vec<NodeRecord>, DispatchError> {
-        let all = self.ledger.nodes().await?;
+        let all = self.registry().await?;
         let mut parties: HashSet<String> = all
             .iter()
             .filter(|r| exclude.contains(&r.id))
             .map(|r| r.party().to_string())
             .collect();
         let mut pool: Vec<NodeRecord> = all
-            .into_iter()
+            .iter()
             .filter(|r| {
                 r.state == NodeState::Active
                     && r.stake > 0
@@ -440,6 +466,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     && !parties.contains(r.party())
                     && need.fits(r)
             })
+            .cloned()
             .collect();
         let mut chosen = Vec::new();
         while chosen.len() < n && !pool.is_empty() {

@@ -354,6 +354,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
     }
 
     async fn node_record(&self, id: &str) -> Result<NodeRecord, DispatchError> {
+        if let Some(n) = self.registry().await?.iter().find(|n| n.id == id) {
+            return Ok(n.clone());
+        }
         self.ledger
             .node(id)
             .await?

@@ -121,6 +121,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         self.ledger
             .set_node_state(&record.id, NodeState::Active)
             .await?;
+        self.forget_registry();
         let node = self.registered(&record.id).await?;
         self.events.emit(
             "node",
@@ -143,7 +144,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 "an operator is a name of 1 to 200 bytes".into(),
             ));
         }
-        Ok(self.ledger.bond(id, delta, operator, now()).await?)
+        let node = self.ledger.bond(id, delta, operator, now()).await?;
+        self.forget_registry();
+        Ok(node)
     }
 
     /// A registered node is alive: note the time, and bring it back if it was unhealthy.
@@ -153,6 +156,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         self.ledger.heartbeat(id, node.last_heartbeat).await?;
         if node.state != NodeState::Active {
             self.ledger.set_node_state(id, NodeState::Active).await?;
+            self.forget_registry();
             node.state = NodeState::Active;
             self.events
                 .emit("node", serde_json::json!({"node": id, "phase": "healthy"}));
@@ -167,6 +171,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         self.ledger
             .set_node_state(id, NodeState::Deregistered)
             .await?;
+        self.forget_registry();
         node.state = NodeState::Deregistered;
         self.events
             .emit("node", serde_json::json!({"node": id, "phase": "left"}));
@@ -221,6 +226,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 };
                 if facts != known {
                     self.ledger.set_node_limits(&node.id, &facts).await?;
+                    self.forget_registry();
                 }
             }
             let to = if alive {
@@ -230,6 +236,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             };
             if to != node.state {
                 self.ledger.set_node_state(&node.id, to).await?;
+                self.forget_registry();
                 let phase = if alive { "healthy" } else { "offline" };
                 self.events
                     .emit("node", serde_json::json!({"node": node.id, "phase": phase}));

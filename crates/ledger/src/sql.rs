@@ -10,11 +10,12 @@ use crate::schema::{Dialect, migrations, now_ms};
 use crate::{
     Assignment, AssignmentState, BONDED, CoordinatorRecord, DISAGREED, JobRecord, JobState, Ledger,
     LedgerError, NodeLimits, NodeRecord, NodeState, Result, Settlement, StakeEvent, UNBONDED,
-    WITHHELD,
+    Verdict, WITHHELD,
 };
 
 /// A query assembled only from this file's constant column lists and fixed words (never from
-/// data, which is always bound as a parameter).
+/// data, which is bound as a parameter; the one exception, [`settlement_body`], writes in only
+/// values it checked to be [`plain`] and numbers Rust formatted).
 macro_rules! sql {
     ($($t:tt)*) => {
         sqlx::AssertSqlSafe(format!($($t)*))
@@ -35,6 +36,86 @@ pub struct SqlLedger {
 struct Lease {
     holder: String,
     ttl_ms: i64,
+}
+
+/// Whether `s` may be written into SQL as it is, between quotes: letters, digits and `-_.:`
+/// only (ids and hex hashes), so there is nothing to escape and nothing can break out.
+fn plain(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+/// A settlement in which every judged replica agreed, after its decision, as one batch of
+/// statements with their values written in (each checked [`plain`], each number formatted by
+/// Rust): the replicas' reveals and verdicts, the credits' stake events, then the nodes'
+/// counters and stakes in the order of their ids. `None` when the settlement has a dissenter or
+/// a value that is not plain: it is written statement by statement, with bound parameters.
+fn settlement_body(job_id: &str, s: &Settlement<'_>) -> Option<String> {
+    if s.verdicts.is_empty() || s.verdicts.iter().any(|v| !v.agreed || !v.score.is_finite()) {
+        return None;
+    }
+    let strings = std::iter::once(job_id)
+        .chain(s.verdicts.iter().map(|v| v.node_id.as_str()))
+        .chain(
+            s.reveals
+                .iter()
+                .flat_map(|(n, h, salt)| [n.as_str(), h.as_str(), salt.as_str()]),
+        );
+    if !strings.into_iter().all(plain) {
+        return None;
+    }
+    let mut body = String::new();
+    for v in s.verdicts {
+        let (hash, salt) = match s.reveals.iter().find(|(n, _, _)| *n == v.node_id) {
+            Some((_, h, salt)) => (format!("'{h}'"), format!("'{salt}'")),
+            None => ("NULL".to_string(), "NULL".to_string()),
+        };
+        body += &format!(
+            "UPDATE assignments SET state = 'agreed', output_hash = COALESCE({hash}, output_hash), salt = COALESCE({salt}, salt) WHERE job_id = '{job_id}' AND node_id = '{}';\n",
+            v.node_id
+        );
+    }
+    for (node, hash, salt) in s.reveals {
+        if !s.verdicts.iter().any(|v| &v.node_id == node) {
+            body += &format!(
+                "UPDATE assignments SET state = 'revealed', output_hash = '{hash}', salt = '{salt}' WHERE job_id = '{job_id}' AND node_id = '{node}' AND state = 'committed';\n"
+            );
+        }
+    }
+    let events: Vec<String> = s
+        .verdicts
+        .iter()
+        .map(|v| {
+            format!(
+                "('{}', '{job_id}', {}, 'credit', {})",
+                v.node_id, s.reward, s.at
+            )
+        })
+        .collect();
+    body += &format!(
+        "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES {};\n",
+        events.join(", ")
+    );
+    let mut by_id: Vec<&Verdict> = s.verdicts.iter().collect();
+    by_id.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    for v in by_id {
+        body += &format!(
+            "UPDATE nodes SET agreed = agreed + 1, score_sum = score_sum + {:?}, stake = stake + {} WHERE id = '{}';\n",
+            v.score, s.reward, v.node_id
+        );
+    }
+    Some(body)
+}
+
+/// `($1, $2, $3), ($4, $5, $6), …`: `count` rows of `width` parameters, for a multi-row insert.
+fn rows(count: usize, width: usize) -> String {
+    (0..count)
+        .map(|r| {
+            let cols: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            format!("({})", cols.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
@@ -686,22 +767,33 @@ impl Ledger for SqlLedger {
             }
             e => e.into(),
         })?;
-        for n in nodes {
-            sqlx::query("INSERT INTO assignments (job_id, node_id, state) VALUES ($1, $2, $3)")
-                .bind(&j.id)
-                .bind(n)
-                .bind(AssignmentState::Assigned.as_str())
-                .execute(&mut *tx)
-                .await?;
+        // One statement for all the replicas, one for all the blobs: every statement is a round
+        // trip to the database, and a job's admission is on every call's path.
+        if !nodes.is_empty() {
+            let mut q = sqlx::query(sql!(
+                "INSERT INTO assignments (job_id, node_id, state) VALUES {}",
+                rows(nodes.len(), 3)
+            ));
+            for n in nodes {
+                q = q
+                    .bind(&j.id)
+                    .bind(n)
+                    .bind(AssignmentState::Assigned.as_str());
+            }
+            q.execute(&mut *tx).await?;
         }
-        for (hash, body) in blobs {
-            sqlx::query(
-                "INSERT INTO blobs (hash, body) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
-            )
-            .bind(hash)
-            .bind(body.clone())
-            .execute(&mut *tx)
-            .await?;
+        let mut distinct: Vec<&(String, Vec<u8>)> = blobs.iter().collect();
+        distinct.sort_by(|a, b| a.0.cmp(&b.0));
+        distinct.dedup_by(|a, b| a.0 == b.0);
+        if !distinct.is_empty() {
+            let mut q = sqlx::query(sql!(
+                "INSERT INTO blobs (hash, body) VALUES {} ON CONFLICT (hash) DO NOTHING",
+                rows(distinct.len(), 2)
+            ));
+            for (hash, body) in distinct {
+                q = q.bind(hash).bind(body.clone());
+            }
+            q.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -895,43 +987,98 @@ impl Ledger for SqlLedger {
                 )
                 .await);
         }
-        for (node_id, output_hash, salt) in s.reveals {
-            sqlx::query(
-                "UPDATE assignments SET state = $1, output_hash = $2, salt = $3 WHERE job_id = $4 AND node_id = $5 AND state = $6",
-            )
-            .bind(AssignmentState::Revealed.as_str())
-            .bind(output_hash)
-            .bind(salt)
-            .bind(job_id)
-            .bind(node_id)
-            .bind(AssignmentState::Committed.as_str())
-            .execute(&mut *tx)
-            .await?;
+        if let Some(body) = settlement_body(job_id, s) {
+            // The common case, every judged replica agreeing, in one round trip after the
+            // decision: every settlement credits the same few nodes, and a transaction holding
+            // their rows while it waits on the network makes all the others queue behind it.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(body))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            return Ok(Vec::new());
         }
-        let mut slashed = Vec::new();
+        // Each judged replica in one statement: its reveal (when not recorded yet) and verdict.
+        let reveal_of: std::collections::HashMap<&str, (&str, &str)> = s
+            .reveals
+            .iter()
+            .map(|(n, h, salt)| (n.as_str(), (h.as_str(), salt.as_str())))
+            .collect();
+        for (node_id, output_hash, salt) in s.reveals {
+            if !s.verdicts.iter().any(|v| &v.node_id == node_id) {
+                sqlx::query(
+                    "UPDATE assignments SET state = $1, output_hash = $2, salt = $3 WHERE job_id = $4 AND node_id = $5 AND state = $6",
+                )
+                .bind(AssignmentState::Revealed.as_str())
+                .bind(output_hash)
+                .bind(salt)
+                .bind(job_id)
+                .bind(node_id)
+                .bind(AssignmentState::Committed.as_str())
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
         for v in s.verdicts {
             let state = if v.agreed {
                 AssignmentState::Agreed
             } else {
                 AssignmentState::Disagreed
             };
-            sqlx::query("UPDATE assignments SET state = $1 WHERE job_id = $2 AND node_id = $3")
-                .bind(state.as_str())
-                .bind(job_id)
-                .bind(&v.node_id)
-                .execute(&mut *tx)
-                .await?;
-            let counter = if v.agreed { "agreed" } else { "disagreed" };
-            sqlx::query(sql!(
-                "UPDATE nodes SET {counter} = {counter} + 1, score_sum = score_sum + $1 WHERE id = $2"
-            ))
-            .bind(v.score)
+            let reveal = reveal_of.get(v.node_id.as_str());
+            sqlx::query(
+                "UPDATE assignments SET state = $1, output_hash = COALESCE($2, output_hash), salt = COALESCE($3, salt) WHERE job_id = $4 AND node_id = $5",
+            )
+            .bind(state.as_str())
+            .bind(reveal.map(|r| r.0.to_string()))
+            .bind(reveal.map(|r| r.1.to_string()))
+            .bind(job_id)
             .bind(&v.node_id)
             .execute(&mut *tx)
             .await?;
+        }
+        // The credits' stake events in one statement, before any node row is touched: every
+        // settlement updates the same few nodes' rows, so they are locked last, for as short a
+        // time as can be, and in one order (by id) so that settlements never deadlock.
+        let credited: Vec<&Verdict> = s.verdicts.iter().filter(|v| v.agreed).collect();
+        if !credited.is_empty() {
+            let mut q = sqlx::query(sql!(
+                "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES {}",
+                rows(credited.len(), 5)
+            ));
+            for v in &credited {
+                q = q
+                    .bind(&v.node_id)
+                    .bind(job_id)
+                    .bind(s.reward)
+                    .bind("credit")
+                    .bind(s.at);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        let mut by_id: Vec<&Verdict> = s.verdicts.iter().collect();
+        by_id.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        let mut slashed = Vec::new();
+        for v in by_id {
             if v.agreed {
-                move_stake(&mut tx, &v.node_id, Some(job_id), s.reward, "credit", s.at).await?;
+                let r = sqlx::query(
+                    "UPDATE nodes SET agreed = agreed + 1, score_sum = score_sum + $1, stake = stake + $2 WHERE id = $3",
+                )
+                .bind(v.score)
+                .bind(s.reward)
+                .bind(&v.node_id)
+                .execute(&mut *tx)
+                .await?;
+                if r.rows_affected() == 0 {
+                    return Err(LedgerError::NotFound(format!("node {}", v.node_id)));
+                }
             } else {
+                sqlx::query(
+                    "UPDATE nodes SET disagreed = disagreed + 1, score_sum = score_sum + $1 WHERE id = $2",
+                )
+                .bind(v.score)
+                .bind(&v.node_id)
+                .execute(&mut *tx)
+                .await?;
                 let reason = if v.withheld { WITHHELD } else { DISAGREED };
                 let amount =
                     slash_in(&mut tx, &v.node_id, job_id, s.slash_fraction, reason, s.at).await?;
@@ -1060,14 +1207,17 @@ impl Ledger for SqlLedger {
     async fn claim_idempotency_key(&self, key: &str, job_id: &str, at: i64) -> Result<String> {
         // Both dialects take ON CONFLICT DO NOTHING: the first insert wins, and everyone reads
         // the winner back.
-        sqlx::query(
-            "INSERT INTO idempotency (key, job_id, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
+        let tied: Option<String> = sqlx::query_scalar(
+            "INSERT INTO idempotency (key, job_id, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING RETURNING job_id",
         )
         .bind(key)
         .bind(job_id)
         .bind(at)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
+        if let Some(tied) = tied {
+            return Ok(tied);
+        }
         let held: String = sqlx::query_scalar("SELECT job_id FROM idempotency WHERE key = $1")
             .bind(key)
             .fetch_one(&self.pool)
@@ -1205,4 +1355,57 @@ fn stake_event(r: &sqlx::any::AnyRow) -> Result<StakeEvent> {
         reason: r.try_get("reason")?,
         at: r.try_get("at")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agreeing(ids: &[&str]) -> Vec<Verdict> {
+        ids.iter()
+            .map(|id| Verdict {
+                node_id: id.to_string(),
+                agreed: true,
+                score: 1.0,
+                withheld: false,
+            })
+            .collect()
+    }
+
+    fn settlement<'a>(
+        verdicts: &'a [Verdict],
+        reveals: &'a [(String, String, String)],
+    ) -> Settlement<'a> {
+        Settlement {
+            output_hash: "h",
+            receipt: "{}",
+            reveals,
+            verdicts,
+            slash_fraction: 0.1,
+            reward: 1,
+            at: 5,
+        }
+    }
+
+    /// Only settlements whose every value is plain are written with their values in; a quote
+    /// anywhere, or a dissenter, sends the settlement down the path with bound parameters.
+    #[test]
+    fn only_plain_all_agreeing_settlements_are_batched() {
+        let v = agreeing(&["n2", "n1"]);
+        let body = settlement_body("job-1", &settlement(&v, &[])).unwrap();
+        // The nodes' rows are updated last, in the order of their ids.
+        let n1 = body.find("WHERE id = 'n1'").unwrap();
+        let n2 = body.find("WHERE id = 'n2'").unwrap();
+        let events = body.find("INSERT INTO stake_events").unwrap();
+        assert!(events < n1 && n1 < n2, "{body}");
+        assert!(settlement_body("job'; DROP TABLE nodes; --", &settlement(&v, &[])).is_none());
+        let quoted = agreeing(&["n1", "n'2"]);
+        assert!(settlement_body("job-1", &settlement(&quoted, &[])).is_none());
+        let reveal = [("n1".to_string(), "h1".to_string(), "salt\\".to_string())];
+        assert!(settlement_body("job-1", &settlement(&v, &reveal)).is_none());
+        let mut dissent = agreeing(&["n1", "n2"]);
+        dissent[1].agreed = false;
+        assert!(settlement_body("job-1", &settlement(&dissent, &[])).is_none());
+        assert!(!plain("a b") && !plain("x\u{0}") && plain("ab-01_c.d:e"));
+    }
 }

@@ -584,6 +584,15 @@ async fn leases(open: impl AsyncFn() -> SqlLedger) {
     by_b.unwrap();
     let credits = plain.job_stake_events("L1").await.unwrap();
     assert_eq!(credits.len(), 2, "each node credited once: {credits:?}");
+    for id in ["la", "lb"] {
+        let n = plain.node(id).await.unwrap().unwrap();
+        assert_eq!((n.agreed, n.disagreed, n.stake), (1, 0, 101), "{n:?}");
+    }
+    let asg = plain.assignments("L1").await.unwrap();
+    assert!(
+        asg.iter().all(|a| a.state == AssignmentState::Agreed),
+        "{asg:?}"
+    );
     assert_eq!(
         plain.job("L1").await.unwrap().unwrap().state,
         JobState::Decided
