@@ -174,6 +174,9 @@ pub struct Coordinator<L: Ledger> {
     /// The node registry as last read, and when: picking a job's replicas and finding each
     /// replica's record read it for every job ([`NODES_FRESH`]).
     nodes_cache: Mutex<Option<(std::time::Instant, Arc<Vec<NodeRecord>>)>>,
+    /// Jobs admitted here and not yet started, as recorded (with their first replicas): what
+    /// their driver would otherwise read back from the ledger first thing.
+    pub(crate) admitted: Mutex<HashMap<String, (JobRecord, Vec<tenet_ledger::Assignment>)>>,
     /// Until when the coordinator is frozen by an injected [`Stall`].
     pub(crate) frozen_until: Mutex<Option<tokio::time::Instant>>,
 }
@@ -264,6 +267,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             events: Default::default(),
             frozen_until: Mutex::new(None),
             nodes_cache: Mutex::new(None),
+            admitted: Mutex::new(HashMap::new()),
         }
     }
 
@@ -601,6 +605,25 @@ impl<L: Ledger + 'static> Coordinator<L> {
         };
         let ids: Vec<String> = chosen.into_iter().map(|n| n.id).collect();
         self.ledger.create_job(&record, &ids, &small).await?;
+        {
+            let mut admitted = lock(&self.admitted);
+            // Bounded: a caller that admits jobs and never starts them (an API user of
+            // `admit`) costs their drivers a read each, not this map's growth.
+            if admitted.len() < 4096 {
+                let asg = ids
+                    .iter()
+                    .map(|n| tenet_ledger::Assignment {
+                        job_id: job_id.clone(),
+                        node_id: n.clone(),
+                        state: tenet_ledger::AssignmentState::Assigned,
+                        commitment: None,
+                        output_hash: None,
+                        salt: None,
+                    })
+                    .collect();
+                admitted.insert(job_id.clone(), (record.clone(), asg));
+            }
+        }
         self.events.job(
             &job_id,
             "accepted",

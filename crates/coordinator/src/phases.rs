@@ -116,10 +116,17 @@ fn short(id: &str) -> &str {
 impl<L: Ledger + 'static> Coordinator<L> {
     /// Take an admitted or interrupted job from wherever the ledger says it is to its end.
     pub(crate) async fn drive(self: &Arc<Self>, job_id: &str) -> Result<JobOutcome, DispatchError> {
-        let job =
-            self.ledger.job(job_id).await?.ok_or_else(|| {
-                DispatchError::Internal(format!("job {job_id} is not in the ledger"))
-            })?;
+        // A job admitted here a moment ago is as it was recorded: no need to read it back.
+        let fresh = lock(&self.admitted).remove(job_id);
+        let (job, mut first_assignments) = match fresh {
+            Some((job, asg)) => (job, Some(asg)),
+            None => (
+                self.ledger.job(job_id).await?.ok_or_else(|| {
+                    DispatchError::Internal(format!("job {job_id} is not in the ledger"))
+                })?,
+                None,
+            ),
+        };
         // A job admitted by another coordinator: its task, weights and inputs come here first.
         self.gather_job(&job).await?;
         let spec = self.spec_of(&job)?;
@@ -141,7 +148,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
         loop {
             if matches!(state, JobState::Pending | JobState::Committing) {
                 // Ends by moving the job to revealing.
-                self.commit_phase(&run, replicas).await?;
+                self.commit_phase(&run, replicas, first_assignments.take())
+                    .await?;
             } else if state != JobState::Revealing {
                 return Err(DispatchError::Internal(format!(
                     "job {job_id} is {}: there is nothing left to do",
@@ -262,12 +270,16 @@ impl<L: Ledger + 'static> Coordinator<L> {
         self: &Arc<Self>,
         run: &RunJob,
         need: usize,
+        mut known: Option<Vec<Assignment>>,
     ) -> Result<(), DispatchError> {
         let job_id = &run.job.job_id;
         let mut failures = Vec::new();
         let mut fresh: Vec<(String, String)> = Vec::new();
         loop {
-            let asg = self.ledger.assignments(job_id).await?;
+            let asg = match known.take() {
+                Some(asg) => asg,
+                None => self.ledger.assignments(job_id).await?,
+            };
             let waiting: Vec<&Assignment> = asg
                 .iter()
                 .filter(|a| {
@@ -333,6 +345,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                             self.ledger
                                 .set_node_state(&node, NodeState::Unhealthy)
                                 .await?;
+                            self.forget_registry();
                         }
                         lost += 1;
                     }
@@ -494,6 +507,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
                     self.ledger
                         .set_node_state(&c.node, NodeState::Unhealthy)
                         .await?;
+                    self.forget_registry();
                 }
             }
         }

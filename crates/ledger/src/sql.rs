@@ -104,6 +104,10 @@ fn settlement_body(job_id: &str, s: &Settlement<'_>) -> Option<String> {
             v.score, s.reward, v.node_id
         );
     }
+    // The commit in the same round trip: the nodes' rows are released the moment the batch is
+    // done, not a network round trip later (when this coordinator next gets a core). The
+    // empty transaction begun after it is what the caller's `commit` then ends.
+    body += "COMMIT;\nBEGIN;\n";
     Some(body)
 }
 
@@ -140,6 +144,9 @@ const UNFINISHED: &str = "('pending', 'committing', 'revealing')";
 
 static DRIVERS: Once = Once::new();
 
+/// How long a pooled connection may sit idle before it is checked again on its next use.
+const IDLE_CHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl SqlLedger {
     /// Connect to `url` (`sqlite://PATH`, created if missing, or `postgres://…`) and bring the
     /// schema up to date.
@@ -153,7 +160,20 @@ impl SqlLedger {
         } else {
             return Err(LedgerError::BadUrl(url.to_string()));
         };
-        let mut options = AnyPoolOptions::new();
+        // A connection is checked (a round trip) only when it has been idle a while — a server
+        // restart or timeout may have closed it — not before every statement, which doubled
+        // the round trips of a coordinator under load.
+        let mut options = AnyPoolOptions::new()
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_CHECK_AFTER {
+                        use sqlx::Connection;
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            });
         if dialect == Dialect::Sqlite {
             // Every connection waits for the writer instead of failing, and commits reach the
             // disk before they return: an acknowledged job is never lost.
@@ -989,8 +1009,9 @@ impl Ledger for SqlLedger {
         }
         if let Some(body) = settlement_body(job_id, s) {
             // The common case, every judged replica agreeing, in one round trip after the
-            // decision: every settlement credits the same few nodes, and a transaction holding
-            // their rows while it waits on the network makes all the others queue behind it.
+            // decision, its commit included: every settlement credits the same few nodes, and
+            // a transaction holding their rows while it waits on the network makes all the
+            // others queue behind it.
             sqlx::raw_sql(sqlx::AssertSqlSafe(body))
                 .execute(&mut *tx)
                 .await?;
