@@ -91,6 +91,9 @@ impl<L: Ledger + 'static> Coordinator<L> {
     pub async fn wait_ended(&self, id: &str, limit: Duration) -> Result<JobRecord, DispatchError> {
         let started = tokio::time::Instant::now();
         self.wait(id, limit).await;
+        // Read again soon, then less and less often: many callers waiting on jobs driven
+        // elsewhere must not become a flood of reads on the shared ledger.
+        let mut pause = Duration::from_millis(25);
         loop {
             let job = self
                 .ledger
@@ -107,7 +110,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 self.wait(id, limit.saturating_sub(started.elapsed())).await;
                 continue;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(pause.min(limit.saturating_sub(started.elapsed()))).await;
+            pause = (pause * 2).min(Duration::from_millis(400));
         }
     }
 
