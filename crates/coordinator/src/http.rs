@@ -544,7 +544,13 @@ impl<L: Ledger + 'static> Service<L> {
         let pipeline = match (method.as_str(), parts.as_slice()) {
             ("POST", ["v1", "pipelines", id, "run"]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
-                Some((id, self.core.pipeline(&id).map_err(dispatch_error)?))
+                Some((
+                    id,
+                    self.core
+                        .shared_pipeline(&id)
+                        .await
+                        .map_err(dispatch_error)?,
+                ))
             }
             _ => None,
         };
@@ -887,7 +893,11 @@ impl<L: Ledger + 'static> Service<L> {
                 })
             }
             ("POST", ["v1", "pipelines"]) => {
-                let (id, m) = self.core.deploy_pipeline(&body).map_err(dispatch_error)?;
+                let (id, m) = self
+                    .core
+                    .deploy_pipeline_shared(&body)
+                    .await
+                    .map_err(dispatch_error)?;
                 let pipeline = pipeline_view(&id, &m);
                 let mut able = Vec::new();
                 for s in &m.stages {
@@ -905,7 +915,11 @@ impl<L: Ledger + 'static> Service<L> {
             }
             ("GET", ["v1", "pipelines", id]) => {
                 let id = Hash::parse(id).map_err(|e| bad(e.to_string()))?;
-                let m = self.core.pipeline(&id).map_err(dispatch_error)?;
+                let m = self
+                    .core
+                    .shared_pipeline(&id)
+                    .await
+                    .map_err(dispatch_error)?;
                 api_reply(&pipeline_view(&id, &m))
             }
             ("POST", ["v1", "pipelines", _, "run"]) => {

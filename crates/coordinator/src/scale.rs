@@ -238,6 +238,47 @@ impl<L: Ledger + 'static> Coordinator<L> {
     }
 }
 
+impl<L: Ledger + 'static> Coordinator<L> {
+    /// Deploy a pipeline ([`Coordinator::deploy_pipeline`]) for every coordinator on the
+    /// ledger: its manifest is kept there too.
+    pub async fn deploy_pipeline_shared(
+        &self,
+        manifest_bytes: &[u8],
+    ) -> Result<(Hash, tenet_pipeline::Manifest), DispatchError> {
+        let (id, manifest) = self.deploy_pipeline(manifest_bytes)?;
+        self.ledger
+            .put_task(&id.to_hex(), manifest_bytes, now())
+            .await?;
+        Ok((id, manifest))
+    }
+
+    /// A pipeline deployed here or by any coordinator on the ledger (its manifest and its
+    /// stages' tasks fetched from the ledger first), checked against its stages.
+    pub async fn shared_pipeline(
+        &self,
+        id: &Hash,
+    ) -> Result<Arc<tenet_pipeline::Manifest>, DispatchError> {
+        if let Some(m) = lock(&self.pipelines).get(id) {
+            return Ok(m.clone());
+        }
+        self.ensure_task(id).await.map_err(|e| match e {
+            DispatchError::NotFound(_) => DispatchError::NotFound(format!(
+                "no pipeline {id}: deploy it with POST /v1/pipelines"
+            )),
+            e => e,
+        })?;
+        if let Ok(manifest) = tenet_pipeline::Manifest::parse(&self.store.get(id)?) {
+            for stage in &manifest.stages {
+                if let Ok(task) = Hash::parse(&stage.graph) {
+                    // A stage not deployed anywhere is refused by the check below.
+                    let _ = self.ensure_task(&task).await;
+                }
+            }
+        }
+        self.pipeline(id)
+    }
+}
+
 /// Whether a job's driver stopped because its lease passed to another coordinator.
 pub fn lease_lost(e: &DispatchError) -> bool {
     matches!(e, DispatchError::Ledger(LedgerError::LeaseLost { .. }))

@@ -385,7 +385,8 @@ pub trait Ledger: Send + Sync {
     /// Every coordinator that ever announced itself on the ledger, with how long each has
     /// been silent.
     fn coordinators(&self) -> impl Future<Output = Result<Vec<CoordinatorRecord>>> + Send;
-    /// Keep a deployed task's document, so every coordinator on the ledger can run it.
+    /// Keep a deployed document — a task's graph, a pipeline's manifest — under its hash, so
+    /// every coordinator on the ledger can run it.
     fn put_task(&self, id: &str, body: &[u8], at: i64) -> impl Future<Output = Result<()>> + Send;
     fn task(&self, id: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
     /// A small blob recorded with a job ([`Ledger::create_job`]).

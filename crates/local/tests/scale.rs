@@ -1,5 +1,5 @@
-//! Several coordinators on one ledger, over HTTP on a local network: a task deployed on one runs
-//! on another; a job decided by one is read, outputs and all, from another; a coordinator that
+//! Several coordinators on one ledger, over HTTP on a local network: a task or a pipeline
+//! deployed on one runs on another; a job decided by one is read, outputs and all, from another; a coordinator that
 //! freezes mid-job (an injected stall that also stops its lease renewals) has the job taken over
 //! and settled by its peer — once: its caller gets the peer's answer, each node is credited
 //! once, and the frozen coordinator's late settlement is refused.
@@ -125,6 +125,34 @@ async fn coordinators_on_one_ledger_share_tasks_jobs_and_outputs() {
     assert_eq!(seen.job.state, "decided");
     let y = &seen.outputs.as_ref().unwrap()["y"]["data"][0];
     assert!((y.as_f64().unwrap() - 0.5f64.tanh()).abs() < 1e-6);
+
+    // A pipeline (two stages) deployed on A is called on B: its manifest and stage tasks come
+    // from the ledger.
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[1, 4]);
+    let graph = g.finish(&[("y", &x.tanh().exp())]).unwrap();
+    let cuts = tenet_ir::split::cut_points(&graph);
+    let stages = tenet_ir::split::split_at(&graph, &cuts[..1]).unwrap();
+    assert_eq!(stages.len(), 2);
+    for stage in &stages {
+        let _: api::TaskDeployed = on_a
+            .json(Method::POST, "/v1/tasks", stage.graph.to_bytes())
+            .await;
+    }
+    let manifest = tenet_pipeline::manifest_of(&graph, &stages).unwrap();
+    let pipeline: api::PipelineDeployed = on_a
+        .json(
+            Method::POST,
+            "/v1/pipelines",
+            manifest.to_json().into_bytes(),
+        )
+        .await;
+    let piped: api::PipelineAnswer = on_b
+        .json(Method::POST, &pipeline.pipeline.endpoint, call_body(0.5))
+        .await;
+    let y = piped.outputs["y"]["data"][0].as_f64().unwrap();
+    assert!((y - 0.5f64.tanh().exp()).abs() < 1e-5, "{y}");
+    assert_eq!(piped.stages.len(), 2);
 
     // The deployment's key set names both, live.
     let set: api::Coordinators = on_b.json(Method::GET, "/v1/coordinators", vec![]).await;
