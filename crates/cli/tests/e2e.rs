@@ -648,3 +648,46 @@ fn a_coordinator_killed_mid_job_is_taken_over_by_its_peer_on_the_same_ledger() {
         assert_eq!(log.matches("\"accepted\"").count(), 1, "node {i}: {log}");
     }
 }
+
+/// `tenet bench load --coordinators 2 --kill-one`, small: coordinator and node processes on one
+/// SQLite ledger, one coordinator killed halfway through the two-coordinator tier; every call is
+/// answered and verified, every job decided once with each node credited once, and the report
+/// says what each tier cost.
+#[test]
+fn the_scale_out_benchmark_loses_nothing_when_a_coordinator_is_killed() {
+    let out = ok(tenet()
+        .args([
+            "bench",
+            "load",
+            "--coordinators",
+            "2",
+            "--clients",
+            "6",
+            "--jobs",
+            "4",
+            "--nodes",
+            "3",
+            "--kill-one",
+            "--lease",
+            "1",
+            "--json",
+        ])
+        .output()
+        .unwrap());
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tiers = report["tiers"].as_array().unwrap();
+    assert_eq!(tiers.len(), 2, "{report}");
+    for t in tiers {
+        assert_eq!(t["nothing_lost"], true, "{t}");
+        assert_eq!(t["completed"], 24, "{t}");
+        assert_eq!(t["ledger_jobs"], 24, "{t}");
+        assert_eq!(t["credit_errors"], 0, "{t}");
+        assert!(
+            t["cpu_ms_per_job"]["coordinators"].as_f64().unwrap() > 0.0,
+            "{t}"
+        );
+    }
+    assert_eq!(tiers[1]["coordinators"], 2);
+    assert!(tiers[1]["killed_after"].as_u64().is_some(), "{report}");
+    assert_eq!(report["ledger"], "sqlite");
+}
