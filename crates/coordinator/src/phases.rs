@@ -146,10 +146,14 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let replicas = job.replicas.max(1) as usize;
         let mut state = job.state;
         loop {
+            // The replicas as the commit phase left them, when it ran here.
+            let mut committed = None;
             if matches!(state, JobState::Pending | JobState::Committing) {
                 // Ends by moving the job to revealing.
-                self.commit_phase(&run, replicas, first_assignments.take())
-                    .await?;
+                committed = Some(
+                    self.commit_phase(&run, replicas, first_assignments.take())
+                        .await?,
+                );
             } else if state != JobState::Revealing {
                 return Err(DispatchError::Internal(format!(
                     "job {job_id} is {}: there is nothing left to do",
@@ -158,7 +162,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
             }
             self.stall_at(crate::dispatch::StallPoint::BeforeReveal)
                 .await;
-            let mut seen = self.reveal_phase(&spec).await?;
+            let mut seen = self.reveal_phase(&spec, committed).await?;
             let mut decision = match spec.tier {
                 Tier::Exact => compare::exact(&seen.replicas),
                 Tier::Tolerant => compare::tolerant(&seen.replicas, self.config.tolerance),
@@ -265,13 +269,13 @@ impl<L: Ledger + 'static> Coordinator<L> {
     /// ones that fail. At least `need` must commit. The commitments are recorded together,
     /// with the move to revealing, in one transaction (one fsync per job, not per replica): a
     /// coordinator that dies before that asks the nodes again, and they hand over what they
-    /// committed to.
+    /// committed to. The job's replicas as the ledger then holds them.
     async fn commit_phase(
         self: &Arc<Self>,
         run: &RunJob,
         need: usize,
         mut known: Option<Vec<Assignment>>,
-    ) -> Result<(), DispatchError> {
+    ) -> Result<Vec<Assignment>, DispatchError> {
         let job_id = &run.job.job_id;
         let mut failures = Vec::new();
         let mut fresh: Vec<(String, String)> = Vec::new();
@@ -307,7 +311,15 @@ impl<L: Ledger + 'static> Coordinator<L> {
                 self.ledger
                     .record_commitments(job_id, &fresh, now())
                     .await?;
-                return Ok(());
+                // The replicas as the ledger now holds them.
+                let mut now_held = asg;
+                for a in &mut now_held {
+                    if let Some((_, c)) = fresh.iter().find(|(n, _)| *n == a.node_id) {
+                        a.state = AssignmentState::Committed;
+                        a.commitment = Some(c.clone());
+                    }
+                }
+                return Ok(now_held);
             }
             let mut set = tokio::task::JoinSet::new();
             for a in waiting {
@@ -433,10 +445,18 @@ impl<L: Ledger + 'static> Coordinator<L> {
 
     /// Ask every committed replica to reveal (again, after a restart: a reveal is repeatable)
     /// and check each against its commitment.
-    async fn reveal_phase(&self, spec: &JobSpec) -> Result<Revealed, DispatchError> {
+    async fn reveal_phase(
+        &self,
+        spec: &JobSpec,
+        known: Option<Vec<Assignment>>,
+    ) -> Result<Revealed, DispatchError> {
         let job_id = &spec.job_id;
         let mut asked = Vec::new();
-        for a in self.ledger.assignments(job_id).await? {
+        let asg = match known {
+            Some(asg) => asg,
+            None => self.ledger.assignments(job_id).await?,
+        };
+        for a in asg {
             if !matches!(
                 a.state,
                 AssignmentState::Committed | AssignmentState::Revealed

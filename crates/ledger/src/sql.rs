@@ -916,20 +916,36 @@ impl Ledger for SqlLedger {
                 )
                 .await);
         }
-        for (node_id, commitment) in commitments {
-            let r = sqlx::query(
-                "UPDATE assignments SET state = $1, commitment = $2 WHERE job_id = $3 AND node_id = $4 AND state = $5",
-            )
+        // All the replicas' commitments in one statement (one round trip, not one each).
+        if !commitments.is_empty() {
+            let values: Vec<String> = (0..commitments.len())
+                .map(|i| format!("(${}, ${})", 4 + 2 * i, 5 + 2 * i))
+                .collect();
+            let mut q = sqlx::query(sql!(
+                "UPDATE assignments SET state = $1, commitment = v.column2 FROM (VALUES {}) AS v
+                 WHERE assignments.job_id = $2 AND assignments.node_id = v.column1 AND assignments.state = $3",
+                values.join(", ")
+            ))
             .bind(AssignmentState::Committed.as_str())
-            .bind(commitment)
             .bind(job_id)
-            .bind(node_id)
-            .bind(AssignmentState::Assigned.as_str())
-            .execute(&mut *tx)
-            .await?;
-            if r.rows_affected() != 1 {
+            .bind(AssignmentState::Assigned.as_str());
+            for (node_id, commitment) in commitments {
+                q = q.bind(node_id).bind(commitment);
+            }
+            let r = q.execute(&mut *tx).await?;
+            if r.rows_affected() != commitments.len() as u64 {
+                drop(tx);
+                let asg = self.assignments(job_id).await?;
+                let node = commitments
+                    .iter()
+                    .map(|(n, _)| n)
+                    .find(|n| {
+                        !asg.iter()
+                            .any(|a| &a.node_id == *n && a.state == AssignmentState::Assigned)
+                    })
+                    .map_or("?", |n| n.as_str());
                 return Err(LedgerError::Conflict(format!(
-                    "job {job_id} has no assigned replica on node {node_id}"
+                    "job {job_id} has no assigned replica on node {node}"
                 )));
             }
         }
