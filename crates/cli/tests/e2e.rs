@@ -274,6 +274,48 @@ fn write_slow_task(dir: &std::path::Path) {
     std::fs::write(dir.join("s.json"), serde_json::to_string(&s_in).unwrap()).unwrap();
 }
 
+/// Three node processes trusting `keys`, each logging its events to `node{i}.log` in `dir`,
+/// registered with 1000 stake at the coordinator at `url` by its admin.
+fn staked_nodes(dir: &std::path::Path, keys: &[&str], url: &str) -> Vec<common::Proc> {
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let data = d(&format!("node{i}"));
+        let log = d(&format!("node{i}.log"));
+        let mut args = vec![
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+            "--no-fsync",
+            "--data-dir",
+            &data,
+            "--event-log",
+            &log,
+        ];
+        for k in keys {
+            args.extend(["--trust", k]);
+        }
+        let (p, line) = spawn(args);
+        let node_url = line.split_whitespace().last().unwrap().to_string();
+        ok(tenet()
+            .args([
+                "register",
+                &node_url,
+                "--stake",
+                "1000",
+                "--coordinator",
+                url,
+            ])
+            .args(["--admin-key", "admin"])
+            .output()
+            .unwrap());
+        nodes.push(p);
+    }
+    nodes
+}
+
 /// Wait until every node's event log says it started a job.
 fn wait_until_all_started(d: &dyn Fn(&str) -> String, nodes: usize) {
     let started = |i: usize| {
@@ -389,31 +431,7 @@ fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_
     let words: Vec<&str> = line.split_whitespace().collect();
     let (ckey, curl) = (words[2].to_string(), words.last().unwrap().to_string());
     let addr = curl.trim_start_matches("http://").to_string();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let data = d(&format!("node{i}"));
-        let (p, line) = spawn([
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--data-dir",
-            &data,
-            "--trust",
-            &ckey,
-            "--event-log",
-            &d(&format!("node{i}.log")),
-        ]);
-        let url = line.split_whitespace().last().unwrap().to_string();
-        ok(tenet()
-            .args(["register", &url, "--stake", "1000", "--coordinator", &curl])
-            .args(["--admin-key", "admin"])
-            .output()
-            .unwrap());
-        nodes.push(p);
-    }
+    let _nodes = staked_nodes(&dir, &[&ckey], &curl);
     write_slow_task(&dir);
     let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
     let task = serde_json::from_str::<serde_json::Value>(&ok(tenet()
@@ -523,34 +541,8 @@ fn a_coordinator_killed_mid_job_is_taken_over_by_its_peer_on_the_same_ledger() {
     let words: Vec<&str> = line.split_whitespace().collect();
     let (key_b, url_b) = (words[2].to_string(), words.last().unwrap().to_string());
     assert_ne!(key_a, key_b);
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let data = d(&format!("node{i}"));
-        let (p, line) = spawn([
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--data-dir",
-            &data,
-            "--trust",
-            &key_a,
-            "--trust",
-            &key_b,
-            "--event-log",
-            &d(&format!("node{i}.log")),
-        ]);
-        let url = line.split_whitespace().last().unwrap().to_string();
-        // Registered with A: B reads the same node registry from the ledger.
-        ok(tenet()
-            .args(["register", &url, "--stake", "1000", "--coordinator", &url_a])
-            .args(["--admin-key", "admin"])
-            .output()
-            .unwrap());
-        nodes.push(p);
-    }
+    // Registered with A: B reads the same node registry from the ledger.
+    let _nodes = staked_nodes(&dir, &[&key_a, &key_b], &url_a);
     write_slow_task(&dir);
     let both = format!("{url_a},{url_b}");
     let remote = ["--coordinator", both.as_str(), "--api-key", "secret"];

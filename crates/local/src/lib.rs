@@ -13,6 +13,26 @@ use tokio::sync::watch;
 use tenet_coordinator::http::{Access, Service};
 use tenet_coordinator::{Coordinator, CoordinatorConfig};
 
+/// A coordinator's ledger handle — leasing under a holder id of its own, as a coordinator
+/// service does — and its blob store under `dir`.
+async fn coordinator_state(
+    ledger_url: &str,
+    dir: &Path,
+    config: &CoordinatorConfig,
+) -> Result<(SqlLedger, Arc<tenet_store::Store>), LocalError> {
+    let holder = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
+    let ledger = SqlLedger::connect(ledger_url)
+        .await
+        .map_err(err)?
+        .leasing(&holder, config.lease);
+    let store = tenet_store::Store::open(
+        &dir.join("coordinator-store"),
+        tenet_store::StoreConfig::default(),
+    )
+    .map_err(err)?;
+    Ok((ledger, store))
+}
+
 /// Serve `core`'s API on a free port of 127.0.0.1 and keep its leases, until `rx` says stop;
 /// its URL and the tasks serving it.
 async fn serve(
@@ -195,18 +215,8 @@ impl LocalNetwork {
             nodes.push((url, id, cheat.map(str::to_string)));
         }
         let sqlite = format!("sqlite://{}", dir.join("ledger.db").display());
-        // Leasing like a coordinator service: the local network drives its jobs the same way.
-        let holder = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
         let ledger_url = ledger_url.unwrap_or(&sqlite).to_string();
-        let ledger = SqlLedger::connect(&ledger_url)
-            .await
-            .map_err(err)?
-            .leasing(&holder, config.lease);
-        let store = tenet_store::Store::open(
-            &dir.join("coordinator-store"),
-            tenet_store::StoreConfig::default(),
-        )
-        .map_err(err)?;
+        let (ledger, store) = coordinator_state(&ledger_url, dir, &config).await?;
         let log = match &options.event_logs {
             Some(d) => {
                 tenet_net::events::EventLog::open(&d.join("coordinator.jsonl")).map_err(err)?
@@ -254,16 +264,7 @@ impl LocalNetwork {
         }
         let key = self.peer_keys.remove(0);
         std::fs::create_dir_all(dir).map_err(err)?;
-        let holder = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
-        let ledger = SqlLedger::connect(&self.ledger_url)
-            .await
-            .map_err(err)?
-            .leasing(&holder, config.lease);
-        let store = tenet_store::Store::open(
-            &dir.join("coordinator-store"),
-            tenet_store::StoreConfig::default(),
-        )
-        .map_err(err)?;
+        let (ledger, store) = coordinator_state(&self.ledger_url, dir, &config).await?;
         let core = Arc::new(Coordinator::new(ledger, key.clone(), store, config));
         let rx = self.stop.subscribe();
         let (url, mut served) =
