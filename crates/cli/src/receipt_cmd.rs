@@ -383,6 +383,9 @@ fn check<E: std::error::Error + Send + Sync + 'static>(
     ))
 }
 
+/// The largest key set file `--coordinator FILE` reads (thousands of coordinators' entries).
+const MAX_KEY_SET_BYTES: u64 = 1 << 20;
+
 /// `--coordinator`: one public key (64 hex characters), or a file holding a deployment's key
 /// set — as `GET /v1/coordinators` answers (`{"coordinators": [{"key": …}, …]}`), a JSON
 /// list of keys, or one key a line.
@@ -394,6 +397,16 @@ pub fn coordinator_keys(arg: &str) -> Result<Vec<PublicKey>> {
     if !path.exists() {
         bail!(
             "--coordinator `{arg}` is neither a 64-hex-character public key nor a key set file (save one with: curl -H 'authorization: Bearer KEY' URL/v1/coordinators > keys.json)"
+        );
+    }
+    // A key set is a few keys; a file far larger is not one (and may come from anywhere).
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if size > MAX_KEY_SET_BYTES {
+        bail!(
+            "{} is {size} bytes: a key set file holds at most {MAX_KEY_SET_BYTES}",
+            path.display()
         );
     }
     let text =

@@ -278,42 +278,56 @@ fn write_slow_task(dir: &std::path::Path) {
 /// registered with 1000 stake at the coordinator at `url` by its admin.
 fn staked_nodes(dir: &std::path::Path, keys: &[&str], url: &str) -> Vec<common::Proc> {
     let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let data = d(&format!("node{i}"));
-        let log = d(&format!("node{i}.log"));
-        let mut args = vec![
-            "node",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--no-fsync",
-            "--data-dir",
-            &data,
-            "--event-log",
-            &log,
-        ];
-        for k in keys {
-            args.extend(["--trust", k]);
-        }
-        let (p, line) = spawn(args);
-        let node_url = line.split_whitespace().last().unwrap().to_string();
-        ok(tenet()
-            .args([
-                "register",
-                &node_url,
-                "--stake",
-                "1000",
-                "--coordinator",
-                url,
-            ])
-            .args(["--admin-key", "admin"])
-            .output()
-            .unwrap());
-        nodes.push(p);
-    }
-    nodes
+    (0..3)
+        .map(|i| {
+            let log = d(&format!("node{i}.log"));
+            let mut extra = vec!["--event-log", log.as_str()];
+            for k in &keys[1..] {
+                extra.extend(["--trust", k]);
+            }
+            let (p, node_url) = common::spawn_node(&d(&format!("node{i}")), keys[0], &extra);
+            ok(tenet()
+                .args([
+                    "register",
+                    &node_url,
+                    "--stake",
+                    "1000",
+                    "--coordinator",
+                    url,
+                ])
+                .args(["--admin-key", "admin"])
+                .output()
+                .unwrap());
+            p
+        })
+        .collect()
+}
+
+/// Deploy `slow.tnt` from `dir` through `remote` and start `tenet call` on it (its result to
+/// `y.json`, its receipt to `receipt.json`, its answer as JSON on standard output).
+fn deploy_slow_and_call(dir: &std::path::Path, remote: &[&str]) -> std::process::Child {
+    let d = |p: &str| dir.join(p).to_str().unwrap().to_string();
+    let deployed: serde_json::Value = serde_json::from_str(&ok(tenet()
+        .args(["deploy", &d("slow.tnt"), "--json"])
+        .args(remote)
+        .output()
+        .unwrap()))
+    .unwrap();
+    tenet()
+        .args(["call", deployed["id"].as_str().unwrap(), "-i"])
+        .arg(format!("s={}", d("s.json")))
+        .args([
+            "-o",
+            &d("y.json"),
+            "--receipt",
+            &d("receipt.json"),
+            "--json",
+        ])
+        .args(remote)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Wait until every node's event log says it started a job.
@@ -434,30 +448,7 @@ fn the_coordinator_killed_mid_job_and_restarted_finishes_the_job_and_the_caller_
     let _nodes = staked_nodes(&dir, &[&ckey], &curl);
     write_slow_task(&dir);
     let remote = ["--coordinator", curl.as_str(), "--api-key", "secret"];
-    let task = serde_json::from_str::<serde_json::Value>(&ok(tenet()
-        .args(["deploy", &d("slow.tnt"), "--json"])
-        .args(remote)
-        .output()
-        .unwrap()))
-    .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let caller = tenet()
-        .args(["call", &task, "-i"])
-        .arg(format!("s={}", d("s.json")))
-        .args([
-            "-o",
-            &d("y.json"),
-            "--receipt",
-            &d("receipt.json"),
-            "--json",
-        ])
-        .args(remote)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let caller = deploy_slow_and_call(&dir, &remote);
     // Kill the coordinator once every node has started the job.
     wait_until_all_started(&d, 3);
     coord.kill().unwrap();
@@ -546,30 +537,7 @@ fn a_coordinator_killed_mid_job_is_taken_over_by_its_peer_on_the_same_ledger() {
     write_slow_task(&dir);
     let both = format!("{url_a},{url_b}");
     let remote = ["--coordinator", both.as_str(), "--api-key", "secret"];
-    let task = serde_json::from_str::<serde_json::Value>(&ok(tenet()
-        .args(["deploy", &d("slow.tnt"), "--json"])
-        .args(remote)
-        .output()
-        .unwrap()))
-    .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let caller = tenet()
-        .args(["call", &task, "-i"])
-        .arg(format!("s={}", d("s.json")))
-        .args([
-            "-o",
-            &d("y.json"),
-            "--receipt",
-            &d("receipt.json"),
-            "--json",
-        ])
-        .args(remote)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let caller = deploy_slow_and_call(&dir, &remote);
     wait_until_all_started(&d, 3);
     coord_a.kill().unwrap();
     coord_a.wait().unwrap();
