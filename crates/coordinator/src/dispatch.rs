@@ -544,9 +544,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
 
     /// [`Coordinator::admit`] under a caller's idempotency key: the first submission with the
     /// key (to this coordinator or any other on the same ledger) makes the job; a later one
-    /// gets that job back instead of a second. The key is tied to the job id before the job
-    /// is recorded, so two racing submissions agree on one; a key whose job never appeared
-    /// (its coordinator died in between) is taken over after [`ORPHAN_WAIT`].
+    /// gets that job back instead of a second. The key is tied to the job in the write that
+    /// records it, so two racing submissions agree on one; a key whose job never appeared
+    /// (tied apart from its job by an earlier version, whose coordinator died in between) is
+    /// taken over after [`ORPHAN_WAIT`].
     pub async fn admit_keyed(
         &self,
         req: JobRequest,
@@ -582,11 +583,6 @@ impl<L: Ledger + 'static> Coordinator<L> {
             inputs.insert(name.clone(), hash);
         }
         let job_id = tenet_proto::to_hex(&tenet_net::identity::random_bytes::<12>());
-        if let Some(key) = key
-            && let Some(existing) = self.tie_key(key, &job_id).await?
-        {
-            return Ok(Admitted::Existing(existing));
-        }
         let record = JobRecord {
             id: job_id.clone(),
             task: req.task.to_hex(),
@@ -604,7 +600,26 @@ impl<L: Ledger + 'static> Coordinator<L> {
             error: None,
         };
         let ids: Vec<String> = chosen.into_iter().map(|n| n.id).collect();
-        self.ledger.create_job(&record, &ids, &small).await?;
+        match key {
+            // The key tied to the job as it is recorded, in one write.
+            Some(key) => {
+                if self
+                    .ledger
+                    .create_keyed_job(&record, &ids, &small, key)
+                    .await?
+                    .is_some()
+                {
+                    // The key names another job: an earlier submission's, or (tied by a
+                    // coordinator that claimed keys apart from recording jobs, and died in
+                    // between) one never recorded, which is taken over.
+                    if let Some(existing) = self.tie_key(key, &job_id).await? {
+                        return Ok(Admitted::Existing(existing));
+                    }
+                    self.ledger.create_job(&record, &ids, &small).await?;
+                }
+            }
+            None => self.ledger.create_job(&record, &ids, &small).await?,
+        }
         {
             let mut admitted = lock(&self.admitted);
             // Bounded: a caller that admits jobs and never starts them (an API user of

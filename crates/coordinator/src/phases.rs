@@ -418,10 +418,17 @@ impl<L: Ledger + 'static> Coordinator<L> {
             .client(node)
             .map_err(|e| Failure::fault(e.to_string()))?;
         let work = async {
-            self.ship(&client, run)
-                .await
-                .map_err(Failure::from_client)?;
-            match client.run_job(run).await {
+            // Asked first, uploaded to only when it says it lacks a blob (and then asked again:
+            // a node answers that before it takes the job's id). A node that has the task, as
+            // every node does after its first job of it, costs one exchange, not one per blob.
+            let mut answer = client.run_job(run).await;
+            if matches!(&answer, Err(e) if e.code() == Some(ErrorCode::NotFound)) {
+                self.ship(&client, run)
+                    .await
+                    .map_err(Failure::from_client)?;
+                answer = client.run_job(run).await;
+            }
+            match answer {
                 Ok(c) => Ok(c.commitment),
                 // The node already has this job: a coordinator before a restart sent it.
                 Err(e) if e.code() == Some(ErrorCode::Conflict) => {

@@ -287,6 +287,17 @@ pub trait Ledger: Send + Sync {
         nodes: &[String],
         blobs: &[(String, Vec<u8>)],
     ) -> impl Future<Output = Result<()>> + Send;
+    /// [`Ledger::create_job`] under a caller's idempotency `key`, tied to the job in the same
+    /// transaction: `None` when the job was recorded, else the job the key already names (and
+    /// nothing was recorded). Of two submissions racing with one key, on any coordinators
+    /// sharing the ledger, one records its job.
+    fn create_keyed_job(
+        &self,
+        job: &JobRecord,
+        nodes: &[String],
+        blobs: &[(String, Vec<u8>)],
+        key: &str,
+    ) -> impl Future<Output = Result<Option<String>>> + Send;
     /// Add a replica (a rescheduled or extra node).
     fn assign(&self, job_id: &str, node_id: &str) -> impl Future<Output = Result<()>> + Send;
     /// Move a job from `from` to `to`; refused if it is not in `from`.

@@ -13,14 +13,15 @@ use crate::{
     Verdict, WITHHELD,
 };
 
-/// A query assembled only from this file's constant column lists and fixed words (never from
-/// data, which is bound as a parameter; the one exception, [`settlement_body`], writes in only
-/// values it checked to be [`plain`] and numbers Rust formatted).
+/// A query assembled only from this file's constant column lists, fixed words and parameter
+/// numbers (never from data, which is always bound as a parameter).
 macro_rules! sql {
     ($($t:tt)*) => {
         sqlx::AssertSqlSafe(format!($($t)*))
     };
 }
+
+mod one_trip;
 
 /// A ledger in SQLite or PostgreSQL.
 #[derive(Clone)]
@@ -36,79 +37,6 @@ pub struct SqlLedger {
 struct Lease {
     holder: String,
     ttl_ms: i64,
-}
-
-/// Whether `s` may be written into SQL as it is, between quotes: letters, digits and `-_.:`
-/// only (ids and hex hashes), so there is nothing to escape and nothing can break out.
-fn plain(s: &str) -> bool {
-    s.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
-}
-
-/// A settlement in which every judged replica agreed, after its decision, as one batch of
-/// statements with their values written in (each checked [`plain`], each number formatted by
-/// Rust): the replicas' reveals and verdicts, the credits' stake events, then the nodes'
-/// counters and stakes in the order of their ids. `None` when the settlement has a dissenter or
-/// a value that is not plain: it is written statement by statement, with bound parameters.
-fn settlement_body(job_id: &str, s: &Settlement<'_>) -> Option<String> {
-    if s.verdicts.is_empty() || s.verdicts.iter().any(|v| !v.agreed || !v.score.is_finite()) {
-        return None;
-    }
-    let strings = std::iter::once(job_id)
-        .chain(s.verdicts.iter().map(|v| v.node_id.as_str()))
-        .chain(
-            s.reveals
-                .iter()
-                .flat_map(|(n, h, salt)| [n.as_str(), h.as_str(), salt.as_str()]),
-        );
-    if !strings.into_iter().all(plain) {
-        return None;
-    }
-    let mut body = String::new();
-    for v in s.verdicts {
-        let (hash, salt) = match s.reveals.iter().find(|(n, _, _)| *n == v.node_id) {
-            Some((_, h, salt)) => (format!("'{h}'"), format!("'{salt}'")),
-            None => ("NULL".to_string(), "NULL".to_string()),
-        };
-        body += &format!(
-            "UPDATE assignments SET state = 'agreed', output_hash = COALESCE({hash}, output_hash), salt = COALESCE({salt}, salt) WHERE job_id = '{job_id}' AND node_id = '{}';\n",
-            v.node_id
-        );
-    }
-    for (node, hash, salt) in s.reveals {
-        if !s.verdicts.iter().any(|v| &v.node_id == node) {
-            body += &format!(
-                "UPDATE assignments SET state = 'revealed', output_hash = '{hash}', salt = '{salt}' WHERE job_id = '{job_id}' AND node_id = '{node}' AND state = 'committed';\n"
-            );
-        }
-    }
-    let events: Vec<String> = s
-        .verdicts
-        .iter()
-        .map(|v| {
-            format!(
-                "('{}', '{job_id}', {}, 'credit', {})",
-                v.node_id, s.reward, s.at
-            )
-        })
-        .collect();
-    body += &format!(
-        "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES {};\n",
-        events.join(", ")
-    );
-    let mut by_id: Vec<&Verdict> = s.verdicts.iter().collect();
-    by_id.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-    for v in by_id {
-        body += &format!(
-            "UPDATE nodes SET agreed = agreed + 1, score_sum = score_sum + {:?}, stake = stake + {} WHERE id = '{}';\n",
-            v.score, s.reward, v.node_id
-        );
-    }
-    // The commit in the same round trip: the nodes' rows are released the moment the batch is
-    // done, not a network round trip later (when this coordinator next gets a core). The
-    // empty transaction begun after it is what the caller's `commit` then ends.
-    body += "COMMIT;\nBEGIN;\n";
-    Some(body)
 }
 
 /// `($1, $2, $3), ($4, $5, $6), …`: `count` rows of `width` parameters, for a multi-row insert.
@@ -574,6 +502,106 @@ async fn move_stake(
     Ok(())
 }
 
+impl SqlLedger {
+    /// [`Ledger::create_keyed_job`] in a transaction, a statement per table (SQLite).
+    async fn create_job_stepwise(
+        &self,
+        j: &JobRecord,
+        nodes: &[String],
+        blobs: &[(String, Vec<u8>)],
+        key: Option<&str>,
+    ) -> Result<Option<String>> {
+        // Write first: a SQLite transaction that reads before it writes cannot wait for the
+        // writer lock (it fails at once as busy when another writer got in between).
+        let mut tx = self.pool.begin().await?;
+        if let Some(key) = key {
+            let tied: Option<String> = sqlx::query_scalar(
+                "INSERT INTO idempotency (key, job_id, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING RETURNING job_id",
+            )
+            .bind(key)
+            .bind(&j.id)
+            .bind(j.created_at)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if tied.is_none() {
+                drop(tx);
+                return self.key_holder(key).await.map(Some);
+            }
+        }
+        let (holder, ttl) = match &self.lease {
+            Some(l) => (Some(l.holder.clone()), l.ttl_ms),
+            None => (None, 0),
+        };
+        sqlx::query(sql!(
+            "INSERT INTO jobs ({JOB_COLS}, lease_holder, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {} + $15)",
+            self.now_ms()
+        ))
+        .bind(&j.id)
+        .bind(&j.task)
+        .bind(j.weights.clone())
+        .bind(&j.inputs)
+        .bind(&j.tier)
+        .bind(j.seed)
+        .bind(j.replicas)
+        .bind(j.state.as_str())
+        .bind(j.created_at)
+        .bind(j.updated_at)
+        .bind(j.output_hash.clone())
+        .bind(j.receipt.clone())
+        .bind(j.error.clone())
+        .bind(holder)
+        .bind(ttl)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| match e {
+            sqlx::Error::Database(d) if d.is_unique_violation() => {
+                LedgerError::Conflict(format!("job {} exists", j.id))
+            }
+            e => e.into(),
+        })?;
+        // One statement for all the replicas, one for all the blobs: every statement is a round
+        // trip to the database, and a job's admission is on every call's path.
+        if !nodes.is_empty() {
+            let mut q = sqlx::query(sql!(
+                "INSERT INTO assignments (job_id, node_id, state) VALUES {}",
+                rows(nodes.len(), 3)
+            ));
+            for n in nodes {
+                q = q
+                    .bind(&j.id)
+                    .bind(n)
+                    .bind(AssignmentState::Assigned.as_str());
+            }
+            q.execute(&mut *tx).await?;
+        }
+        let mut distinct: Vec<&(String, Vec<u8>)> = blobs.iter().collect();
+        distinct.sort_by(|a, b| a.0.cmp(&b.0));
+        distinct.dedup_by(|a, b| a.0 == b.0);
+        if !distinct.is_empty() {
+            let mut q = sqlx::query(sql!(
+                "INSERT INTO blobs (hash, body) VALUES {} ON CONFLICT (hash) DO NOTHING",
+                rows(distinct.len(), 2)
+            ));
+            for (hash, body) in distinct {
+                q = q.bind(hash).bind(body.clone());
+            }
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(None)
+    }
+
+    /// The job idempotency `key` names.
+    async fn key_holder(&self, key: &str) -> Result<String> {
+        Ok(
+            sqlx::query_scalar("SELECT job_id FROM idempotency WHERE key = $1")
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+}
+
 impl Ledger for SqlLedger {
     fn lease_holder(&self) -> Option<&str> {
         self.lease.as_ref().map(|l| l.holder.as_str())
@@ -753,70 +781,24 @@ impl Ledger for SqlLedger {
         nodes: &[String],
         blobs: &[(String, Vec<u8>)],
     ) -> Result<()> {
-        // Write first: a SQLite transaction that reads before it writes cannot wait for the
-        // writer lock (it fails at once as busy when another writer got in between).
-        let mut tx = self.pool.begin().await?;
-        let (holder, ttl) = match &self.lease {
-            Some(l) => (Some(l.holder.clone()), l.ttl_ms),
-            None => (None, 0),
+        match self.dialect {
+            Dialect::Postgres => self.create_job_at_once(j, nodes, blobs, None).await?,
+            Dialect::Sqlite => self.create_job_stepwise(j, nodes, blobs, None).await?,
         };
-        sqlx::query(sql!(
-            "INSERT INTO jobs ({JOB_COLS}, lease_holder, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {} + $15)",
-            self.now_ms()
-        ))
-        .bind(&j.id)
-        .bind(&j.task)
-        .bind(j.weights.clone())
-        .bind(&j.inputs)
-        .bind(&j.tier)
-        .bind(j.seed)
-        .bind(j.replicas)
-        .bind(j.state.as_str())
-        .bind(j.created_at)
-        .bind(j.updated_at)
-        .bind(j.output_hash.clone())
-        .bind(j.receipt.clone())
-        .bind(j.error.clone())
-        .bind(holder)
-        .bind(ttl)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| match e {
-            sqlx::Error::Database(d) if d.is_unique_violation() => {
-                LedgerError::Conflict(format!("job {} exists", j.id))
-            }
-            e => e.into(),
-        })?;
-        // One statement for all the replicas, one for all the blobs: every statement is a round
-        // trip to the database, and a job's admission is on every call's path.
-        if !nodes.is_empty() {
-            let mut q = sqlx::query(sql!(
-                "INSERT INTO assignments (job_id, node_id, state) VALUES {}",
-                rows(nodes.len(), 3)
-            ));
-            for n in nodes {
-                q = q
-                    .bind(&j.id)
-                    .bind(n)
-                    .bind(AssignmentState::Assigned.as_str());
-            }
-            q.execute(&mut *tx).await?;
-        }
-        let mut distinct: Vec<&(String, Vec<u8>)> = blobs.iter().collect();
-        distinct.sort_by(|a, b| a.0.cmp(&b.0));
-        distinct.dedup_by(|a, b| a.0 == b.0);
-        if !distinct.is_empty() {
-            let mut q = sqlx::query(sql!(
-                "INSERT INTO blobs (hash, body) VALUES {} ON CONFLICT (hash) DO NOTHING",
-                rows(distinct.len(), 2)
-            ));
-            for (hash, body) in distinct {
-                q = q.bind(hash).bind(body.clone());
-            }
-            q.execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
         Ok(())
+    }
+
+    async fn create_keyed_job(
+        &self,
+        j: &JobRecord,
+        nodes: &[String],
+        blobs: &[(String, Vec<u8>)],
+        key: &str,
+    ) -> Result<Option<String>> {
+        match self.dialect {
+            Dialect::Postgres => self.create_job_at_once(j, nodes, blobs, Some(key)).await,
+            Dialect::Sqlite => self.create_job_stepwise(j, nodes, blobs, Some(key)).await,
+        }
     }
 
     async fn assign(&self, job_id: &str, node_id: &str) -> Result<()> {
@@ -896,6 +878,14 @@ impl Ledger for SqlLedger {
         commitments: &[(String, String)],
         at: i64,
     ) -> Result<()> {
+        if self.dialect == Dialect::Postgres
+            && !commitments.is_empty()
+            && self
+                .record_commitments_at_once(job_id, commitments, at)
+                .await?
+        {
+            return Ok(());
+        }
         let mut tx = self.pool.begin().await?;
         let r = sqlx::query(sql!(
             "UPDATE jobs SET state = $1, updated_at = $2 WHERE id = $3 AND state IN ('pending', 'committing'){}",
@@ -997,6 +987,14 @@ impl Ledger for SqlLedger {
 
     async fn decide_job(&self, job_id: &str, s: &Settlement<'_>) -> Result<Vec<(String, i64)>> {
         check_fraction(s.slash_fraction)?;
+        let all_agreed =
+            !s.verdicts.is_empty() && s.verdicts.iter().all(|v| v.agreed && v.score.is_finite());
+        if self.dialect == Dialect::Postgres
+            && all_agreed
+            && self.settle_agreed_at_once(job_id, s).await?
+        {
+            return Ok(Vec::new());
+        }
         let mut tx = self.pool.begin().await?;
         // The lease is checked in the same statement that decides: a coordinator whose lease
         // lapsed (another may be driving the job now) cannot settle it, and of two that race,
@@ -1022,17 +1020,6 @@ impl Ledger for SqlLedger {
                     LedgerError::Conflict(format!("job {job_id} is unknown or already finished")),
                 )
                 .await);
-        }
-        if let Some(body) = settlement_body(job_id, s) {
-            // The common case, every judged replica agreeing, in one round trip after the
-            // decision, its commit included: every settlement credits the same few nodes, and
-            // a transaction holding their rows while it waits on the network makes all the
-            // others queue behind it.
-            sqlx::raw_sql(sqlx::AssertSqlSafe(body))
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            return Ok(Vec::new());
         }
         // Each judged replica in one statement: its reveal (when not recorded yet) and verdict.
         let reveal_of: std::collections::HashMap<&str, (&str, &str)> = s
@@ -1255,11 +1242,7 @@ impl Ledger for SqlLedger {
         if let Some(tied) = tied {
             return Ok(tied);
         }
-        let held: String = sqlx::query_scalar("SELECT job_id FROM idempotency WHERE key = $1")
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(held)
+        self.key_holder(key).await
     }
 
     async fn take_over_idempotency_key(&self, key: &str, from: &str, to: &str) -> Result<bool> {
@@ -1392,57 +1375,4 @@ fn stake_event(r: &sqlx::any::AnyRow) -> Result<StakeEvent> {
         reason: r.try_get("reason")?,
         at: r.try_get("at")?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn agreeing(ids: &[&str]) -> Vec<Verdict> {
-        ids.iter()
-            .map(|id| Verdict {
-                node_id: id.to_string(),
-                agreed: true,
-                score: 1.0,
-                withheld: false,
-            })
-            .collect()
-    }
-
-    fn settlement<'a>(
-        verdicts: &'a [Verdict],
-        reveals: &'a [(String, String, String)],
-    ) -> Settlement<'a> {
-        Settlement {
-            output_hash: "h",
-            receipt: "{}",
-            reveals,
-            verdicts,
-            slash_fraction: 0.1,
-            reward: 1,
-            at: 5,
-        }
-    }
-
-    /// Only settlements whose every value is plain are written with their values in; a quote
-    /// anywhere, or a dissenter, sends the settlement down the path with bound parameters.
-    #[test]
-    fn only_plain_all_agreeing_settlements_are_batched() {
-        let v = agreeing(&["n2", "n1"]);
-        let body = settlement_body("job-1", &settlement(&v, &[])).unwrap();
-        // The nodes' rows are updated last, in the order of their ids.
-        let n1 = body.find("WHERE id = 'n1'").unwrap();
-        let n2 = body.find("WHERE id = 'n2'").unwrap();
-        let events = body.find("INSERT INTO stake_events").unwrap();
-        assert!(events < n1 && n1 < n2, "{body}");
-        assert!(settlement_body("job'; DROP TABLE nodes; --", &settlement(&v, &[])).is_none());
-        let quoted = agreeing(&["n1", "n'2"]);
-        assert!(settlement_body("job-1", &settlement(&quoted, &[])).is_none());
-        let reveal = [("n1".to_string(), "h1".to_string(), "salt\\".to_string())];
-        assert!(settlement_body("job-1", &settlement(&v, &reveal)).is_none());
-        let mut dissent = agreeing(&["n1", "n2"]);
-        dissent[1].agreed = false;
-        assert!(settlement_body("job-1", &settlement(&dissent, &[])).is_none());
-        assert!(!plain("a b") && !plain("x\u{0}") && plain("ab-01_c.d:e"));
-    }
 }

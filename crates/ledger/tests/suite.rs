@@ -369,6 +369,97 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         (-150, tenet_ledger::WITHHELD, Some("j4"))
     );
 
+    // A settlement in which every judged replica agreed (PostgreSQL writes it as one
+    // statement): reveals not yet recorded are written with their verdicts, a revealed
+    // replica that was not judged is kept as revealed, each agreeing node is credited once;
+    // one naming a node the ledger does not know writes nothing at all.
+    l.create_job(&job("j5", 450), &nodes, &[]).await.unwrap();
+    let commitments = ["a", "b", "c"].map(|n| (n.to_string(), format!("{{\"node\":\"{n}\"}}")));
+    l.record_commitments("j5", &commitments, 451).await.unwrap();
+    l.record_reveal("j5", "b", "good", "sb").await.unwrap();
+    let before: Vec<NodeRecord> = l.nodes().await.unwrap();
+    let agreeing = |ids: &[&str]| -> Vec<Verdict> {
+        ids.iter()
+            .map(|id| Verdict {
+                node_id: id.to_string(),
+                agreed: true,
+                score: 1.0,
+                withheld: false,
+            })
+            .collect()
+    };
+    let reveals = [
+        ("a".to_string(), "good".to_string(), "sa".to_string()),
+        ("c".to_string(), "good".to_string(), "sc".to_string()),
+    ];
+    let with_stranger = agreeing(&["a", "b", "zz"]);
+    let five = |verdicts| Settlement {
+        output_hash: "good",
+        receipt: "{\"r\":5}",
+        reveals: &reveals,
+        verdicts,
+        slash_fraction: 0.1,
+        reward: 7,
+        at: 452,
+    };
+    assert!(l.decide_job("j5", &five(&with_stranger)).await.is_err());
+    assert_eq!(
+        l.job("j5").await.unwrap().unwrap().state,
+        JobState::Revealing
+    );
+    assert_eq!(l.nodes().await.unwrap(), before, "no node was touched");
+    assert!(l.job_stake_events("j5").await.unwrap().is_empty());
+    let two = agreeing(&["b", "a"]);
+    assert!(l.decide_job("j5", &five(&two)).await.unwrap().is_empty());
+    let j = l.job("j5").await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.output_hash.as_deref(), j.receipt.as_deref()),
+        (JobState::Decided, Some("good"), Some("{\"r\":5}"))
+    );
+    let asg = l.assignments("j5").await.unwrap();
+    let seen: Vec<(&str, AssignmentState, Option<&str>, Option<&str>)> = asg
+        .iter()
+        .map(|a| {
+            (
+                a.node_id.as_str(),
+                a.state,
+                a.output_hash.as_deref(),
+                a.salt.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("a", AssignmentState::Agreed, Some("good"), Some("sa")),
+            ("b", AssignmentState::Agreed, Some("good"), Some("sb")),
+            ("c", AssignmentState::Revealed, Some("good"), Some("sc")),
+        ]
+    );
+    let credits: Vec<(String, i64, String)> = l
+        .job_stake_events("j5")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.node_id, e.delta, e.reason))
+        .collect();
+    assert_eq!(credits.len(), 2);
+    for n in ["a", "b"] {
+        assert!(
+            credits.contains(&(n.to_string(), 7, "credit".to_string())),
+            "{credits:?}"
+        );
+        let was = before.iter().find(|b| b.id == n).unwrap();
+        let now = l.node(n).await.unwrap().unwrap();
+        assert_eq!(
+            (now.stake, now.agreed, now.score_sum),
+            (was.stake + 7, was.agreed + 1, was.score_sum + 1.0)
+        );
+    }
+    let c_was = before.iter().find(|b| b.id == "c").unwrap();
+    assert_eq!(&l.node("c").await.unwrap().unwrap(), c_was);
+    conflict(l.decide_job("j5", &five(&two)).await);
+
     // A job's stake events by the job: j4's slash of b, and nothing of another job's.
     let by_job = l.job_stake_events("j4").await.unwrap();
     assert!(by_job.iter().all(|e| e.job_id.as_deref() == Some("j4")));
@@ -422,6 +513,60 @@ async fn suite(l: &SqlLedger, reopen: impl AsyncFn() -> SqlLedger) {
         l.claim_idempotency_key("k3", "jE", 505).await.unwrap(),
         "jC"
     );
+
+    // A job recorded with its key in one write: a second job under the key is not recorded
+    // and gets the first back; of two racing, one is recorded and both name it.
+    assert_eq!(
+        l.create_keyed_job(&job("jk1", 600), &nodes[..1], &[], "k4")
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(l.assignments("jk1").await.unwrap().len(), 1);
+    let small = [("h-keyed".to_string(), vec![1u8, 2, 3])];
+    assert_eq!(
+        other
+            .create_keyed_job(&job("jk2", 601), &nodes[..1], &small, "k4")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("jk1")
+    );
+    assert!(l.job("jk2").await.unwrap().is_none(), "not recorded");
+    assert!(l.assignments("jk2").await.unwrap().is_empty());
+    assert!(l.blob("h-keyed").await.unwrap().is_none(), "nor its inputs");
+    assert_eq!(
+        l.claim_idempotency_key("k4", "jk9", 602).await.unwrap(),
+        "jk1"
+    );
+    let racing = futures_like_join(
+        l.create_keyed_job(&job("jk3", 603), &nodes[..1], &[], "k5"),
+        other.create_keyed_job(&job("jk4", 603), &nodes[..1], &small, "k5"),
+    )
+    .await;
+    let (ra, rb) = (racing.0.unwrap(), racing.1.unwrap());
+    let made: Vec<&str> = [("jk3", &ra), ("jk4", &rb)]
+        .iter()
+        .filter(|(_, r)| r.is_none())
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(
+        made.len(),
+        1,
+        "one of two racing submissions records its job"
+    );
+    for r in [&ra, &rb] {
+        assert!(r.as_deref().is_none_or(|held| held == made[0]));
+    }
+    assert_eq!(
+        l.job("jk3").await.unwrap().is_some() as u8 + l.job("jk4").await.unwrap().is_some() as u8,
+        1
+    );
+    for id in ["jk1", "jk3", "jk4"] {
+        if l.job(id).await.unwrap().is_some() {
+            l.fail_job(id, "a test job", 604).await.unwrap();
+        }
+    }
 
     // Everything is still there after reconnecting (a restart), and j2 is still unfinished.
     let again = reopen().await;

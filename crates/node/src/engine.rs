@@ -280,6 +280,19 @@ impl Engine {
         })
     }
 
+    /// Whether blob `hash` can be had here without an upload: in the store, or already decoded
+    /// in one of the caches (which outlive an evicted blob).
+    pub fn holds(&self, hash: &Hash) -> bool {
+        fn kept<V>(c: &Mutex<Lru<V>>, hash: &Hash) -> bool {
+            c.lock().is_ok_and(|c| c.contains(hash))
+        }
+        self.store.contains(hash).is_some()
+            || kept(&self.tasks, hash)
+            || kept(&self.weights, hash)
+            || kept(&self.tensors, hash)
+            || kept(&self.llms, hash)
+    }
+
     /// The task `hash` if it is already decoded and planned.
     pub fn cached_task(&self, hash: &Hash) -> Option<Arc<Task>> {
         self.tasks.lock().ok().and_then(|mut c| c.get(hash))

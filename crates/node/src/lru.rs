@@ -32,6 +32,11 @@ impl<V> Lru<V> {
         })
     }
 
+    /// Whether `k` is kept (without marking it used).
+    pub fn contains(&self, k: &Hash) -> bool {
+        self.map.contains_key(k)
+    }
+
     pub fn remove(&mut self, k: &Hash) {
         if let Some((_, w, _)) = self.map.remove(k) {
             self.weight -= w;

@@ -442,6 +442,7 @@ impl Node {
             inline.insert(*hash, bytes);
         }
         self.pull_job_inputs(&spec, &req.pulls, &inline).await?;
+        self.check_present(&spec, &inline)?;
         let cancel = Arc::new(AtomicBool::new(false));
         {
             let mut t = lock(&self.jobs);
@@ -519,6 +520,39 @@ impl Node {
         })
         .await
         .unwrap_or_else(|e| Err(internal(format!("a job's task failed: {e}"))))
+    }
+
+    /// Every blob the job names is here (inline, stored or cached), checked before the job's id
+    /// is taken: a coordinator may ask to run first and upload only on this answer, then ask
+    /// again under the same id (one exchange per replica instead of an upload check per blob).
+    fn check_present(
+        &self,
+        spec: &JobSpec,
+        inline: &HashMap<Hash, Vec<u8>>,
+    ) -> Result<(), ApiError> {
+        let missing = |what: String, hash: &Hash| {
+            ApiError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "{what} {hash} is not on this node: upload it with PUT /v1/blobs/{hash}, then send the job again (it was not started)"
+                ),
+            )
+        };
+        let generation = spec.task.0 == tenet_models::generation::task_id();
+        if !generation && !self.engine.holds(&spec.task) {
+            return Err(missing("task".into(), &spec.task));
+        }
+        if let Some(w) = &spec.weights
+            && !self.engine.holds(w)
+        {
+            return Err(missing("weights".into(), w));
+        }
+        for (name, hash) in &spec.inputs {
+            if !inline.contains_key(hash) && !self.engine.holds(hash) {
+                return Err(missing(format!("input {name}"), hash));
+            }
+        }
+        Ok(())
     }
 
     /// Enter a finished job's outcome in the table (and keep its large outputs fetchable).
