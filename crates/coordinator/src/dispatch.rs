@@ -329,10 +329,13 @@ impl<L: Ledger + 'static> Coordinator<L> {
         if let Some(existing) = c.get(&node.url) {
             return Ok(existing.clone());
         }
-        let client = Arc::new(
-            NodeClient::pooled(&node.url, self.key.clone(), NODE_CONNECTIONS)
-                .map_err(|e| DispatchError::BadRequest(e.to_string()))?,
-        );
+        let mut client = NodeClient::pooled(&node.url, self.key.clone(), NODE_CONNECTIONS)
+            .map_err(|e| DispatchError::BadRequest(e.to_string()))?;
+        // The node's id is its key: requests to it carry a MAC under the key the two share.
+        if let Some(key) = tenet_proto::auth::PublicKey::parse(&node.id) {
+            client = client.with_node_key(&key);
+        }
+        let client = Arc::new(client);
         c.insert(node.url.clone(), client.clone());
         Ok(client)
     }

@@ -194,7 +194,8 @@ pub fn run_blocking(config: ServiceConfig, ready: impl FnOnce(&Started)) -> Resu
                     trusted,
                     config.open,
                     tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
-                ),
+                )
+                .with_key(key.clone()),
                 open: config.open,
                 max_request_bytes: 1 << 30,
                 conn: config.conn,

@@ -56,7 +56,8 @@ async fn serve(
                 Vec::new(),
                 false,
                 tenet_proto::auth::DEFAULT_MAX_SKEW_SECS,
-            ),
+            )
+            .with_key(core.key().clone()),
             open: false,
             max_request_bytes: 1 << 30,
             conn: tenet_net::serve::ConnLimits::default(),

@@ -20,7 +20,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tenet_ir::recycle::{self, Recycled};
-use tenet_proto::auth::KeyPair;
+use tenet_proto::auth::{KeyPair, PublicKey};
 use tenet_proto::wire::{
     Batch, BatchResults, BlobStored, Committed, JobStatus, NodeInfo, Resident, Revealed, RunJob,
     SessionCreated,
@@ -320,6 +320,9 @@ impl Link for HttpLink {
 pub struct NodeClient {
     link: Box<dyn Link>,
     key: KeyPair,
+    /// The key shared with the node, when its key is known: requests then carry a MAC, not a
+    /// signature ([`NodeClient::with_node_key`]).
+    session: Option<tenet_proto::auth::SessionKey>,
     busy_poll: Duration,
     timeout: Duration,
     json_limit: u64,
@@ -383,11 +386,21 @@ impl NodeClient {
         NodeClient {
             link,
             key,
+            session: None,
             busy_poll: DEFAULT_BUSY_POLL,
             timeout: DEFAULT_TIMEOUT,
             json_limit: DEFAULT_JSON_ANSWER_BYTES,
             blob_limit: DEFAULT_BLOB_ANSWER_BYTES,
         }
+    }
+
+    /// Prove requests to the node whose key is `node` with a MAC under the key the two share
+    /// (a microsecond each side) instead of an Ed25519 signature (~20 µs to make, ~40 µs to
+    /// check). A node whose key is not `node` refuses them. Unchanged for a key that is no
+    /// usable curve point.
+    pub fn with_node_key(mut self, node: &PublicKey) -> NodeClient {
+        self.session = self.key.session_key(node);
+        self
     }
 
     /// Give every call without its own [`Bounds`] at most `timeout` [default: 600 s].
@@ -437,18 +450,20 @@ impl NodeClient {
         path: &str,
         body_hash: &Hash,
     ) -> Vec<(String, String)> {
-        self.key
-            .sign_request(
-                method.as_str(),
-                path,
-                body_hash,
-                tenet_proto::unix_now(),
-                random_bytes(),
-            )
-            .to_pairs()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect()
+        let (now, nonce) = (tenet_proto::unix_now(), random_bytes());
+        match &self.session {
+            Some(session) => {
+                self.key
+                    .mac_request(session, method.as_str(), path, body_hash, now, nonce)
+            }
+            None => self
+                .key
+                .sign_request(method.as_str(), path, body_hash, now, nonce),
+        }
+        .to_pairs()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 
     /// A signed request, ready to send.
@@ -500,10 +515,13 @@ impl NodeClient {
             .deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
-        // While the answer is on its way, make the nonce for the next request's signature.
-        let key = &self.key;
+        // While the answer is on its way, make the nonce for the next request's signature
+        // (none is needed when requests carry MACs).
+        let key = (self.session.is_none()).then_some(&self.key);
         let idle = move || {
-            key.refill_nonce(random_bytes());
+            if let Some(key) = key {
+                key.refill_nonce(random_bytes());
+            }
         };
         let how = Exchange {
             taken,

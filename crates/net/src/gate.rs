@@ -2,17 +2,23 @@
 //! (or by any key in open mode), within the clock window, with a nonce never seen in that
 //! window. The checks run before the body is read, cheapest first: parse, trust, clock,
 //! signature, and only then is the nonce remembered — so only trusted parties can fill the
-//! nonce table, and a forged request cannot burn a real client's nonce.
+//! nonce table, and a forged request cannot burn a real client's nonce. A request proven by a
+//! MAC instead of a signature is checked under the key this server shares with its sender
+//! (derived once per sender and kept), so a gate that takes MACs knows its own key.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use tenet_proto::auth::{AuthHeaders, PublicKey, Verifier};
+use tenet_proto::auth::{AuthHeaders, KeyPair, Proof, PublicKey, SessionKey, Verifier};
 use tenet_proto::{ApiError, ErrorCode};
 
 /// Nonces remembered at most; beyond it (a trusted client sending faster than this per clock
 /// window) requests are refused as busy rather than letting the table grow without bound.
 const MAX_NONCES: usize = 4_000_000;
+
+/// Session keys kept at most (one per sender that proves with a MAC): past it the table starts
+/// afresh, and each sender's next request derives its key again.
+const MAX_SESSIONS: usize = 4096;
 
 #[derive(Default)]
 struct Nonces {
@@ -27,6 +33,9 @@ pub struct Gate {
     open: bool,
     max_skew_secs: u64,
     nonces: Mutex<Nonces>,
+    /// This server's key, for the keys it shares with senders that prove with a MAC.
+    own: Option<KeyPair>,
+    sessions: Mutex<HashMap<PublicKey, SessionKey>>,
 }
 
 impl Gate {
@@ -40,7 +49,41 @@ impl Gate {
             open,
             max_skew_secs,
             nonces: Mutex::new(Nonces::default()),
+            own: None,
+            sessions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Take requests proven by a MAC under the key `own` shares with their sender, as well as
+    /// signed ones.
+    pub fn with_key(mut self, own: KeyPair) -> Gate {
+        self.own = Some(own);
+        self
+    }
+
+    /// The key this server shares with `sender`, derived on its first MAC and kept.
+    fn session(&self, sender: &PublicKey) -> Result<SessionKey, ApiError> {
+        let Some(own) = &self.own else {
+            return Err(ApiError::new(
+                ErrorCode::Unauthenticated,
+                "this server takes signed requests only: send x-tenet-signature, not x-tenet-mac",
+            ));
+        };
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = sessions.get(sender) {
+            return Ok(s.clone());
+        }
+        let s = own.session_key(sender).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthenticated,
+                format!("key {sender} shares no key with this server: sign the request instead"),
+            )
+        })?;
+        if sessions.len() >= MAX_SESSIONS {
+            sessions.clear();
+        }
+        sessions.insert(*sender, s.clone());
+        Ok(s)
     }
 
     pub fn is_open(&self) -> bool {
@@ -85,7 +128,18 @@ impl Gate {
                 ),
             ));
         }
-        auth.verify_by(verifier, method, path_and_query, now, self.max_skew_secs)?;
+        match auth.proof {
+            Proof::Signature(_) => {
+                auth.verify_by(verifier, method, path_and_query, now, self.max_skew_secs)?
+            }
+            Proof::Mac(_) => auth.verify_mac(
+                &self.session(&auth.key)?,
+                method,
+                path_and_query,
+                now,
+                self.max_skew_secs,
+            )?,
+        }
         let mut n = self.nonces.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(&(expiry, key, nonce)) = n.by_expiry.front() {
             if expiry >= now {
@@ -119,7 +173,6 @@ impl Gate {
 mod tests {
     use super::*;
     use tenet_proto::Hash;
-    use tenet_proto::auth::KeyPair;
 
     fn admit(gate: &Gate, h: &AuthHeaders, path: &str, now: u64) -> Result<(), ApiError> {
         let pairs = h.to_pairs();
@@ -156,5 +209,37 @@ mod tests {
         let later = client.sign_request("GET", "/v1/x", &body, 1040, [8; 16]);
         admit(&gate, &later, "/v1/x", 1040).unwrap();
         assert_eq!(gate.nonces.lock().unwrap().seen.len(), 1);
+    }
+
+    #[test]
+    fn mac_requests_pass_at_their_server_only_once_and_only_from_trusted_keys() {
+        let client = KeyPair::from_seed([1; 32]);
+        let server = KeyPair::from_seed([5; 32]);
+        let elsewhere = KeyPair::from_seed([6; 32]);
+        let gate = Gate::new(vec![client.public()], false, 30).with_key(server.clone());
+        let body = Hash::of(b"");
+        let session = client.session_key(&server.public()).unwrap();
+        let h = client.mac_request(&session, "GET", "/v1/jobs/a", &body, 1000, [1; 16]);
+        admit(&gate, &h, "/v1/jobs/a", 1000).unwrap();
+        let again = admit(&gate, &h, "/v1/jobs/a", 1001).unwrap_err();
+        assert_eq!(again.code, ErrorCode::ReplayedNonce);
+        // Made for another server: refused here.
+        let wrong = client.session_key(&elsewhere.public()).unwrap();
+        let h = client.mac_request(&wrong, "GET", "/v1/jobs/a", &body, 1000, [2; 16]);
+        let e = admit(&gate, &h, "/v1/jobs/a", 1000).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadSignature);
+        // An untrusted key is refused before any key is derived for it.
+        let stranger = KeyPair::from_seed([2; 32]);
+        let theirs = stranger.session_key(&server.public()).unwrap();
+        let h = stranger.mac_request(&theirs, "GET", "/v1/jobs/a", &body, 1000, [3; 16]);
+        let e = admit(&gate, &h, "/v1/jobs/a", 1000).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UntrustedKey);
+        assert_eq!(gate.sessions.lock().unwrap().len(), 1);
+        // A gate that does not know its own key takes signatures only, and says so.
+        let keyless = Gate::new(vec![client.public()], false, 30);
+        let h = client.mac_request(&session, "GET", "/v1/jobs/a", &body, 1000, [4; 16]);
+        let e = admit(&keyless, &h, "/v1/jobs/a", 1000).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unauthenticated);
+        assert!(e.message.contains("x-tenet-signature"), "{}", e.message);
     }
 }

@@ -373,7 +373,7 @@ impl Node {
         };
         Ok(Arc::new(Node {
             pool: Pool::new(config.workers, config.queue_limit),
-            gate: Gate::new(trusted, config.open, config.max_clock_skew_secs),
+            gate: Gate::new(trusted, config.open, config.max_clock_skew_secs).with_key(key.clone()),
             key,
             store,
             engine,
