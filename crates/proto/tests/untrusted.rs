@@ -3,7 +3,7 @@
 //! are fuzzed without bound by `cargo fuzz run decode_request`.)
 
 use tenet_ir::{DType, HostTensor, TensorType};
-use tenet_proto::auth::{AuthHeaders, HEADER_NAMES, KeyPair};
+use tenet_proto::auth::{AuthHeaders, HEADER_NAMES, KeyPair, MAC_HEADER, SIGNATURE_HEADER};
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{Batch, RunJob, SessionOp};
 use tenet_proto::{Hash, tensor};
@@ -93,8 +93,22 @@ fn seeds() -> Vec<Vec<u8>> {
             },
         ],
     };
-    let headers = KeyPair::from_seed([3; 32])
+    let client = KeyPair::from_seed([3; 32]);
+    let headers = client
         .sign_request("POST", "/v1/jobs", &Hash::of(b"{}"), 1000, [4; 16])
+        .to_pairs()
+        .map(|(_, v)| v)
+        .join("\n");
+    let session = client.session_key(&server().public()).unwrap();
+    let mac_headers = client
+        .mac_request(
+            &session,
+            "POST",
+            "/v1/jobs",
+            &Hash::of(b"{}"),
+            1000,
+            [5; 16],
+        )
         .to_pairs()
         .map(|(_, v)| v)
         .join("\n");
@@ -104,6 +118,7 @@ fn seeds() -> Vec<Vec<u8>> {
         tensor::encode(&t),
         tensor::encode(&HostTensor::from_i64(&[], &[7]).unwrap()),
         headers.into_bytes(),
+        mac_headers.into_bytes(),
     ]
 }
 
@@ -119,16 +134,29 @@ fn decode_everything(data: &[u8]) {
     }
     if let Ok(text) = std::str::from_utf8(data) {
         let values: Vec<&str> = text.splitn(5, '\n').collect();
-        let parsed = AuthHeaders::from_headers(|name| {
-            HEADER_NAMES
-                .iter()
-                .position(|n| *n == name)
-                .and_then(|i| values.get(i).copied())
-        });
-        if let Ok(h) = parsed {
-            let _ = h.verify("POST", "/v1/jobs", h.timestamp, 30);
+        // The fifth line as a signature, then as a MAC (checked where it is meant for).
+        let mut names = HEADER_NAMES;
+        for fifth in [SIGNATURE_HEADER, MAC_HEADER] {
+            names[4] = fifth;
+            let parsed = AuthHeaders::from_headers(|name| {
+                names
+                    .iter()
+                    .position(|n| *n == name)
+                    .and_then(|i| values.get(i).copied())
+            });
+            if let Ok(h) = parsed {
+                let _ = h.verify("POST", "/v1/jobs", h.timestamp, 30);
+                if let Some(session) = server().session_key(&h.key) {
+                    let _ = h.verify_mac(&session, "POST", "/v1/jobs", h.timestamp, 30);
+                }
+            }
         }
     }
+}
+
+/// The server the MAC seed is made for.
+fn server() -> KeyPair {
+    KeyPair::from_seed([7; 32])
 }
 
 #[test]
@@ -138,6 +166,20 @@ fn mutated_requests_never_panic_and_accepted_blobs_are_canonical() {
     assert!(serde_json::from_slice::<RunJob>(&seeds[0]).is_ok());
     assert!(serde_json::from_slice::<Batch>(&seeds[1]).is_ok());
     assert!(tensor::decode(&seeds[2]).is_ok());
+    let mac = std::str::from_utf8(&seeds[5]).unwrap();
+    let values: Vec<&str> = mac.split('\n').collect();
+    let mut names = HEADER_NAMES;
+    names[4] = MAC_HEADER;
+    let h = AuthHeaders::from_headers(|name| {
+        names
+            .iter()
+            .position(|n| *n == name)
+            .and_then(|i| values.get(i).copied())
+    })
+    .unwrap();
+    let session = server().session_key(&h.key).unwrap();
+    h.verify_mac(&session, "POST", "/v1/jobs", 1000, 30)
+        .unwrap();
     let mut rng = Rng(0x9E3779B97F4A7C15);
     let mut accepted = 0;
     for i in 0..20_000 {
