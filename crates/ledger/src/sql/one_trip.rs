@@ -15,6 +15,9 @@ use sqlx::Row;
 use super::{BindHolder, JOB_COLS, SqlLedger};
 use crate::{AssignmentState, JobRecord, JobState, LedgerError, Result, Settlement};
 
+/// PostgreSQL's SQLSTATE for a transaction rolled back to break a deadlock.
+const DEADLOCK: &str = "40P01";
+
 /// `($a, $a+1, …), (…)`: `count` rows of `width` parameters numbered from `first`.
 fn rows_from(first: usize, count: usize, width: usize) -> String {
     (0..count)
@@ -161,8 +164,8 @@ impl SqlLedger {
     /// A settlement in which every judged replica agreed, in one statement: the decision (only
     /// while the job is unfinished, leased here, and every judged node is registered), then the
     /// replicas' reveals and verdicts, the credits' stake events, and last the nodes' counters
-    /// and stakes, their rows locked in the order of their ids (so that settlements crediting
-    /// the same nodes never deadlock). False when nothing was written.
+    /// and stakes, their rows locked in the order of their ids. False when nothing was written
+    /// (and when the statement lost a deadlock).
     pub(super) async fn settle_agreed_at_once(
         &self,
         job_id: &str,
@@ -240,7 +243,16 @@ impl SqlLedger {
         for (node, hash, salt) in unjudged {
             q = q.bind(node).bind(hash).bind(salt);
         }
-        let row = q.fetch_one(&self.pool).await?;
+        let row = match q.fetch_one(&self.pool).await {
+            Ok(row) => row,
+            // Two such statements crediting the same nodes can still deadlock (the planner
+            // decides when each row is locked); the one chosen as the victim wrote nothing and
+            // goes the step-by-step way, whose node updates run in id order.
+            Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some(DEADLOCK) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(row.try_get::<i64, _>("decided")? == 1)
     }
 }
