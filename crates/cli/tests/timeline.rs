@@ -186,7 +186,13 @@ fn the_demo_s_logs_draw_a_lane_per_node_with_the_liar_marked() {
             .iter()
             .find(|l| l.id == id)
             .unwrap_or_else(|| panic!("no lane for node {id}"));
-        assert!(!lane.bars.is_empty(), "node {id} ran nothing");
+        // The demo may end after three calls, nine replicas over five nodes: a node the picks
+        // passed over has a lane and nothing on it; every node the ledger judged has its jobs.
+        let judged = n["agreed"].as_i64().unwrap() + n["disagreed"].as_i64().unwrap();
+        assert!(
+            judged == 0 || !lane.bars.is_empty(),
+            "node {id} was judged on {judged} jobs, but its lane has none"
+        );
         let marked = lane
             .marks
             .iter()
