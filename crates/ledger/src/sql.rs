@@ -39,11 +39,14 @@ struct Lease {
     ttl_ms: i64,
 }
 
-/// `($1, $2, $3), ($4, $5, $6), …`: `count` rows of `width` parameters, for a multi-row insert.
-fn rows(count: usize, width: usize) -> String {
+/// `($a, $a+1, …), (…)`: `count` rows of `width` parameters numbered from `first`, for a
+/// multi-row insert or a `VALUES` list.
+fn rows_from(first: usize, count: usize, width: usize) -> String {
     (0..count)
         .map(|r| {
-            let cols: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            let cols: Vec<String> = (0..width)
+                .map(|c| format!("${}", first + r * width + c))
+                .collect();
             format!("({})", cols.join(", "))
         })
         .collect::<Vec<_>>()
@@ -564,7 +567,7 @@ impl SqlLedger {
         if !nodes.is_empty() {
             let mut q = sqlx::query(sql!(
                 "INSERT INTO assignments (job_id, node_id, state) VALUES {}",
-                rows(nodes.len(), 3)
+                rows_from(1, nodes.len(), 3)
             ));
             for n in nodes {
                 q = q
@@ -580,7 +583,7 @@ impl SqlLedger {
         if !distinct.is_empty() {
             let mut q = sqlx::query(sql!(
                 "INSERT INTO blobs (hash, body) VALUES {} ON CONFLICT (hash) DO NOTHING",
-                rows(distinct.len(), 2)
+                rows_from(1, distinct.len(), 2)
             ));
             for (hash, body) in distinct {
                 q = q.bind(hash).bind(body.clone());
@@ -1067,7 +1070,7 @@ impl Ledger for SqlLedger {
         if !credited.is_empty() {
             let mut q = sqlx::query(sql!(
                 "INSERT INTO stake_events (node_id, job_id, delta, reason, at) VALUES {}",
-                rows(credited.len(), 5)
+                rows_from(1, credited.len(), 5)
             ));
             for v in &credited {
                 q = q

@@ -12,7 +12,7 @@
 
 use sqlx::Row;
 
-use super::{BindHolder, JOB_COLS, SqlLedger};
+use super::{BindHolder, JOB_COLS, SqlLedger, rows_from};
 use crate::{AssignmentState, JobRecord, JobState, LedgerError, Result, Settlement};
 
 /// The class of the transaction-scoped advisory locks a one-statement settlement takes on its
@@ -25,19 +25,6 @@ const NODE_LOCKS: i32 = 0x7465_6e74;
 
 /// PostgreSQL's SQLSTATE for a transaction rolled back to break a deadlock.
 const DEADLOCK: &str = "40P01";
-
-/// `($a, $a+1, …), (…)`: `count` rows of `width` parameters numbered from `first`.
-fn rows_from(first: usize, count: usize, width: usize) -> String {
-    (0..count)
-        .map(|r| {
-            let cols: Vec<String> = (0..width)
-                .map(|c| format!("${}", first + r * width + c))
-                .collect();
-            format!("({})", cols.join(", "))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 impl SqlLedger {
     /// The job, its replicas, its small inputs and the caller's idempotency key in one
@@ -275,6 +262,6 @@ mod tests {
         assert_eq!(rows_from(5, 2, 2), "($5, $6), ($7, $8)");
         assert_eq!(rows_from(3, 1, 1), "($3)");
         assert_eq!(rows_from(9, 0, 4), "");
-        assert_eq!(crate::sql::rows(2, 2), rows_from(1, 2, 2));
+        assert_eq!(rows_from(1, 2, 3), "($1, $2, $3), ($4, $5, $6)");
     }
 }
