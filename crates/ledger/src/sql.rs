@@ -53,6 +53,14 @@ fn rows_from(first: usize, count: usize, width: usize) -> String {
         .join(", ")
 }
 
+/// A job's small blobs, each hash once (a multi-row insert may not name a key twice).
+fn distinct_blobs(blobs: &[(String, Vec<u8>)]) -> Vec<&(String, Vec<u8>)> {
+    let mut distinct: Vec<&(String, Vec<u8>)> = blobs.iter().collect();
+    distinct.sort_by(|a, b| a.0.cmp(&b.0));
+    distinct.dedup_by(|a, b| a.0 == b.0);
+    distinct
+}
+
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// Binds a fence's holder (the last parameter of a fenced statement) when the handle leases:
@@ -577,9 +585,7 @@ impl SqlLedger {
             }
             q.execute(&mut *tx).await?;
         }
-        let mut distinct: Vec<&(String, Vec<u8>)> = blobs.iter().collect();
-        distinct.sort_by(|a, b| a.0.cmp(&b.0));
-        distinct.dedup_by(|a, b| a.0 == b.0);
+        let distinct = distinct_blobs(blobs);
         if !distinct.is_empty() {
             let mut q = sqlx::query(sql!(
                 "INSERT INTO blobs (hash, body) VALUES {} ON CONFLICT (hash) DO NOTHING",

@@ -12,7 +12,7 @@
 
 use sqlx::Row;
 
-use super::{BindHolder, JOB_COLS, SqlLedger, rows_from};
+use super::{BindHolder, JOB_COLS, SqlLedger, distinct_blobs, rows_from};
 use crate::{AssignmentState, JobRecord, JobState, LedgerError, Result, Settlement};
 
 /// The class of the transaction-scoped advisory locks a one-statement settlement takes on its
@@ -41,9 +41,7 @@ impl SqlLedger {
             Some(l) => (Some(l.holder.clone()), l.ttl_ms),
             None => (None, 0),
         };
-        let mut distinct: Vec<&(String, Vec<u8>)> = blobs.iter().collect();
-        distinct.sort_by(|a, b| a.0.cmp(&b.0));
-        distinct.dedup_by(|a, b| a.0 == b.0);
+        let distinct = distinct_blobs(blobs);
         // $1 … $15: the job; $16: the key (when there is one); then the replicas and blobs.
         let mut parts = Vec::new();
         let mut next = 16;
