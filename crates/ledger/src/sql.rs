@@ -78,6 +78,47 @@ impl BindHolder for AnyQuery<'_> {
     }
 }
 
+/// Binds a new job's row as `$1 … $15`: its columns in [`JOB_COLS`] order, then its lease
+/// holder and the lease's length (none and 0 for a handle that does not lease), as both ways
+/// of recording a job insert it.
+trait BindNewJob<'q> {
+    fn bind_new_job(self, ledger: &SqlLedger, j: &'q JobRecord) -> Self;
+}
+
+impl<'q> BindNewJob<'q> for AnyQuery<'q> {
+    fn bind_new_job(self, ledger: &SqlLedger, j: &'q JobRecord) -> Self {
+        let (holder, ttl) = match &ledger.lease {
+            Some(l) => (Some(l.holder.clone()), l.ttl_ms),
+            None => (None, 0),
+        };
+        self.bind(&j.id)
+            .bind(&j.task)
+            .bind(j.weights.clone())
+            .bind(&j.inputs)
+            .bind(&j.tier)
+            .bind(j.seed)
+            .bind(j.replicas)
+            .bind(j.state.as_str())
+            .bind(j.created_at)
+            .bind(j.updated_at)
+            .bind(j.output_hash.clone())
+            .bind(j.receipt.clone())
+            .bind(j.error.clone())
+            .bind(holder)
+            .bind(ttl)
+    }
+}
+
+/// An insert of job `j` that failed: a conflict when its id is taken.
+fn job_taken(j: &JobRecord, e: sqlx::Error) -> LedgerError {
+    match e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => {
+            LedgerError::Conflict(format!("job {} exists", j.id))
+        }
+        e => e.into(),
+    }
+}
+
 /// The states of a job someone must still drive, as SQL.
 const UNFINISHED: &str = "('pending', 'committing', 'revealing')";
 
@@ -539,37 +580,14 @@ impl SqlLedger {
                 return self.key_holder(key).await.map(Some);
             }
         }
-        let (holder, ttl) = match &self.lease {
-            Some(l) => (Some(l.holder.clone()), l.ttl_ms),
-            None => (None, 0),
-        };
         sqlx::query(sql!(
             "INSERT INTO jobs ({JOB_COLS}, lease_holder, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, {} + $15)",
             self.now_ms()
         ))
-        .bind(&j.id)
-        .bind(&j.task)
-        .bind(j.weights.clone())
-        .bind(&j.inputs)
-        .bind(&j.tier)
-        .bind(j.seed)
-        .bind(j.replicas)
-        .bind(j.state.as_str())
-        .bind(j.created_at)
-        .bind(j.updated_at)
-        .bind(j.output_hash.clone())
-        .bind(j.receipt.clone())
-        .bind(j.error.clone())
-        .bind(holder)
-        .bind(ttl)
+        .bind_new_job(self, j)
         .execute(&mut *tx)
         .await
-        .map_err(|e| match e {
-            sqlx::Error::Database(d) if d.is_unique_violation() => {
-                LedgerError::Conflict(format!("job {} exists", j.id))
-            }
-            e => e.into(),
-        })?;
+        .map_err(|e| job_taken(j, e))?;
         // One statement for all the replicas, one for all the blobs: every statement is a round
         // trip to the database, and a job's admission is on every call's path.
         if !nodes.is_empty() {

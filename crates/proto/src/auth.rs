@@ -440,13 +440,7 @@ impl AuthHeaders {
                 "{MAC_HEADER} is taken only by a server that knows its own key; sign the request with {SIGNATURE_HEADER}"
             )));
         };
-        let msg = signing_message(
-            method,
-            path_and_query,
-            &self.body_hash,
-            self.timestamp,
-            &self.nonce,
-        );
+        let msg = self.statement(method, path_and_query);
         let fresh;
         let verifier = match verifier {
             Some(v) => v,
@@ -481,19 +475,24 @@ impl AuthHeaders {
             return self.verify_by(None, method, path_and_query, now, max_skew_secs);
         };
         self.check_clock(now, max_skew_secs)?;
-        let msg = signing_message(
-            method,
-            path_and_query,
-            &self.body_hash,
-            self.timestamp,
-            &self.nonce,
-        );
+        let msg = self.statement(method, path_and_query);
         // Constant time: a MAC compared byte by byte would leak how much of a guess was right.
         let expected = blake3::Hash::from(session.mac(&msg));
         if session.peer != self.key || expected != blake3::Hash::from(*mac) {
             return Err(self.forged(method, path_and_query));
         }
         Ok(())
+    }
+
+    /// What this request's signature or MAC covers ([`signing_message`]).
+    fn statement(&self, method: &str, path_and_query: &str) -> Vec<u8> {
+        signing_message(
+            method,
+            path_and_query,
+            &self.body_hash,
+            self.timestamp,
+            &self.nonce,
+        )
     }
 
     fn check_clock(&self, now: u64, max_skew_secs: u64) -> Result<(), ApiError> {

@@ -6,7 +6,7 @@ use tenet_ir::{DType, HostTensor, TensorType};
 use tenet_proto::auth::{AuthHeaders, HEADER_NAMES, KeyPair, MAC_HEADER, SIGNATURE_HEADER};
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::{Batch, RunJob, SessionOp};
-use tenet_proto::{Hash, tensor};
+use tenet_proto::{ApiError, Hash, tensor};
 
 struct Rng(u64);
 
@@ -135,16 +135,8 @@ fn decode_everything(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let values: Vec<&str> = text.splitn(5, '\n').collect();
         // The fifth line as a signature, then as a MAC (checked where it is meant for).
-        let mut names = HEADER_NAMES;
         for fifth in [SIGNATURE_HEADER, MAC_HEADER] {
-            names[4] = fifth;
-            let parsed = AuthHeaders::from_headers(|name| {
-                names
-                    .iter()
-                    .position(|n| *n == name)
-                    .and_then(|i| values.get(i).copied())
-            });
-            if let Ok(h) = parsed {
+            if let Ok(h) = headers_from_lines(&values, fifth) {
                 let _ = h.verify("POST", "/v1/jobs", h.timestamp, 30);
                 if let Some(session) = server().session_key(&h.key) {
                     let _ = h.verify_mac(&session, "POST", "/v1/jobs", h.timestamp, 30);
@@ -152,6 +144,18 @@ fn decode_everything(data: &[u8]) {
             }
         }
     }
+}
+
+/// The request headers a line each, in [`HEADER_NAMES`] order with `fifth` naming the proof.
+fn headers_from_lines(values: &[&str], fifth: &'static str) -> Result<AuthHeaders, ApiError> {
+    let mut names = HEADER_NAMES;
+    names[4] = fifth;
+    AuthHeaders::from_headers(|name| {
+        names
+            .iter()
+            .position(|n| *n == name)
+            .and_then(|i| values.get(i).copied())
+    })
 }
 
 /// The server the MAC seed is made for.
@@ -168,15 +172,7 @@ fn mutated_requests_never_panic_and_accepted_blobs_are_canonical() {
     assert!(tensor::decode(&seeds[2]).is_ok());
     let mac = std::str::from_utf8(&seeds[5]).unwrap();
     let values: Vec<&str> = mac.split('\n').collect();
-    let mut names = HEADER_NAMES;
-    names[4] = MAC_HEADER;
-    let h = AuthHeaders::from_headers(|name| {
-        names
-            .iter()
-            .position(|n| *n == name)
-            .and_then(|i| values.get(i).copied())
-    })
-    .unwrap();
+    let h = headers_from_lines(&values, MAC_HEADER).unwrap();
     let session = server().session_key(&h.key).unwrap();
     h.verify_mac(&session, "POST", "/v1/jobs", 1000, 30)
         .unwrap();

@@ -12,8 +12,8 @@
 
 use sqlx::Row;
 
-use super::{BindHolder, JOB_COLS, SqlLedger, distinct_blobs, rows_from};
-use crate::{AssignmentState, JobRecord, JobState, LedgerError, Result, Settlement};
+use super::{BindHolder, BindNewJob, JOB_COLS, SqlLedger, distinct_blobs, rows_from};
+use crate::{AssignmentState, JobRecord, JobState, Result, Settlement};
 
 /// The class of the transaction-scoped advisory locks a one-statement settlement takes on its
 /// nodes, one per node (`hashtext` of its id), in the order of their ids, before it updates
@@ -37,10 +37,6 @@ impl SqlLedger {
         blobs: &[(String, Vec<u8>)],
         key: Option<&str>,
     ) -> Result<Option<String>> {
-        let (holder, ttl) = match &self.lease {
-            Some(l) => (Some(l.holder.clone()), l.ttl_ms),
-            None => (None, 0),
-        };
         let distinct = distinct_blobs(blobs);
         // $1 … $15: the job; $16: the key (when there is one); then the replicas and blobs.
         let mut parts = Vec::new();
@@ -77,21 +73,7 @@ impl SqlLedger {
             "WITH {} SELECT count(*) AS made FROM j",
             parts.join(",\n")
         ))
-        .bind(&j.id)
-        .bind(&j.task)
-        .bind(j.weights.clone())
-        .bind(&j.inputs)
-        .bind(&j.tier)
-        .bind(j.seed)
-        .bind(j.replicas)
-        .bind(j.state.as_str())
-        .bind(j.created_at)
-        .bind(j.updated_at)
-        .bind(j.output_hash.clone())
-        .bind(j.receipt.clone())
-        .bind(j.error.clone())
-        .bind(holder)
-        .bind(ttl);
+        .bind_new_job(self, j);
         if let Some(key) = key {
             q = q.bind(key);
         }
@@ -101,12 +83,10 @@ impl SqlLedger {
         for (hash, body) in distinct {
             q = q.bind(hash).bind(body.clone());
         }
-        let row = q.fetch_one(&self.pool).await.map_err(|e| match e {
-            sqlx::Error::Database(d) if d.is_unique_violation() => {
-                LedgerError::Conflict(format!("job {} exists", j.id))
-            }
-            e => e.into(),
-        })?;
+        let row = q
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| super::job_taken(j, e))?;
         match key {
             Some(key) if row.try_get::<i64, _>("made")? == 0 => {
                 self.key_holder(key).await.map(Some)
