@@ -4,15 +4,15 @@
 //! together with the same tokens, and malformed ones are refused. Needs the model in the
 //! cache (`tenet models fetch smollm2`); without it the test says it was skipped.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tenet_ir::HostTensor;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
 use tenet_models::generation::{self, GenerationParams};
 use tenet_models::smollm2::{FinishReason, GGUF_FILE, SmolLm2, WeightsMode};
-use tenet_net::{NodeClient, identity};
-use tenet_node::{Node, NodeConfig};
+use tenet_net::NodeClient;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::RunJob;
 use tenet_proto::{ErrorCode, Hash, tensor};
@@ -93,23 +93,10 @@ fn a_node_generates_the_models_tokens_as_committed_jobs() {
     let want5 = local.generate(&ids[0], 5, None, &cpu, |_| {}).unwrap();
 
     let data = tempfile::tempdir().unwrap();
-    let config = NodeConfig {
-        open: true,
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: data.path().to_path_buf(),
-        ..NodeConfig::default()
-    };
-    let node: Arc<Node> = Node::start(config).unwrap();
+    let node = common::open_node(data.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(tenet_node::http::serve(
-            node,
-            listener,
-            std::future::pending(),
-        ));
-        let client = NodeClient::new(&url, identity::generate()).unwrap();
+        let client = common::serve(node).await;
         let stored = client
             .upload_blob(std::fs::read(&gguf).unwrap())
             .await

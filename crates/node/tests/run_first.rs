@@ -3,12 +3,11 @@
 //! file or input *before* it takes the job's id, and then run the same id once the blob is
 //! there. A job it did take keeps its id taken.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tenet_ir::{DType, GraphBuilder, HostTensor};
-use tenet_net::{NodeClient, identity};
-use tenet_node::{Node, NodeConfig};
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::RunJob;
 use tenet_proto::{ErrorCode, Hash, tensor};
@@ -35,23 +34,10 @@ fn job(id: &str, task: Hash, input: Hash, inline: Option<&[u8]>) -> RunJob {
 #[test]
 fn a_job_missing_a_blob_is_refused_before_its_id_is_taken() {
     let data = tempfile::tempdir().unwrap();
-    let config = NodeConfig {
-        open: true,
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: data.path().to_path_buf(),
-        ..NodeConfig::default()
-    };
-    let node: Arc<Node> = Node::start(config).unwrap();
+    let node = common::open_node(data.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(tenet_node::http::serve(
-            node,
-            listener,
-            std::future::pending(),
-        ));
-        let client = NodeClient::new(&url, identity::generate()).unwrap();
+        let client = common::serve(node).await;
 
         let g = GraphBuilder::new();
         let x = g.input("x", DType::F32, &[3]);
