@@ -241,25 +241,24 @@ fn small_m(
 ) {
     let threads = threads.clamp(1, n.div_ceil(256).max(1));
     let per = n.div_ceil(threads);
-    let block = |j0: usize, j1: usize| -> Vec<f32> {
-        let mut out = vec![0.0f32; m * (j1 - j0)];
+    // Columns `j0..` of rows 0..m into `out` (m rows of `out.len() / m` columns, row-major).
+    let block = |j0: usize, out: &mut [f32]| {
+        let w = out.len() / m;
         #[cfg(target_arch = "x86_64")]
         if level == SimdLevel::Avx512 && x86::gather_fits(b.cs) {
             // SAFETY: `sgemm` checked that the CPU supports AVX-512 and the extents of A and B
             // (for rows < m, columns < n, steps < k); `gather_fits` the offsets' range.
-            unsafe { x86::small_m_avx512(m, j0, k, a, b, &mut out) };
-            return out;
+            unsafe { x86::small_m_avx512(m, j0, k, a, b, out) };
+            return;
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `sgemm` checked that the CPU supports AVX2 and FMA and the extents of A and
         // B; `m <= SMALL_M`.
-        if level == SimdLevel::Avx2
-            && unsafe { few_rows_avx2::small_m_avx2(m, j0, k, a, b, &mut out) }
-        {
-            return out;
+        if level == SimdLevel::Avx2 && unsafe { few_rows_avx2::small_m_avx2(m, j0, k, a, b, out) } {
+            return;
         }
         for i in 0..m {
-            let row = &mut out[i * (j1 - j0)..(i + 1) * (j1 - j0)];
+            let row = &mut out[i * w..(i + 1) * w];
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `sgemm` checked that the CPU supports `level`, which includes FMA for
@@ -270,15 +269,22 @@ fn small_m(
                 _ => dot_rows(i, j0, k, a, b, row),
             }
         }
-        out
     };
+    // One thread and rows of C that lie end to end (attention's many tiny products): straight
+    // into C, nothing allocated.
+    if threads == 1 && c_rs == n {
+        block(0, &mut c[..m * n]);
+        return;
+    }
     // One slot per column block, each filled by its own part.
     let mut blocks: Vec<(usize, Vec<f32>)> =
         (0..n).step_by(per).map(|j0| (j0, Vec::new())).collect();
     let parts: Vec<std::ops::Range<usize>> = (0..blocks.len()).map(|i| i..i + 1).collect();
     tenet_sys::parallel::for_each_piece(&mut blocks, &parts, |_, slot| {
         let j0 = slot[0].0;
-        slot[0].1 = block(j0, (j0 + per).min(n));
+        let mut out = vec![0.0f32; m * ((j0 + per).min(n) - j0)];
+        block(j0, &mut out);
+        slot[0].1 = out;
     });
     for (j0, out) in blocks {
         let w = out.len() / m;
@@ -1187,9 +1193,15 @@ mod x86 {
 
     /// Rows `0..m` of A, step-major: `[p * m + i]` is A(i, p).
     pub(super) fn a_by_step(m: usize, k: usize, a: super::Strided<'_>) -> Vec<f32> {
-        (0..k)
-            .flat_map(|p| (0..m).map(move |i| a.data[i * a.rs + p * a.cs]))
-            .collect()
+        // Filled by index into a vector of its final length: a flattening iterator's collect
+        // grew it step by step, a quarter of a tiny attention product's time.
+        let mut out = vec![0.0; m * k];
+        for (p, step) in out.chunks_exact_mut(m.max(1)).enumerate() {
+            for (i, v) in step.iter_mut().enumerate() {
+                *v = a.data[i * a.rs + p * a.cs];
+            }
+        }
+        out
     }
 
     /// Transpose a 16×16 block in registers: afterwards `r[q]` lane `l` is what `r[l]` lane

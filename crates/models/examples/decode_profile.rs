@@ -1,41 +1,65 @@
 //! Where a SmolLM2 decode step's time goes on the CPU: the decode graph (capacity 64, quantised
 //! weights) run 45 times, the last 40 timed, its `RunStats` summed by kind of step.
 //!
-//! `cargo run --release -p tenet-models --example decode_profile [THREADS]` (default 2); needs
-//! the model in the cache (`tenet models fetch smollm2`).
+//! `cargo run --release -p tenet-models --example decode_profile [THREADS] [BATCH]` (default 2
+//! threads, one sequence; a batch of more runs the batched decode graph with every member at
+//! position 10); needs the model in the cache (`tenet models fetch smollm2`).
 use std::collections::HashMap;
 use tenet_exec::Device;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
-use tenet_models::smollm2::{GGUF_FILE, SmolLm2, WeightsMode, llama_decode_graph};
+use tenet_models::smollm2::{
+    GGUF_FILE, SmolLm2, WeightsMode, llama_decode_batch_graph, llama_decode_graph,
+};
 
 fn main() {
     let threads: usize = std::env::args().nth(1).map_or(2, |s| s.parse().unwrap());
+    let batch: u64 = std::env::args().nth(2).map_or(1, |s| s.parse().unwrap());
     let dir = cached(&SMOLLM2).unwrap();
     let m =
         SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), WeightsMode::Quantized).unwrap();
     let dev = tenet_cpu::CpuDevice::new(threads, tenet_cpu::SimdLevel::detect());
     let cap = 64;
-    let g = llama_decode_graph(&m.config, m.weights.id, cap).unwrap();
-    println!("decode graph: {} nodes", g.nodes().len());
+    let built = std::time::Instant::now();
+    let g = if batch == 1 {
+        llama_decode_graph(&m.config, m.weights.id, cap).unwrap()
+    } else {
+        llama_decode_batch_graph(&m.config, m.weights.id, batch, cap).unwrap()
+    };
+    println!(
+        "decode graph: {} nodes, built in {:.1} ms",
+        g.nodes().len(),
+        built.elapsed().as_secs_f64() * 1e3
+    );
+    let compile = std::time::Instant::now();
     let p = dev.compile(&g).unwrap();
+    println!(
+        "compiled in {:.1} ms",
+        compile.elapsed().as_secs_f64() * 1e3
+    );
     let c = &m.config;
     let mut inputs = HashMap::new();
+    let members = batch as usize;
     inputs.insert(
         "ids".to_string(),
-        tenet_ir::HostTensor::from_i64(&[1], &[42]).unwrap(),
+        tenet_ir::HostTensor::from_i64(&[batch], &vec![42; members]).unwrap(),
     );
     inputs.insert(
         "pos".to_string(),
-        tenet_ir::HostTensor::from_i64(&[1], &[10]).unwrap(),
+        tenet_ir::HostTensor::from_i64(&[batch], &vec![10; members]).unwrap(),
     );
-    for l in 0..c.layers {
+    let suffixes: Vec<String> = if batch == 1 {
+        vec![String::new()]
+    } else {
+        (0..batch).map(|b| format!("_{b}")).collect()
+    };
+    for (l, sfx) in (0..c.layers).flat_map(|l| suffixes.iter().map(move |s| (l, s))) {
         let z = tenet_ir::HostTensor::from_f32(
             &[cap, c.kv_heads, c.hidden / c.heads],
             &vec![0.0; (cap * c.kv_heads * (c.hidden / c.heads)) as usize],
         )
         .unwrap();
-        inputs.insert(format!("cache_k{l}"), z.clone());
-        inputs.insert(format!("cache_v{l}"), z);
+        inputs.insert(format!("cache_k{l}{sfx}"), z.clone());
+        inputs.insert(format!("cache_v{l}{sfx}"), z);
     }
     let mut total: HashMap<&str, (u32, u64)> = HashMap::new();
     let runs = 40;
@@ -54,7 +78,7 @@ fn main() {
     let mut rows: Vec<_> = total.into_iter().collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.1.1));
     let sum: u64 = rows.iter().map(|r| r.1.1).sum();
-    println!("threads {threads}: {wall:.3} ms a step wall; by kind (ms a step):");
+    println!("threads {threads}, batch {batch}: {wall:.3} ms a step wall; by kind (ms a step):");
     for (k, (n, ns)) in rows {
         println!(
             "  {k:<14} {:>5} steps {:>8.3} ms",

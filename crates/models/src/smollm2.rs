@@ -1070,20 +1070,24 @@ impl Llama<'_> {
         x
     }
 
-    /// Where one new token at `pos` (i64 [1]) goes in a cache of `capacity` rows, as
-    /// [`RowMasks`] over the cache's positions ([1, 1, capacity]).
+    /// Where each new token at `pos` (i64 [n]: one a sequence) goes in its cache of `capacity`
+    /// rows, as [`RowMasks`] over the cache's positions (`lead` ++ [1, 1, capacity]; `lead` is
+    /// empty for one sequence and `[n]` for a batch, as in [`Llama::attend`]).
     fn new_row_masks(
         &self,
         row: &Tensor,
         pos: &Tensor,
+        lead: &[i64],
         capacity: u64,
         zero: &Tensor,
         one: &Tensor,
     ) -> RowMasks {
-        let shape = [1, 1, capacity as i64];
-        let own = row.eq(pos).reshape(&shape);
+        let n = lead.iter().product::<i64>();
+        let (row, pos) = (row.reshape(&[1, capacity as i64]), pos.reshape(&[n, 1]));
+        let shape = [lead, &[1, 1, capacity as i64]].concat();
+        let own = row.eq(&pos).reshape(&shape);
         let minus_inf = self.g.scalar(DType::F32, f64::NEG_INFINITY);
-        let future = row.gt(pos).reshape(&shape).where_(&minus_inf, zero);
+        let future = row.gt(&pos).reshape(&shape).where_(&minus_inf, zero);
         RowMasks {
             own_f: own.where_(one, zero),
             own,
@@ -1098,7 +1102,7 @@ impl Llama<'_> {
     /// position and `v_own` ([heads, n, hd]) the value row the query itself brings.
     ///
     /// Written this way so that one new token's attention over a cache can read the cache as
-    /// it is, its own row still zero ([`Llama::attend_one`]): the product's chain over the
+    /// it is, its own row still zero ([`Llama::attend`]): the product's chain over the
     /// cache gives exactly `(p without its own column) · vr` (its own row adds `p · +0`, as
     /// the zeroed column adds `+0 · v`, and a chain that starts at +0 never holds −0), and the
     /// sum of a row of zeros but one is that one value, in any order.
@@ -1114,35 +1118,46 @@ impl Llama<'_> {
         p_without_own.matmul(vr) + p_own * v_own
     }
 
-    /// One new token's attention ([1, hidden]) from its q ([1, heads, hd]), k and v ([1,
-    /// kv_heads, hd], k after RoPE) over its layer's `cache` (keys, values: their row at the
-    /// new token's position, and every later one, still zeros), placed by `masks`
-    /// ([`Llama::new_row_masks`]). Query heads are grouped by the KV head they share
-    /// (`[kv_heads, heads / kv_heads, hd]`) instead of repeating K and V.
+    /// New tokens' attention ([n, hidden]), one a sequence, from their q ([n, heads, hd]), k
+    /// and v ([n, kv_heads, hd], k after RoPE) over their layer's caches (keys, values: their
+    /// row at the new token's position, and every later one, still zeros), placed by `masks`
+    /// ([`Llama::new_row_masks`]). With `lead` empty there is one sequence (n = 1) and the
+    /// caches are [capacity, kv_heads, hd]; with `lead = [n]` the caches are the batch's
+    /// stacked, [n, capacity, kv_heads, hd], and every op below runs over all of them at once
+    /// — each sequence's elements are computed by exactly the chains one sequence alone gets
+    /// (a product's chains run per batch entry, the rest per element or per row). Query heads
+    /// are grouped by the KV head they share (`[kv_heads, heads / kv_heads, hd]`) instead of
+    /// repeating K and V.
     ///
-    /// The cache is read where it lies, never copied: the scores are the query's products
-    /// with the cache's keys, its own position's score (`q · k`, the same chain) put in by a
+    /// A cache is read where it lies, never copied: the scores are the query's products with
+    /// the cache's keys, its own position's score (`q · k`, the same chain) put in by a
     /// select; the output is [`Llama::attend_own_apart`] over the cache's values, the new
     /// value row's term added after. Every score and every output element is the one
     /// [`llama_graph`] computes for the same position.
-    fn attend_one(
+    fn attend(
         &self,
         q: Tensor,
         k: &Tensor,
         v: &Tensor,
         (ck, cv): &(Tensor, Tensor),
         masks: &RowMasks,
+        lead: &[i64],
     ) -> Tensor {
         let (d, nh, nkv) = (self.cfg.hidden, self.cfg.heads, self.cfg.kv_heads);
-        let (hd, group) = (self.hd, nh / nkv.max(1));
-        let q = q.reshape(&[nkv as i64, group as i64, hd as i64]);
-        let cached = q.matmul(&ck.permute(&[1, 2, 0]));
-        let own = q.matmul(&k.permute(&[1, 2, 0]));
+        let (hd, group) = (self.hd as i64, (nh / nkv.max(1)) as i64);
+        let n = lead.iter().product::<i64>();
+        let shape = |s: &[i64]| [lead, s].concat();
+        // A permutation of the trailing three axes, the leading ones kept.
+        let r = lead.len() as u32;
+        let perm = |p: [u32; 3]| (0..r).chain(p.map(|a| a + r)).collect::<Vec<u32>>();
+        let q = q.reshape(&shape(&[nkv as i64, group, hd]));
+        let cached = q.matmul(&ck.permute(&perm([1, 2, 0])));
+        let own = q.matmul(&k.reshape(&shape(&[nkv as i64, hd, 1])));
         let scores = masks.own.where_(&own, &cached) / (hd as f64).sqrt() + &masks.future;
         let p = scores.softmax(-1);
-        let v_own = v.permute(&[1, 0, 2]);
-        self.attend_own_apart(&p, &p, &masks.own_f, &cv.permute(&[1, 0, 2]), &v_own)
-            .reshape(&[1, d as i64])
+        let v_own = v.reshape(&shape(&[nkv as i64, 1, hd]));
+        self.attend_own_apart(&p, &p, &masks.own_f, &cv.permute(&perm([1, 0, 2])), &v_own)
+            .reshape(&[n, d as i64])
     }
 
     /// The logits (f32 [vocab]) of the last of `n` positions of `x`.
@@ -1308,7 +1323,7 @@ fn stage_head(
 /// kv_heads, head_dim]), which the caller writes into its caches at row `pos`.
 ///
 /// The new row is attended at its own position without copying the cache
-/// ([`Llama::attend_one`]): the scores are the query's products with the cache's keys, its
+/// ([`Llama::attend`]): the scores are the query's products with the cache's keys, its
 /// own position's score (`q · k`) selected in, and the scores of positions after `pos` get
 /// `-inf` added before the softmax; the output is the probabilities times the cache's values
 /// (whose row at `pos` is still zero), plus the new value row times its probability. Each
@@ -1363,10 +1378,10 @@ fn llama_span_decode_graph(
     };
     let row = g.iota(DType::I64, &[capacity], 0);
     let (zero, one) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 1.0));
-    let masks = m.new_row_masks(&row, &pos, capacity, &zero, &one);
+    let masks = m.new_row_masks(&row, &pos, &[], capacity, &zero, &one);
     let mut new = Vec::new();
     let x = m.layer_span(x, 1, &c, &s, stage.first..stage.end, |l, q, k, v| {
-        let o = m.attend_one(q, &k, &v, &cache[(l - stage.first) as usize], &masks);
+        let o = m.attend(q, &k, &v, &cache[(l - stage.first) as usize], &masks, &[]);
         new.push((k, v));
         o
     });

@@ -140,13 +140,19 @@ fn contiguous<const M: usize, const V: usize>(
         let cols = (w - jb).min(8 * V);
         let lanes: [usize; V] = std::array::from_fn(|v| cols.saturating_sub(8 * v).min(8));
         let masks: [__m256i; V] = std::array::from_fn(|v| mask8(lanes[v]));
+        let full = cols == 8 * V;
         let mut acc = [[_mm256_setzero_ps(); V]; M];
         for p in 0..k {
             let row = &b.data[p * b.rs + j0 + jb..][..cols];
             let col: [__m256; V] = std::array::from_fn(|v| {
-                // SAFETY: the mask reads lanes `8v..8v + lanes[v]` of `row`, inside it; a
-                // vector with no lanes reads nothing.
-                unsafe { _mm256_maskload_ps(row.as_ptr().wrapping_add(8 * v), masks[v]) }
+                if full {
+                    // SAFETY: the row holds 8·V values.
+                    unsafe { _mm256_loadu_ps(row.as_ptr().add(8 * v)) }
+                } else {
+                    // SAFETY: the mask reads lanes `8v..8v + lanes[v]` of `row`, inside it; a
+                    // vector with no lanes reads nothing.
+                    unsafe { _mm256_maskload_ps(row.as_ptr().wrapping_add(8 * v), masks[v]) }
+                }
             });
             for (i, acc_row) in acc.iter_mut().enumerate() {
                 let ai = _mm256_set1_ps(arows[p * M + i]);
