@@ -117,7 +117,10 @@ pub fn backward(
                 give(*bn, unbroadcast(&gb, bt.shape()));
             }
         }
-        Op::QMatMul { a, w, format } => {
+        // `qmatmul_q8` rounds its activations, a step function almost everywhere: its
+        // gradient is taken straight through the rounding, the dense product's (as for
+        // `qmatmul`), the usual choice for quantised training.
+        Op::QMatMul { a, w, format, .. } => {
             let at = operand(*a);
             let dense = operand(*w).dequantize(*format);
             give(*a, unbroadcast(&g.matmul(&dense), at.shape()));

@@ -361,8 +361,10 @@ enum Command {
         #[arg(long, requires = "temperature", default_value_t = 1.0)]
         top_p: f32,
         /// How to hold the weights: `quantized` (the GGUF's blocks, products read them
-        /// directly; ~100 MB) or `f32` (dequantised at load; ~540 MB). Both give the same
-        /// tokens, bit for bit.
+        /// directly; ~100 MB) or `f32` (dequantised at load; ~540 MB) — both give the same
+        /// tokens, bit for bit — or `q8` (held as `quantized`, activations rounded to 8-bit
+        /// blocks and multiplied exactly in integers, llama.cpp's arithmetic, with tokens of
+        /// its own; on CPUs without VNNI not yet faster, see docs/PERFORMANCE.md).
         #[arg(long, default_value = "quantized")]
         weights: tenet_models::smollm2::WeightsMode,
         /// Wrap the prompt in the model's chat template.

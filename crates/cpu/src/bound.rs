@@ -36,7 +36,7 @@
 //! op on the reference's code: every [`tenet_reference::POLL_WORK`] multiply-adds or window
 //! taps of a product, convolution or pooling).
 
-use tenet_ir::{DType, Graph, NodeId, Op, ReduceOp};
+use tenet_ir::{DType, Graph, NodeId, Op, QDot, ReduceOp};
 
 use tenet_kernels::qgemm;
 
@@ -134,7 +134,7 @@ pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
 /// A `qmatmul`'s scratch: the quantised product's own (`qgemm::scratch_bytes`), and where it
 /// runs many rows on the f32 GEMM, that GEMM's packing per thread for each call's rows.
 fn qmatmul(graph: &Graph, id: NodeId, threads: u64) -> u64 {
-    let Op::QMatMul { a, w, format } = graph.node(id).op else {
+    let Op::QMatMul { a, w, format, dot } = graph.node(id).op else {
         return 0;
     };
     let sa = &graph.node(a).ty.shape;
@@ -148,6 +148,9 @@ fn qmatmul(graph: &Graph, id: NodeId, threads: u64) -> u64 {
         .unwrap_or(0);
     let n = graph.node(w).ty.shape[0];
     let (rows, n, k) = (rows as usize, n as usize, k as usize);
+    if dot == QDot::Q8 {
+        return qgemm::q8::scratch_bytes(rows, k);
+    }
     let format = crate::quant::format(format);
     let own = qgemm::scratch_bytes(format, rows, n, k, threads as usize);
     match qgemm::gemm_chunks(rows, n, k) {

@@ -535,9 +535,9 @@ impl CpuProgram {
                 let node = g.node(*id);
                 let level = self.device.level;
                 let t = match node.op {
-                    Op::QMatMul { a, w, format } => {
+                    Op::QMatMul { a, w, format, dot } => {
                         let (a, w) = (val(a), val(w));
-                        quant::qmatmul(pool, level, threads, &node.ty, a, w, format, poll)
+                        quant::qmatmul(pool, level, threads, &node.ty, a, w, format, dot, poll)
                     }
                     Op::Dequantize { x, format } => {
                         quant::dequantize(pool, level, threads, &node.ty, val(x), format, poll)

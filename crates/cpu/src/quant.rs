@@ -1,9 +1,9 @@
-//! Block-quantised weights on the kernels' code (`tenet_kernels::qgemm`): `qmatmul` as one
-//! quantised product whose rows are all of `a`'s rows (its batch axes flattened: the weight has
-//! none), and `dequantize` as runs of blocks split across threads. Both have the reference's
+//! Block-quantised weights on the kernels' code (`tenet_kernels::qgemm`): `qmatmul` and
+//! `qmatmul_q8` as one quantised product whose rows are all of `a`'s rows (its batch axes
+//! flattened: the weight has none), and `dequantize` as runs of blocks split across threads. Both have the reference's
 //! bits at every SIMD level and thread count.
 
-use tenet_ir::{HostTensor, QuantFormat, TensorType};
+use tenet_ir::{HostTensor, QDot, QuantFormat, TensorType};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::qgemm::{self, QWeight};
 
@@ -32,6 +32,7 @@ pub(crate) fn qmatmul(
     a: &HostTensor,
     w: &HostTensor,
     f: QuantFormat,
+    dot: QDot,
     poll: Poll<'_>,
 ) -> Result<HostTensor, String> {
     let k = *a.shape().last().unwrap_or(&0) as usize;
@@ -39,9 +40,13 @@ pub(crate) fn qmatmul(
     let rows = a.numel().checked_div(k).unwrap_or(0);
     let av = f32s(a);
     let qw = QWeight::new(format(f), n, k, w.bytes()).map_err(|e| e.to_string())?;
+    let product = match dot {
+        QDot::F32 => qgemm::qgemm_polled,
+        QDot::Q8 => qgemm::q8::qgemm_q8_polled,
+    };
     let mut result = Ok(());
     let t = make_f32(pool, ty, |out| {
-        result = qgemm::qgemm_polled(level, threads, rows, &av, k, qw, out, n, poll)
+        result = product(level, threads, rows, &av, k, qw, out, n, poll)
             .map(|_| ())
             .map_err(|e| e.to_string());
     });

@@ -29,7 +29,7 @@ use crate::error::ValidationError;
 use crate::graph::{Graph, Limits, Node, Output, check_node, used_nodes};
 use crate::id::WeightsId;
 use crate::op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QDot, QuantFormat, ReduceOp, SliceRange,
     UnaryOp, Window2d,
 };
 
@@ -685,11 +685,30 @@ impl Tensor {
     /// `f32[..., m, n]`, bit for bit the product with the dequantised, transposed weight.
     #[track_caller]
     pub fn qmatmul(&self, w: &Tensor, format: QuantFormat) -> Tensor {
+        self.qmatmul_with(w, format, QDot::F32, Location::caller())
+    }
+
+    /// `self @ transpose(w)` for a quantised `w` as [`Tensor::qmatmul`], but with `self`'s rows
+    /// rounded to 8-bit blocks and exact integer block products ([`QDot::Q8`]; docs/OPS.md):
+    /// llama.cpp's arithmetic, not the f32 product's bits.
+    #[track_caller]
+    pub fn qmatmul_q8(&self, w: &Tensor, format: QuantFormat) -> Tensor {
+        self.qmatmul_with(w, format, QDot::Q8, Location::caller())
+    }
+
+    fn qmatmul_with(
+        &self,
+        w: &Tensor,
+        format: QuantFormat,
+        dot: QDot,
+        loc: &'static Location<'static>,
+    ) -> Tensor {
         self.builder()
-            .apply(&[self, w], None, Location::caller(), |n| Op::QMatMul {
+            .apply(&[self, w], None, loc, |n| Op::QMatMul {
                 a: n[0],
                 w: n[1],
                 format,
+                dot,
             })
     }
 

@@ -395,7 +395,7 @@ pub fn infer(
             );
             Ok(TensorType::new(DType::F32, shape))
         }
-        Op::QMatMul { a, w, format } => {
+        Op::QMatMul { a, w, format, .. } => {
             let (ta, tw) = (ty_of(*a), ty_of(*w));
             let f = format.name();
             if tw.rank() != 3 {

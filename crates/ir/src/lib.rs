@@ -33,7 +33,7 @@ pub use graph::{Graph, Limits, Node, Output};
 pub use id::{GraphId, WeightsId};
 pub use infer::{MAX_NAME_LEN, RuleError, broadcast, check_name, infer};
 pub use op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QDot, QuantFormat, ReduceOp, SliceRange,
     UnaryOp, Window2d,
 };
 pub use value::{HostTensor, NoWeights, SharedBytes, ValueError, WeightSource};

@@ -102,6 +102,18 @@ named_enum! {
 }
 
 named_enum! {
+    /// How a `qmatmul` multiplies (docs/OPS.md, "Quantised weights"): `qmatmul` (`F32`) is
+    /// the f32 matmul with the dequantised weight, bit for bit; `qmatmul_q8` (`Q8`) first
+    /// rounds each 32-value block of the activations to 8-bit integers with an f32 scale and
+    /// takes exact integer dot products with the weight's integer blocks, combined in f32 in
+    /// block order — llama.cpp's arithmetic (what byte dot-product instructions compute), and
+    /// its own bits.
+    QDot {
+        F32 = "qmatmul", Q8 = "qmatmul_q8",
+    }
+}
+
+named_enum! {
     /// Block formats of quantised weights (GGUF's), the `format=` of `dequantize` and
     /// `qmatmul`. A quantised tensor is a `u8` tensor `[..., nb, block_bytes]` holding the
     /// file's blocks verbatim, each block [`QuantFormat::BLOCK`] elements along the logical
@@ -331,11 +343,13 @@ pub enum Op {
     },
     /// `a @ transpose(dequantize(w))`: `a` is `f32[..., m, k]`, `w` is `u8[n, k/32,
     /// block_bytes]` (a linear layer's weight as GGUF stores it, `[out, in]` with blocks along
-    /// `in`); the result is `f32[..., m, n]`.
+    /// `in`); the result is `f32[..., m, n]`. `dot` says how the products are taken (and so
+    /// the bits): see [`QDot`].
     QMatMul {
         a: NodeId,
         w: NodeId,
         format: QuantFormat,
+        dot: QDot,
     },
 }
 
@@ -436,7 +450,7 @@ impl Op {
             Op::Pool2d { kind, .. } => kind.name(),
             Op::Random { dist, .. } => dist.name(),
             Op::Dequantize { .. } => "dequantize",
-            Op::QMatMul { .. } => "qmatmul",
+            Op::QMatMul { dot, .. } => dot.name(),
         }
     }
 

@@ -366,7 +366,9 @@ fn quant_step(q: &mut Rng, nodes: &mut Vec<Node>) {
             });
             NodeId(nodes.len() as u32 - 1)
         };
-        Op::QMatMul { a, w, format }
+        // Drawn last, so the rest of the stream is what it was before `qmatmul_q8` existed.
+        let dot = if q.chance(50) { QDot::Q8 } else { QDot::F32 };
+        Op::QMatMul { a, w, format, dot }
     } else {
         Op::Dequantize { x: w, format }
     };
@@ -472,6 +474,7 @@ pub fn every_op_name() -> std::collections::BTreeSet<&'static str> {
         "conv2d",
         "dequantize",
         "qmatmul",
+        "qmatmul_q8",
     ]
     .into_iter()
     .collect();

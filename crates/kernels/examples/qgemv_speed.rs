@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use tenet_kernels::SimdLevel;
 use tenet_kernels::gemm::{Strided, sgemm};
-use tenet_kernels::qgemm::{QWeight, QuantFormat, dequantize, qgemm};
+use tenet_kernels::qgemm::{QWeight, QuantFormat, dequantize, q8, qgemm};
 
 /// A weight of `n` rows of `k / 32` blocks: ordinary f16 scales, random nibbles/bytes.
 fn weight(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
@@ -83,6 +83,8 @@ fn main() {
             copies: (64usize << 20).div_ceil(bytes),
         }
     };
+    // STEP_ONLY=1 skips the per-shape table for the whole-step comparison.
+    let per_shape = std::env::var_os("STEP_ONLY").is_none();
     let shapes = [
         layer("q, o 576x576", 576, 576),
         layer("k, v 192x576", 192, 576),
@@ -91,6 +93,7 @@ fn main() {
         out("out Q8_0 49152x576", QuantFormat::Q8_0),
         out("out Q4_1 49152x576", QuantFormat::Q4_1),
     ];
+    let shapes = if per_shape { &shapes[..] } else { &[] };
     let a: Vec<f32> = (0..8 * 1536)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
         .collect();
@@ -175,27 +178,40 @@ fn main() {
     let w = weight(QuantFormat::Q8_0, 49152, 576, 99);
     all_q.push((QuantFormat::Q8_0, 49152, 576, w));
     let step_bytes: usize = all_q.iter().map(|w| w.3.len()).sum();
-    for threads in [1usize, 2] {
-        let mut times = Vec::new();
-        let mut c = vec![0.0f32; 49152];
-        tenet_sys::parallel::on_workers(|| {
-            for _ in 0..(3 * reps).max(15) {
-                let t = Instant::now();
-                for (format, n, k, w) in &all_q {
-                    let qw = QWeight::new(*format, *n, *k, w).unwrap();
-                    qgemm(level, threads, 1, &a, *k, qw, &mut c, *n).unwrap();
+    for m in [1usize, 8] {
+        for threads in [1usize, 2] {
+            // `qmatmul` (qgemm) and `qmatmul_q8` (q8::qgemm_q8) alternating, the same weights.
+            let (mut times, mut times_q8) = (Vec::new(), Vec::new());
+            let mut c = vec![0.0f32; 8 * 49152];
+            tenet_sys::parallel::on_workers(|| {
+                for _ in 0..(3 * reps).max(15) {
+                    let t = Instant::now();
+                    for (format, n, k, w) in &all_q {
+                        let qw = QWeight::new(*format, *n, *k, w).unwrap();
+                        qgemm(level, threads, m, &a, *k, qw, &mut c, *n).unwrap();
+                    }
+                    times.push(t.elapsed().as_secs_f64());
+                    let t = Instant::now();
+                    for (format, n, k, w) in &all_q {
+                        let qw = QWeight::new(*format, *n, *k, w).unwrap();
+                        q8::qgemm_q8(level, threads, m, &a, *k, qw, &mut c, *n).unwrap();
+                    }
+                    times_q8.push(t.elapsed().as_secs_f64());
                 }
-                times.push(t.elapsed().as_secs_f64());
-            }
-        });
-        let (t, best) = median_best(times);
-        println!(
-            "decode step's products (30 Q4_1 layers + Q8_0 output, {:.1} MB), m=1, {threads} \
-             thread(s): {:.2} ms (fastest {:.2}), {:.1} GB/s",
-            step_bytes as f64 / 1e6,
-            t * 1e3,
-            best * 1e3,
-            step_bytes as f64 / t / 1e9
-        );
+            });
+            let ((t, best), (t8, best8)) = (median_best(times), median_best(times_q8));
+            println!(
+                "decode step's products (30 Q4_1 layers + Q8_0 output, {:.1} MB), m={m}, \
+                 {threads} thread(s): qmatmul {:.2} ms (fastest {:.2}), {:.1} GB/s; \
+                 qmatmul_q8 {:.2} ms (fastest {:.2}), {:.1} GB/s",
+                step_bytes as f64 / 1e6,
+                t * 1e3,
+                best * 1e3,
+                step_bytes as f64 / t / 1e9,
+                t8 * 1e3,
+                best8 * 1e3,
+                step_bytes as f64 / t8 / 1e9
+            );
+        }
     }
 }

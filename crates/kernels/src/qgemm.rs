@@ -59,6 +59,7 @@ use crate::simd::canonical;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod q8;
 
 /// Elements per block.
 pub const BLOCK: usize = 32;

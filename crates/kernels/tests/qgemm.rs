@@ -8,9 +8,11 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use tenet_ir::testing::Rng;
-use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights, QuantFormat as IrFormat};
+use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights, QDot, QuantFormat as IrFormat};
 use tenet_kernels::SimdLevel;
-use tenet_kernels::qgemm::{GEMM_MIN_ROWS, QWeight, QuantFormat, dequantize, qgemm, qgemm_polled};
+use tenet_kernels::qgemm::{
+    GEMM_MIN_ROWS, QWeight, QuantFormat, dequantize, q8, qgemm, qgemm_polled,
+};
 
 fn levels() -> Vec<SimdLevel> {
     SimdLevel::ALL
@@ -89,11 +91,28 @@ fn activations(rng: &mut Rng, len: usize, hostile: bool) -> Vec<f32> {
 
 /// The reference interpreter's `qmatmul` of `a` (`m × k`) and `w` (`[n, k/32, bb]`), as bits.
 fn reference(format: QuantFormat, m: usize, n: usize, k: usize, a: &[f32], w: &[u8]) -> Vec<u32> {
+    reference_of(QDot::F32, format, m, n, k, a, w)
+}
+
+/// The reference interpreter's `qmatmul` (`dot` F32) or `qmatmul_q8` (Q8), as bits.
+fn reference_of(
+    dot: QDot,
+    format: QuantFormat,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    w: &[u8],
+) -> Vec<u32> {
     let g = GraphBuilder::new();
     let bb = format.block_bytes() as u64;
     let x = g.input("a", DType::F32, &[m as u64, k as u64]);
     let q = g.input("w", DType::U8, &[n as u64, k as u64 / 32, bb]);
-    let graph = g.finish(&[("c", &x.qmatmul(&q, ir(format)))]).unwrap();
+    let c = match dot {
+        QDot::F32 => x.qmatmul(&q, ir(format)),
+        QDot::Q8 => x.qmatmul_q8(&q, ir(format)),
+    };
+    let graph = g.finish(&[("c", &c)]).unwrap();
     let inputs = HashMap::from([
         (
             "a".to_string(),
@@ -115,10 +134,23 @@ fn reference(format: QuantFormat, m: usize, n: usize, k: usize, a: &[f32], w: &[
 /// Every level and thread count against the reference, with A's rows wider than k (a view) and
 /// C's rows wider than n, filled with a signalling NaN: every element must be written.
 fn check(format: QuantFormat, m: usize, n: usize, k: usize, seed: u64, hostile: bool) {
+    check_dot(QDot::F32, format, m, n, k, seed, hostile);
+}
+
+/// [`check`] for `qmatmul` (`dot` F32, `qgemm`) or `qmatmul_q8` (Q8, `q8::qgemm_q8`).
+fn check_dot(
+    dot: QDot,
+    format: QuantFormat,
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+    hostile: bool,
+) {
     let mut rng = Rng(seed);
     let w = blocks(&mut rng, format, n * k / 32, hostile);
     let a = activations(&mut rng, m * k, hostile);
-    let want = reference(format, m, n, k, &a, &w);
+    let want = reference_of(dot, format, m, n, k, &a, &w);
     let a_rs = k + 3;
     let padded: Vec<f32> = (0..m * a_rs)
         .map(|x| {
@@ -131,7 +163,11 @@ fn check(format: QuantFormat, m: usize, n: usize, k: usize, seed: u64, hostile: 
         for threads in [1, 2, 3] {
             let c_rs = n + 5;
             let mut c = vec![f32::from_bits(0x7f80_0001); m * c_rs];
-            qgemm(level, threads, m, &padded, a_rs, qw, &mut c, c_rs).unwrap();
+            match dot {
+                QDot::F32 => qgemm(level, threads, m, &padded, a_rs, qw, &mut c, c_rs),
+                QDot::Q8 => q8::qgemm_q8(level, threads, m, &padded, a_rs, qw, &mut c, c_rs),
+            }
+            .unwrap();
             let got: Vec<u32> = (0..m)
                 .flat_map(|i| c[i * c_rs..i * c_rs + n].to_vec())
                 .map(|v| v.to_bits())
@@ -139,7 +175,7 @@ fn check(format: QuantFormat, m: usize, n: usize, k: usize, seed: u64, hostile: 
             if got != want {
                 let bad = got.iter().zip(&want).position(|(g, w)| g != w).unwrap();
                 panic!(
-                    "{format:?} {level:?} threads={threads} m={m} n={n} k={k} hostile={hostile}: \
+                    "{dot:?} {format:?} {level:?} threads={threads} m={m} n={n} k={k} hostile={hostile}: \
                      element {bad} (row {}, column {}) is {:#010x}, the reference {:#010x}",
                     bad / n.max(1),
                     bad % n.max(1),
@@ -164,6 +200,83 @@ proptest! {
     ) {
         check(format, m, n, blocks * 32, seed, hostile);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn random_q8_products_match_the_reference(
+        format in prop::sample::select(QuantFormat::ALL.to_vec()),
+        m in 1usize..=20,
+        n in 1usize..=70,
+        blocks in 1usize..=10,
+        seed in any::<u64>(),
+        hostile in any::<bool>(),
+    ) {
+        check_dot(QDot::Q8, format, m, n, blocks * 32, seed, hostile);
+    }
+}
+
+/// `qmatmul_q8` at the shapes that matter: SmolLM2's decode and a prefill's rows, a weight
+/// split across threads with a partial tile, rows past a pass of the kernel, and a tile's
+/// last rows (not a multiple of 8) in scalar code.
+#[test]
+fn q8_edges() {
+    for format in QuantFormat::ALL {
+        for (m, n, k) in [
+            (1, 1, 32),
+            (1, 7, 64),
+            (1, 8, 32),
+            (1, 129, 576),
+            (3, 17, 32),
+            (8, 64, 64),
+            (9, 70, 128),
+            (17, 31, 64),
+            (1, 700, 576),
+            (20, 260, 1024),
+        ] {
+            for hostile in [false, true] {
+                check_dot(
+                    QDot::Q8,
+                    format,
+                    m,
+                    n,
+                    k,
+                    (m * 1000 + n * 10 + k) as u64,
+                    hostile,
+                );
+            }
+        }
+    }
+}
+
+/// The rounding of activations on its own: ties go to even, values past ±127 (a rounded
+/// `1 / d` a little large) clamp, NaN rounds to 0 and makes the block's scale NaN, an
+/// all-zero block has scale 0.
+#[test]
+fn activations_round_as_defined() {
+    let mut x = [0.0f32; 32];
+    x[0] = 127.0;
+    x[1] = 0.5;
+    x[2] = 1.5;
+    x[3] = -2.5;
+    let direct = tenet_reference::quant::quantize_activations(&x);
+    assert_eq!(direct.d, 1.0);
+    assert_eq!(&direct.q[..4], &[127, 0, 2, -2]);
+    assert_eq!(direct.sum, 127);
+    let mut c = [0.0f32; 1];
+    // A Q8_0 weight of ones, scale 1: the dot product is the rounded row's sum times d.
+    let mut w = vec![0x00, 0x3c];
+    w.extend([1u8; 32]);
+    let qw = QWeight::new(QuantFormat::Q8_0, 1, 32, &w).unwrap();
+    q8::qgemm_q8(SimdLevel::Portable, 1, 1, &x, 32, qw, &mut c, 1).unwrap();
+    assert_eq!(c[0], 127.0);
+    let zeros = tenet_reference::quant::quantize_activations(&[0.0; 32]);
+    assert_eq!((zeros.d, zeros.sum), (0.0, 0));
+    let mut nan = [1.0f32; 32];
+    nan[5] = f32::NAN;
+    let n = tenet_reference::quant::quantize_activations(&nan);
+    assert!(n.d.is_nan() && n.q.iter().all(|&q| q == 0));
 }
 
 #[test]

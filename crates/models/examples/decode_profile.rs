@@ -1,9 +1,10 @@
 //! Where a SmolLM2 decode step's time goes on the CPU: the decode graph (capacity 64, quantised
 //! weights) run 45 times, the last 40 timed, its `RunStats` summed by kind of step.
 //!
-//! `cargo run --release -p tenet-models --example decode_profile [THREADS] [BATCH]` (default 2
-//! threads, one sequence; a batch of more runs the batched decode graph with every member at
-//! position 10); needs the model in the cache (`tenet models fetch smollm2`).
+//! `cargo run --release -p tenet-models --example decode_profile [THREADS] [BATCH] [MODE]`
+//! (default 2 threads, one sequence, `quantized` weights; a batch of more runs the batched
+//! decode graph with every member at position 10; MODE is a `WeightsMode`: `q8` for
+//! `qmatmul_q8`); needs the model in the cache (`tenet models fetch smollm2`).
 use std::collections::HashMap;
 use tenet_exec::Device;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
@@ -15,8 +16,10 @@ fn main() {
     let threads: usize = std::env::args().nth(1).map_or(2, |s| s.parse().unwrap());
     let batch: u64 = std::env::args().nth(2).map_or(1, |s| s.parse().unwrap());
     let dir = cached(&SMOLLM2).unwrap();
-    let m =
-        SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), WeightsMode::Quantized).unwrap();
+    let mode: WeightsMode = std::env::args()
+        .nth(3)
+        .map_or(WeightsMode::Quantized, |s| s.parse().unwrap());
+    let m = SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), mode).unwrap();
     let dev = tenet_cpu::CpuDevice::new(threads, tenet_cpu::SimdLevel::detect());
     let cap = 64;
     let built = std::time::Instant::now();
@@ -78,7 +81,9 @@ fn main() {
     let mut rows: Vec<_> = total.into_iter().collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.1.1));
     let sum: u64 = rows.iter().map(|r| r.1.1).sum();
-    println!("threads {threads}, batch {batch}: {wall:.3} ms a step wall; by kind (ms a step):");
+    println!(
+        "threads {threads}, batch {batch}, {mode}: {wall:.3} ms a step wall; by kind (ms a step):"
+    );
     for (k, (n, ns)) in rows {
         println!(
             "  {k:<14} {:>5} steps {:>8.3} ms",

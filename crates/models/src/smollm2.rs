@@ -17,6 +17,13 @@
 //! Which tensors are quantised, and how, is part of the [`LlamaConfig`] the graph builders
 //! take ([`LlamaConfig::quantized`]), so a model's graphs always match its weights.
 //!
+//! A third mode, `q8`, holds the weights as `quantized` does but its linear layers are
+//! `qmatmul_q8`s: each row of activations rounded to 8-bit blocks and multiplied by the
+//! weight's integer blocks exactly (llama.cpp's arithmetic, `tenet_reference::quant`), the
+//! definition byte dot-product instructions (VNNI) serve. Its logits are its own (close to the others', not
+//! equal), so its tokens can differ; decoding in `q8` still gives exactly the bits of
+//! recomputing in `q8`, and a batch the bits of each member alone.
+//!
 //! **Sequences decode together** ([`SmolLm2::step_batch`], `batch.rs`): one run of a batched
 //! decode graph advances several sessions by a token each, every member's bits those of
 //! decoding it alone; a [`Batcher`] (`serve.rs`) runs continuous batching over it, requests
@@ -53,7 +60,7 @@ use std::sync::{Arc, Mutex};
 
 use tenet_exec::{Buffer, Device, Program};
 use tenet_ir::{
-    DType, Graph, GraphBuilder, HostTensor, QuantFormat, Tensor, WeightSource, WeightsId,
+    DType, Graph, GraphBuilder, HostTensor, QDot, QuantFormat, Tensor, WeightSource, WeightsId,
 };
 use tenet_reference::math;
 
@@ -107,17 +114,26 @@ pub enum WeightsMode {
     /// file's size in all); linear layers are `qmatmul`s.
     #[default]
     Quantized,
+    /// Held as `Quantized`; linear layers are `qmatmul_q8`s (activations rounded to 8-bit
+    /// blocks, integer products, llama.cpp's arithmetic), with logits of its own.
+    Q8,
 }
 
 impl WeightsMode {
-    pub const ALL: [WeightsMode; 2] = [WeightsMode::F32, WeightsMode::Quantized];
+    pub const ALL: [WeightsMode; 3] = [WeightsMode::F32, WeightsMode::Quantized, WeightsMode::Q8];
 
-    /// `f32` or `quantized`.
+    /// `f32`, `quantized` or `q8`.
     pub fn name(self) -> &'static str {
         match self {
             WeightsMode::F32 => "f32",
             WeightsMode::Quantized => "quantized",
+            WeightsMode::Q8 => "q8",
         }
+    }
+
+    /// Whether 2-D quantised tensors stay as the file's blocks.
+    fn keeps_blocks(self) -> bool {
+        self != WeightsMode::F32
     }
 }
 
@@ -130,12 +146,13 @@ impl std::fmt::Display for WeightsMode {
 impl std::str::FromStr for WeightsMode {
     type Err = String;
 
-    /// `f32` or `quantized` (also `q`, `quant`), in any case.
+    /// `f32`, `quantized` (also `q`, `quant`) or `q8`, in any case.
     fn from_str(s: &str) -> Result<WeightsMode, String> {
         match s.to_ascii_lowercase().as_str() {
             "f32" => Ok(WeightsMode::F32),
             "quantized" | "quantised" | "quant" | "q" => Ok(WeightsMode::Quantized),
-            _ => Err(format!("unknown weights mode {s:?} (f32 or quantized)")),
+            "q8" => Ok(WeightsMode::Q8),
+            _ => Err(format!("unknown weights mode {s:?} (f32, quantized or q8)")),
         }
     }
 }
@@ -168,6 +185,9 @@ pub struct LlamaConfig {
     /// block_bytes]` and use it through `qmatmul` (or, for the token embedding, a gather of
     /// rows and `dequantize`); every other weight is f32 of its row-major shape.
     pub quantized: BTreeMap<String, QuantFormat>,
+    /// How the linear layers multiply by the quantised weights: `qmatmul` (F32) or
+    /// `qmatmul_q8` ([`WeightsMode::Q8`]).
+    pub dot: QDot,
 }
 
 /// (device id, batch size, capacity) of a compiled decode program.
@@ -303,6 +323,11 @@ impl SmolLm2 {
             rope_theta: f("llama.rope.freq_base")?,
             context: u("llama.context_length")?,
             quantized: BTreeMap::new(),
+            dot: if mode == WeightsMode::Q8 {
+                QDot::Q8
+            } else {
+                QDot::F32
+            },
         };
         config.check().map_err(|reason| GgufError::Malformed {
             offset: 0,
@@ -310,7 +335,7 @@ impl SmolLm2 {
         })?;
         // A matrix of quantised blocks stays as it is in the file.
         let lent = |t: &crate::gguf::GgufTensor| {
-            t.kind.format().is_some() && mode == WeightsMode::Quantized && t.shape.len() == 2
+            t.kind.format().is_some() && mode.keeps_blocks() && t.shape.len() == 2
         };
         let owned = g
             .tensors
@@ -969,10 +994,16 @@ impl Llama<'_> {
     }
 
     /// `x` ([.., inp]) times the transpose of weight `name` ([out, inp]): a `matmul` with the
-    /// f32 weight, or a `qmatmul` with its blocks (the same bits).
+    /// f32 weight, or a `qmatmul` with its blocks (the same bits), or a `qmatmul_q8`.
     fn linear(&self, x: &Tensor, name: &str, out: u64, inp: u64) -> Tensor {
         match self.cfg.quantized.get(name) {
-            Some(&format) => x.qmatmul(&self.blocks(name, out, inp, format), format),
+            Some(&format) => {
+                let w = self.blocks(name, out, inp, format);
+                match self.cfg.dot {
+                    QDot::F32 => x.qmatmul(&w, format),
+                    QDot::Q8 => x.qmatmul_q8(&w, format),
+                }
+            }
             None => x.matmul(&self.w(name, &[out, inp]).transpose(0, 1)),
         }
     }
@@ -1415,6 +1446,7 @@ mod tests {
             rope_theta: 10000.0,
             context,
             quantized: BTreeMap::new(),
+            dot: QDot::F32,
         };
         let (d, kv) = (config.hidden, config.kv_heads * 8);
         let mut shapes = vec![
@@ -1556,6 +1588,17 @@ mod tests {
         )
     }
 
+    /// [`tiny_quantized`]'s model in [`WeightsMode::Q8`]: its linear layers `qmatmul_q8`s.
+    pub(super) fn tiny_q8(context: u64) -> SmolLm2 {
+        let q = tiny_quantized(context).0;
+        let config = LlamaConfig {
+            dot: QDot::Q8,
+            ..q.config.clone()
+        };
+        let tensors = q.weights.tensors.into_iter().collect();
+        model(config, tensors, WeightsMode::Q8)
+    }
+
     #[test]
     fn hyper_parameters_no_model_has_are_refused() {
         let (ok, _) = tiny_config(64, 48);
@@ -1621,6 +1664,41 @@ mod tests {
     #[test]
     fn a_quantized_session_decodes_the_bits_of_recomputing_up_to_the_context() {
         decodes_the_bits_of_recomputing_up_to_the_context(&tiny_quantized(100).0);
+    }
+
+    #[test]
+    fn a_q8_session_decodes_the_bits_of_recomputing_up_to_the_context() {
+        decodes_the_bits_of_recomputing_up_to_the_context(&tiny_q8(100));
+    }
+
+    /// `q8` is its own arithmetic: its logits are near the f32 ones (the activations keep 7
+    /// bits and a sign a block) but not the same bits, and they come from `qmatmul_q8`s.
+    #[test]
+    fn q8_logits_are_close_to_but_not_those_of_f32() {
+        let (q, f) = tiny_quantized(64);
+        let q8 = tiny_q8(64);
+        let graph = q8.graph(5).unwrap();
+        assert!(
+            graph
+                .nodes()
+                .iter()
+                .any(|n| matches!(n.op, tenet_ir::Op::QMatMul { dot: QDot::Q8, .. }))
+        );
+        let device = CpuDevice::new(1, tenet_cpu::SimdLevel::detect());
+        let ids = [3u32, 14, 15, 9, 26];
+        let exact = f.next_logits(&ids, &device).unwrap();
+        assert_eq!(q.next_logits(&ids, &device).unwrap(), exact);
+        let rounded = q8.next_logits(&ids, &device).unwrap();
+        assert_ne!(rounded, exact);
+        let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = rounded
+            .iter()
+            .zip(&exact)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst < 0.05 * scale,
+            "q8 logits {worst} from f32's (scale {scale})"
+        );
     }
 
     fn decodes_the_bits_of_recomputing_up_to_the_context(m: &SmolLm2) {
@@ -1716,8 +1794,9 @@ mod tests {
             "f16"
                 .parse::<WeightsMode>()
                 .unwrap_err()
-                .contains("f32 or quantized")
+                .contains("f32, quantized or q8")
         );
+        assert_eq!("Q8".parse(), Ok(WeightsMode::Q8));
         assert_eq!(WeightsMode::default(), WeightsMode::Quantized);
     }
 

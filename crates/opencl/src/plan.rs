@@ -28,7 +28,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use tenet_exec::Schedule;
-use tenet_ir::{DType, Graph, Node, NodeId, Op, TensorType, WeightsId};
+use tenet_ir::{DType, Graph, Node, NodeId, Op, QDot, TensorType, WeightsId};
 
 use crate::fused::{self, Chain};
 use crate::kernels::{Family, GEMV_ROWS, GEMV_T, GemmTile, LANES};
@@ -1133,10 +1133,28 @@ fn plan_node(
                 Arg::U32(format.block_bytes() as u32),
             ],
         )),
-        Op::QMatMul { a, w, format } => {
+        Op::QMatMul { a, w, format, dot } => {
             // Every batch's rows in a row: `a` is contiguous and `w` has no batch.
             let (tw, ta) = (ty_of(w), ty_of(a));
             let (nn, nb, bb) = (tw.shape[0], tw.shape[1], format.block_bytes());
+            if *dot == QDot::Q8 {
+                np.launches.push(launch(
+                    Family::Linalg,
+                    "k_qmatmul_q8",
+                    n,
+                    vec![
+                        Arg::Out,
+                        Arg::Value(*a),
+                        Arg::Value(*w),
+                        Arg::U64(n),
+                        Arg::U64(nn),
+                        Arg::U64(nb),
+                        Arg::I32(format.tag() as i32),
+                        Arg::U32(bb as u32),
+                    ],
+                ));
+                return;
+            }
             if caps.gemv != Gemv::Off {
                 let rows: u64 = ta.shape[..ta.rank() - 1].iter().product();
                 // Every row's span starts on a word when the rows' length is a multiple of

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use tenet_exec::Device;
 use tenet_ir::testing::Rng;
-use tenet_ir::{DType, HostTensor, NoWeights, NodeId, Op, QuantFormat, TensorType};
+use tenet_ir::{DType, HostTensor, NoWeights, NodeId, Op, QDot, QuantFormat, TensorType};
 use tenet_opencl::{OpenClDevice, Quirks};
 
 use support::{G, assert_matches, device, hostile, hostile_inputs};
@@ -224,7 +224,7 @@ fn quant_weights(rng: &mut Rng, format: QuantFormat, n: u64, nb: u64, tame: bool
     HostTensor::new(TensorType::new(DType::U8, [n, nb, bb]), bytes).unwrap()
 }
 
-fn check_quantised(dev: &OpenClDevice, kernel: &str, seed: &mut u64) {
+fn check_quantised(dev: &OpenClDevice, kernel: &str, dot: QDot, seed: &mut u64) {
     for &format in QuantFormat::ALL {
         let bb = format.block_bytes();
         for rows in [&[1u64][..], &[2], &[3], &[4], &[5], &[2, 9], &[0]] {
@@ -235,7 +235,8 @@ fn check_quantised(dev: &OpenClDevice, kernel: &str, seed: &mut u64) {
                     let a_shape = [rows, &[nb * 32]].concat();
                     let a = g.input("a", DType::F32, &a_shape);
                     let w = g.input("w", DType::U8, &[n, nb, bb]);
-                    let c = g.push(Op::QMatMul { a, w, format }, None).unwrap();
+                    let op = Op::QMatMul { a, w, format, dot };
+                    let c = g.push(op, None).unwrap();
                     let graph = g.finish(&[c]);
                     if n * rows.iter().product::<u64>() > 0 {
                         assert_eq!(dev.planned_kernels(&graph), [kernel]);
@@ -273,7 +274,7 @@ fn quantised_few_row_products_match_the_reference() {
         println!("skipped: k_qgemv does not fit this device");
         return;
     }
-    check_quantised(dev, "k_qgemv", &mut 0);
+    check_quantised(dev, "k_qgemv", QDot::F32, &mut 0);
 }
 
 /// With `k_gemv` forced off (a device too small for it), the plain kernel gives the same bits.
@@ -284,5 +285,15 @@ fn quantised_products_on_the_plain_kernel() {
     }
     let dev = OpenClDevice::open(0, Quirks::default()).unwrap();
     assert!(dev.force_gemm(Some("k_matmul")));
-    check_quantised(&dev, "k_qmatmul", &mut 1000);
+    check_quantised(&dev, "k_qmatmul", QDot::F32, &mut 1000);
+}
+
+/// `qmatmul_q8` (activations rounded to 8-bit blocks, integer block products) on its own
+/// kernel: the reference's bits, hostile activations and scales included.
+#[test]
+fn q8_products_match_the_reference() {
+    let Some(dev) = device() else {
+        return;
+    };
+    check_quantised(dev, "k_qmatmul_q8", QDot::Q8, &mut 2000);
 }

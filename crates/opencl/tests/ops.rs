@@ -585,18 +585,21 @@ fn quantised_ops() {
             (&[0, 32][..], [3, 1, bb]),
             (&[2, 32][..], [0, 1, bb]),
         ] {
-            let what = format!("qmatmul {} f32{a:?} u8{w:?}", format.name());
-            ran += check_op(
-                &what,
-                &[(DType::F32, a), (DType::U8, &w)],
-                |x| Op::QMatMul {
-                    a: x[0],
-                    w: x[1],
-                    format,
-                },
-                None,
-                7,
-            ) as u32;
+            for dot in tenet_ir::QDot::ALL.iter().copied() {
+                let what = format!("{} {} f32{a:?} u8{w:?}", dot.name(), format.name());
+                ran += check_op(
+                    &what,
+                    &[(DType::F32, a), (DType::U8, &w)],
+                    |x| Op::QMatMul {
+                        a: x[0],
+                        w: x[1],
+                        format,
+                        dot,
+                    },
+                    None,
+                    7,
+                ) as u32;
+            }
         }
         for shape in [&[5u64, 3, bb][..], &[2, bb], &[0, 2, bb], &[4, 0, bb]] {
             let what = format!("dequantize {} u8{shape:?}", format.name());
@@ -609,5 +612,5 @@ fn quantised_ops() {
             ) as u32;
         }
     }
-    assert_eq!(ran, 3 * 9);
+    assert_eq!(ran, 3 * (5 * 2 + 4));
 }

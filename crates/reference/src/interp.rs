@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use half::{bf16, f16};
 use tenet_ir::{
-    BinaryOp, DType, Distribution, Graph, HostTensor, NodeId, NormOp, Op, PoolKind, QuantFormat,
-    ReduceOp, TensorType, UnaryOp, WeightSource, Window2d,
+    BinaryOp, DType, Distribution, Graph, HostTensor, NodeId, NormOp, Op, PoolKind, QDot,
+    QuantFormat, ReduceOp, TensorType, UnaryOp, WeightSource, Window2d,
 };
 
 use crate::math::{self, NAN, canonical as canon};
@@ -458,7 +458,18 @@ fn eval(
         Op::Reduce { op, x, axes, .. } => reduce(*op, arg(x), axes, ty),
         Op::MatMul { a, b } => matmul(arg(a), arg(b), ty, stopper),
         Op::Dequantize { x, format } => dequantize(arg(x), *format, ty, stopper),
-        Op::QMatMul { a, w, format } => qmatmul(arg(a), arg(w), *format, ty, stopper),
+        Op::QMatMul {
+            a,
+            w,
+            format,
+            dot: QDot::F32,
+        } => qmatmul(arg(a), arg(w), *format, ty, stopper),
+        Op::QMatMul {
+            a,
+            w,
+            format,
+            dot: QDot::Q8,
+        } => qmatmul_q8(arg(a), arg(w), *format, ty, stopper),
         Op::Reshape { x } => tensor(ty, arg(x).bytes().to_vec()),
         Op::Permute { x, perm } => {
             let x = arg(x);
@@ -1019,6 +1030,41 @@ fn qmatmul(
             }
             for p in 0..k {
                 acc = x[i * k + p].mul_add(wd[j * k + p], acc);
+            }
+            out.push(acc);
+        }
+    }
+    floats_to(ty, out)
+}
+
+/// `qmatmul_q8`: each row of `a[..., m, k]` rounded to 8-bit blocks, each output the blocks'
+/// integer products combined in block order (`quant`'s header defines every step).
+fn qmatmul_q8(
+    a: &HostTensor,
+    w: &HostTensor,
+    format: QuantFormat,
+    ty: &TensorType,
+    stopper: &Stopper<'_>,
+) -> HostTensor {
+    let k = *a.shape().last().expect("rank >= 2") as usize;
+    let n = w.shape()[0] as usize;
+    let rows = a.numel().checked_div(k).unwrap_or(0);
+    let x = a.to_f32_vec();
+    let bb = format.block_bytes() as usize;
+    let nb = k / quant::BLOCK;
+    let mut out = Vec::with_capacity(rows * n);
+    for i in 0..rows {
+        let blocks: Vec<quant::Q8Block> = x[i * k..(i + 1) * k]
+            .chunks_exact(quant::BLOCK)
+            .map(quant::quantize_activations)
+            .collect();
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            if !stopper.skip(k as u64) {
+                let row = &w.bytes()[j * nb * bb..(j + 1) * nb * bb];
+                for (wb, xb) in row.chunks_exact(bb).zip(&blocks) {
+                    acc = quant::accumulate_block(format, wb, xb, acc);
+                }
             }
             out.push(acc);
         }

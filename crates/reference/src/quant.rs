@@ -16,6 +16,26 @@
 //! For the 4-bit formats `q` is the low nibble of `qs[e]` for `e < 16` and the high nibble of
 //! `qs[e − 16]` for `e ≥ 16`. Any scale is allowed: infinities, NaNs and denormals give the
 //! formula's IEEE results, and a NaN result is the canonical NaN.
+//!
+//! ## `qmatmul_q8`: activations in 8-bit blocks, integer products
+//!
+//! `qmatmul_q8` never dequantises. Each row of the activations is cut into blocks of 32 like
+//! the weight's, and each block `x` is rounded to integers ([`quantize_activations`]):
+//!
+//! - `amax` = the largest `|x_e|` (NaN if any `x_e` is NaN), `d` = `amax / 127`, `inv` =
+//!   `1 / d` (0 when `d` is 0), each one rounded f32 operation;
+//! - `q_e` = `x_e · inv` rounded to the nearest integer, ties to even, clamped to ±127 (0 when
+//!   the product is NaN), and `Q` = `Σ q_e` (exact).
+//!
+//! A weight block's integers are `w_e` = `q − 8` (Q4_0), `q` (Q4_1, its minimum apart) or the
+//! signed byte (Q8_0), and the block's dot product `S` = `Σ w_e · q_e` is exact (an integer of
+//! at most 19 bits, so exact as an f32 too). An output element is then, over the row's blocks
+//! in order, starting from +0:
+//!
+//! `acc = fma(d_w · d, S, acc)`, and for Q4_1 next `acc = fma(m_w, d · Q, acc)`
+//!
+//! with `d_w · d` and `d · Q` each one rounded product — the arithmetic llama.cpp's integer
+//! dot products do, in one fixed order, so every backend and SIMD level gets these bits.
 
 use half::f16;
 use tenet_ir::QuantFormat;
@@ -69,6 +89,66 @@ pub fn dequantize_block(format: QuantFormat, block: &[u8], out: &mut [f32; BLOCK
                 *o = canonical((q as i8) as f32 * d);
             }
         }
+    }
+}
+
+/// One block of activations rounded for `qmatmul_q8` (see the module's header): its scale,
+/// its integers and their sum.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Q8Block {
+    pub d: f32,
+    pub q: [i8; BLOCK],
+    pub sum: i32,
+}
+
+/// Round 32 activations to a [`Q8Block`] (the module's header says how).
+pub fn quantize_activations(x: &[f32]) -> Q8Block {
+    assert_eq!(x.len(), BLOCK, "a block of activations");
+    let amax = if x.iter().any(|v| v.is_nan()) {
+        f32::NAN
+    } else {
+        x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+    };
+    let d = amax / 127.0;
+    let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let mut q = [0i8; BLOCK];
+    for (o, &v) in q.iter_mut().zip(x) {
+        let r = (v * inv).round_ties_even();
+        *o = if r.is_nan() {
+            0
+        } else {
+            r.clamp(-127.0, 127.0) as i8
+        };
+    }
+    let sum = q.iter().map(|&v| v as i32).sum();
+    Q8Block { d, q, sum }
+}
+
+/// A weight block's integer `e` for `qmatmul_q8`: `q − 8`, `q`, or the signed byte.
+fn weight_integer(format: QuantFormat, block: &[u8], e: usize) -> i32 {
+    match format {
+        QuantFormat::Q4_0 => nibble(&block[2..18], e) as i32 - 8,
+        QuantFormat::Q4_1 => nibble(&block[4..20], e) as i32,
+        QuantFormat::Q8_0 => block[2 + e] as i8 as i32,
+    }
+}
+
+/// `acc` after one weight block of `format` and its row's activation block `x`:
+/// `fma(d_w · d, S, acc)`, then for Q4_1 `fma(m_w, d · Q, acc)`.
+pub fn accumulate_block(format: QuantFormat, block: &[u8], x: &Q8Block, acc: f32) -> f32 {
+    assert_eq!(
+        block.len() as u64,
+        format.block_bytes(),
+        "a {} block",
+        format.name()
+    );
+    let s: i32 = (0..BLOCK)
+        .map(|e| weight_integer(format, block, e) * x.q[e] as i32)
+        .sum();
+    let acc = (f16_at(block, 0) * x.d).mul_add(s as f32, acc);
+    match format {
+        QuantFormat::Q4_1 => f16_at(block, 2).mul_add(x.d * x.sum as f32, acc),
+        _ => acc,
     }
 }
 

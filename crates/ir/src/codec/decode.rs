@@ -13,7 +13,7 @@ use crate::graph::{Graph, Limits, Node, Output};
 use crate::id::WeightsId;
 use crate::infer::MAX_NAME_LEN;
 use crate::op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QDot, QuantFormat, ReduceOp, SliceRange,
     UnaryOp, Window2d,
 };
 
@@ -468,12 +468,17 @@ fn read_node(r: &mut Reader<'_>, i: usize, limits: &Limits) -> R<Node> {
                 x: r.node(i)?,
             }
         }
-        tag::QMATMUL => {
+        tag::QMATMUL | tag::QMATMUL_Q8 => {
             let format = r.tagged("quantisation format", QuantFormat::from_tag)?;
             Op::QMatMul {
                 format,
                 a: r.node(i)?,
                 w: r.node(i)?,
+                dot: if op_tag == tag::QMATMUL {
+                    QDot::F32
+                } else {
+                    QDot::Q8
+                },
             }
         }
         other => {

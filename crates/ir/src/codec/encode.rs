@@ -26,13 +26,14 @@
 //! | random | distribution u8, key u64 |
 //! | dequantize | format u8, x |
 //! | qmatmul | format u8, a, w |
+//! | qmatmul_q8 | format u8, a, w |
 //!
 //! Operands are node indices (u32); a format is a `QuantFormat` tag (q4_0 0, q4_1 1, q8_0 2);
 //! a window is stride u32 × 2, padding u32 × 4, dilation u32 × 2.
 
 use super::{MAGIC, VERSION, tag};
 use crate::graph::Graph;
-use crate::op::{NodeId, Op, Window2d};
+use crate::op::{NodeId, Op, QDot, Window2d};
 
 struct Writer(Vec<u8>);
 
@@ -122,7 +123,8 @@ fn op_tag(op: &Op) -> u8 {
         Op::Pool2d { .. } => tag::POOL2D,
         Op::Random { .. } => tag::RANDOM,
         Op::Dequantize { .. } => tag::DEQUANTIZE,
-        Op::QMatMul { .. } => tag::QMATMUL,
+        Op::QMatMul { dot: QDot::F32, .. } => tag::QMATMUL,
+        Op::QMatMul { dot: QDot::Q8, .. } => tag::QMATMUL_Q8,
     }
 }
 
@@ -264,6 +266,7 @@ fn payload(w: &mut Writer, op: &Op) {
             a,
             w: weight,
             format,
+            dot: _,
         } => {
             w.u8(format.tag());
             w.node(*a);

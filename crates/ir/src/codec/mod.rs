@@ -55,6 +55,7 @@ pub(crate) mod tag {
     pub const RANDOM: u8 = 23;
     pub const DEQUANTIZE: u8 = 24;
     pub const QMATMUL: u8 = 25;
+    pub const QMATMUL_Q8: u8 = 26;
 }
 
 #[cfg(test)]
@@ -67,8 +68,8 @@ mod tests {
         let tags = [
             INPUT, WEIGHT, CONSTANT, UNARY, BINARY, WHERE, CAST, REDUCE, MATMUL, RESHAPE, PERMUTE,
             EXPAND, SLICE, PAD, CONCAT, GATHER, IOTA, TRI_MASK, NORMALIZE, LAYER_NORM, RMS_NORM,
-            CONV2D, POOL2D, RANDOM, DEQUANTIZE, QMATMUL,
+            CONV2D, POOL2D, RANDOM, DEQUANTIZE, QMATMUL, QMATMUL_Q8,
         ];
-        assert_eq!(tags.to_vec(), (0..26).collect::<Vec<u8>>());
+        assert_eq!(tags.to_vec(), (0..27).collect::<Vec<u8>>());
     }
 }

@@ -10,7 +10,7 @@ use crate::error::ValidationError;
 use crate::graph::{Graph, Limits, Node, Output, check_node};
 use crate::id::WeightsId;
 use crate::op::{
-    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QuantFormat, ReduceOp, SliceRange,
+    BinaryOp, Distribution, NodeId, NormOp, Op, PoolKind, QDot, QuantFormat, ReduceOp, SliceRange,
     UnaryOp, Window2d,
 };
 
@@ -668,10 +668,11 @@ impl Call<'_, '_> {
                 x: self.operand()?,
                 format: self.kw_format()?,
             },
-            "qmatmul" => Op::QMatMul {
+            "qmatmul" | "qmatmul_q8" => Op::QMatMul {
                 a: self.operand()?,
                 w: self.operand()?,
                 format: self.kw_format()?,
+                dot: QDot::from_name(name).unwrap_or(QDot::F32),
             },
             "conv2d" => Op::Conv2d {
                 x: self.operand()?,

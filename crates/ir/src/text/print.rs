@@ -167,7 +167,9 @@ fn push_args(a: &mut Args, op: &Op, ty: &TensorType) {
             a.pos(x);
             a.kw("format", format.name());
         }
-        Op::QMatMul { a: l, w, format } => {
+        Op::QMatMul {
+            a: l, w, format, ..
+        } => {
             a.pos(l);
             a.pos(w);
             a.kw("format", format.name());

@@ -316,6 +316,13 @@ mod tests {
     }
 
     #[test]
+    fn a_q8_batch_gives_each_member_the_bits_of_decoding_it_alone() {
+        let model = super::super::tests::tiny_q8(256);
+        assert_eq!(model.mode(), WeightsMode::Q8);
+        batch_matches_alone(&model);
+    }
+
+    #[test]
     fn a_batch_refuses_mismatched_members() {
         let model = tiny(128);
         let dev = CpuDevice::new(1, tenet_cpu::SimdLevel::detect());

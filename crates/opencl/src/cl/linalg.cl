@@ -53,6 +53,55 @@ kernel void k_qmatmul(global uchar* out, global const uchar* a, global const uch
     }
 }
 
+// A weight block's integer e for qmatmul_q8: q - 8 (Q4_0), q (Q4_1) or the signed byte (Q8_0).
+int q_int(global const uchar* b, int fmt, uint e) {
+    if (fmt == Q_Q8_0) return (int)(char)b[2 + e];
+    const uint byte = b[(fmt == Q_Q4_1 ? 4u : 2u) + (e & 15u)];
+    const int q = (int)(e < 16u ? (byte & 15u) : (byte >> 4));
+    return fmt == Q_Q4_0 ? q - 8 : q;
+}
+
+// qmatmul_q8 (the reference's `quant` module defines it): over the blocks in order, from +0,
+// acc = fma(d_w * d, S, acc) and for Q4_1 then acc = fma(m_w, d * Q, acc), where the row's
+// activation block is rounded as the reference rounds it — amax (NaN if any element is),
+// d = amax / 127, inv = 1 / d (0 when d is 0), q = rint(x * inv) (ties to even) clamped to
+// ±127 and 0 for NaN — and S = Σ w_e q_e, Q = Σ q_e are exact integer sums. Each item rounds
+// its row's blocks itself: the same bits wherever it runs. Division is correctly rounded
+// (the program's build options) and FP_CONTRACT is off, so each operation rounds once.
+kernel void k_qmatmul_q8(global uchar* out, global const uchar* a, global const uchar* w,
+                         ulong total, ulong N, ulong NB, int fmt, uint bb) {
+    FOR_EACH(o, total) {
+        const ulong j = o % N, r = o / N;
+        const ulong ar = r * NB * 32;
+        global const uchar* wr = w + j * NB * bb;
+        float acc = 0.0f;
+        for (ulong blk = 0; blk < NB; ++blk) {
+            const ulong x0 = ar + blk * 32;
+            float amax = 0.0f;
+            int nan = 0;
+            for (uint e = 0; e < 32; ++e) {
+                const float x = ld_f(a, DT_F32, x0 + e);
+                if (isnan(x)) nan = 1;
+                else amax = fmax(amax, fabs(x));
+            }
+            if (nan) amax = NAN;
+            const float d = amax / 127.0f;
+            const float inv = d == 0.0f ? 0.0f : 1.0f / d;
+            global const uchar* b = wr + blk * bb;
+            int s = 0, qsum = 0;
+            for (uint e = 0; e < 32; ++e) {
+                const float t = rint(ld_f(a, DT_F32, x0 + e) * inv);
+                const int q = isnan(t) ? 0 : (int)fmin(fmax(t, -127.0f), 127.0f);
+                qsum += q;
+                s += q_int(b, fmt, e) * q;
+            }
+            acc = fma(q_half(b) * d, (float)s, acc);
+            if (fmt == Q_Q4_1) acc = fma(q_min(b, fmt), d * (float)qsum, acc);
+        }
+        st_f(out, DT_F32, o, acc);
+    }
+}
+
 // Geometry in meta + mo: N, C, H, W, O, C/groups, KH, KW, OH, OW, stride h/w, padding
 // top/left, dilation h/w, O/groups.
 kernel void k_conv2d(global uchar* out, global const uchar* x, global const uchar* w,
