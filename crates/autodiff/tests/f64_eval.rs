@@ -1097,6 +1097,7 @@ fn families_cover_the_op_set() {
         "random_normal",
         "dequantize",
         "qmatmul",
+        "qmatmul_q8",
     ]
     .into();
     let every = tenet_ir::testing::every_op_name();

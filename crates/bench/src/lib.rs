@@ -545,6 +545,9 @@ fn smollm2_rows(
     let mode = WeightsMode::Quantized;
     let model =
         std::sync::Arc::new(SmolLm2::load_with(&gguf, mode).map_err(|e| skipped(e.to_string()))?);
+    // The same blocks with `qmatmul_q8` products (llama.cpp's arithmetic): decode rows of its
+    // own beside the f32-exact ones.
+    let q8 = SmolLm2::load_with(&gguf, WeightsMode::Q8).map_err(|e| skipped(e.to_string()))?;
     let weight_bytes: f64 = model
         .weights
         .tensors
@@ -616,24 +619,32 @@ fn smollm2_rows(
         progress(&format!("measuring the read bandwidth with {t} threads"));
         let bandwidth = tenet_kernels::read_bandwidth_gbs(t, 512 << 20, 5);
         progress(&format!("running smollm2 decode{label} on tenet"));
-        let mut session = model.session(dev);
-        let mut logits = session.prefill(&prompt).map_err(skipped)?;
-        let mut tokens = Vec::new();
-        // The first step compiles the decode program; the timed ones only run it.
-        tokens.push(argmax(&logits));
-        logits = session.step(tokens[0]).map_err(skipped)?;
-        let mut times = Vec::new();
-        for _ in 0..steps {
-            let next = argmax(&logits);
-            tokens.push(next);
-            let start = Instant::now();
-            logits = session.step(next).map_err(skipped)?;
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-        drop(session);
+        // Greedy decode steps after the prompt: the tokens fed and each step's time.
+        let decode = |model: &SmolLm2| -> Result<(Vec<u32>, f64), String> {
+            let mut session = model.session(dev);
+            let mut logits = session.prefill(&prompt)?;
+            let mut tokens = Vec::new();
+            // The first step compiles the decode program; the timed ones only run it.
+            tokens.push(argmax(&logits));
+            logits = session.step(tokens[0])?;
+            let mut times = Vec::new();
+            for _ in 0..steps {
+                let next = argmax(&logits);
+                tokens.push(next);
+                let start = Instant::now();
+                logits = session.step(next)?;
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok((tokens, median(times)))
+        };
+        let (tokens, decode_ms) = decode(&model).map_err(skipped)?;
         if fed.is_empty() {
             fed = tokens;
         }
+        progress(&format!(
+            "running smollm2 decode{label}, q8 weights, on tenet"
+        ));
+        let (_, q8_ms) = decode(&q8).map_err(skipped)?;
         progress(&format!(
             "running smollm2 prefill of {PREFILL_TOKENS} tokens{label} on tenet"
         ));
@@ -647,7 +658,7 @@ fn smollm2_rows(
                 prefill_times.push(start.elapsed().as_secs_f64() * 1e3);
             }
         }
-        measured.push((label, t, median(times), bandwidth, median(prefill_times)));
+        measured.push((label, t, decode_ms, q8_ms, bandwidth, median(prefill_times)));
     }
     progress(&format!(
         "running {BATCH_REQUESTS} smollm2 requests one after another, then batched"
@@ -689,7 +700,7 @@ fn smollm2_rows(
         }
     };
     let mut rows = Vec::new();
-    for (label, t, decode_ms, bandwidth, prefill_ms) in measured {
+    for (label, t, decode_ms, q8_ms, bandwidth, prefill_ms) in measured {
         let row = |name: String, ms: f64| Row {
             name,
             tenet_ms: ms,
@@ -710,6 +721,15 @@ fn smollm2_rows(
             llamacpp: Some(peer_ms(t, |m| m.decode_ms)),
             llamacpp_bytes: Some(quantized_bytes),
             ..row(format!("smollm2 decode, {mode} weights{label}"), decode_ms)
+        });
+        rows.push(Row {
+            bytes: Some((weight_bytes, bandwidth)),
+            llamacpp: Some(peer_ms(t, |m| m.decode_ms)),
+            llamacpp_bytes: Some(quantized_bytes),
+            ..row(
+                format!("smollm2 decode, {} weights{label}", WeightsMode::Q8),
+                q8_ms,
+            )
         });
         rows.push(Row {
             items: Some(PREFILL_TOKENS as u64),

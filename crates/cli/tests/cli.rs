@@ -495,9 +495,24 @@ fn bench_json_has_the_documented_keys() {
     for r in &batching {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // Per thread count: decode with the f32-exact products and with `qmatmul_q8`, and a
+    // prefill.
+    let prefill = smollm2
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().starts_with("smollm2 prefill"))
+        .count();
+    assert_eq!(decode.len(), 2 * prefill, "{names:?}");
+    assert_eq!(
+        decode
+            .iter()
+            .filter(|r| r["name"].as_str().unwrap().contains(", q8 weights"))
+            .count(),
+        prefill,
+        "{names:?}"
+    );
     assert_eq!(
         smollm2.len(),
-        2 * decode.len() + batching.len(),
+        decode.len() + prefill + batching.len(),
         "{names:?}"
     );
     // Each SmolLM2 decode and prefill row carries llama.cpp's figure, or says why it has none.

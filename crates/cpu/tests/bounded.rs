@@ -255,6 +255,7 @@ fn ops_on_the_reference_path_stay_within_the_bound() {
     let q = g.input("q", DType::U8, &[80, 3, 20]);
     let outs = [
         ("qmatmul", a.qmatmul(&q, QuantFormat::Q4_1)),
+        ("qmatmul_q8", a.qmatmul_q8(&q, QuantFormat::Q4_1)),
         ("dequantize", q.dequantize(QuantFormat::Q4_1)),
         ("add_f16", &h + &h),
         ("mul_i64", &i * &i),

@@ -83,6 +83,36 @@ fn main() {
             copies: (64usize << 20).div_ceil(bytes),
         }
     };
+    // HOT=1: one 576 x 576 Q4_1 weight (207 KB, in L2) many times, both products, m = 1.
+    if std::env::var_os("HOT").is_some() {
+        let w = weight(QuantFormat::Q4_1, 576, 576, 7);
+        let x: Vec<f32> = (0..576)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
+            .collect();
+        let mut c = vec![0.0f32; 576];
+        let qw = QWeight::new(QuantFormat::Q4_1, 576, 576, &w).unwrap();
+        for round in 0..3 {
+            let t = Instant::now();
+            for _ in 0..2000 {
+                qgemm(level, 1, 1, &x, 576, qw, &mut c, 576).unwrap();
+            }
+            let f = t.elapsed().as_secs_f64() / 2000.0;
+            let t = Instant::now();
+            for _ in 0..2000 {
+                q8::qgemm_q8(level, 1, 1, &x, 576, qw, &mut c, 576).unwrap();
+            }
+            let q = t.elapsed().as_secs_f64() / 2000.0;
+            let cyc = |s: f64| s * 3.0e9 / (576.0 * 576.0 / 16.0);
+            println!(
+                "hot 576x576 Q4_1 m=1 round {round}: qmatmul {:.1} us ({:.2} cycles/16 weights at 3 GHz), qmatmul_q8 {:.1} us ({:.2})",
+                f * 1e6,
+                cyc(f),
+                q * 1e6,
+                cyc(q)
+            );
+        }
+        return;
+    }
     // STEP_ONLY=1 skips the per-shape table for the whole-step comparison.
     let per_shape = std::env::var_os("STEP_ONLY").is_none();
     let shapes = [

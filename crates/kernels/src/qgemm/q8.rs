@@ -287,6 +287,9 @@ mod avx2 {
     use super::{BLOCK, PASS, QuantFormat, Rounded};
     use crate::simd::canonical8;
 
+    /// Groups of 8 weight rows ahead that the kernel prefetches.
+    const AHEAD: usize = 2;
+
     /// Format codes for the kernel's const parameter.
     const Q4_0: u8 = 0;
     const Q4_1: u8 = 1;
@@ -425,17 +428,22 @@ mod avx2 {
         let q = r.q.as_ptr();
         for g in (0..cols).step_by(8) {
             let group = base.wrapping_add(g * row_bytes);
-            // The group after next, a line at a time: the kernel reads 8 rows side by side, 8
-            // short streams the hardware prefetchers follow poorly.
-            let ahead = group.wrapping_add(16 * row_bytes);
-            for line in (0..8 * row_bytes).step_by(64) {
-                // Prefetching never faults, wherever the address points.
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-            }
+            // The group `AHEAD` groups on, spread over this group's block steps (a few lines
+            // each): the kernel reads 8 rows side by side, 8 short streams the hardware
+            // prefetchers follow poorly, and a burst of a whole group's lines at once would
+            // queue behind itself.
+            let ahead = group.wrapping_add(AHEAD * 8 * row_bytes);
+            let lines = (8 * row_bytes).div_ceil(64);
             for i0 in (0..m).step_by(P) {
                 let pass = P.min(m - i0);
                 let mut acc = [_mm256_setzero_ps(); P];
                 for b in 0..nb {
+                    if i0 == 0 {
+                        for line in b * lines / nb..(b + 1) * lines / nb {
+                            // Prefetching never faults, wherever the address points.
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                        }
+                    }
                     let at = group.wrapping_add(b * bb);
                     // SAFETY: rows g..g + 8 are whole rows of `rows` (the caller's), each with
                     // block b at `b * bb`.
