@@ -364,7 +364,7 @@ enum Command {
         /// directly; ~100 MB) or `f32` (dequantised at load; ~540 MB) — both give the same
         /// tokens, bit for bit — or `q8` (held as `quantized`, activations rounded to 8-bit
         /// blocks and multiplied exactly in integers, llama.cpp's arithmetic, with tokens of
-        /// its own; on CPUs without VNNI not yet faster, see docs/PERFORMANCE.md).
+        /// its own; the fastest on the CPU, see docs/PERFORMANCE.md).
         #[arg(long, default_value = "quantized")]
         weights: tenet_models::smollm2::WeightsMode,
         /// Wrap the prompt in the model's chat template.

@@ -2,7 +2,7 @@
 //! to 8-bit blocks, with exact integer block products — the reference's definition
 //! (`tenet_reference::quant`, "qmatmul_q8"), the arithmetic llama.cpp's CPU dot products do.
 //!
-//! Each row of A is cut into blocks of 32 and each block rounded once ([`quantize_row`]): its
+//! Each row of A is cut into blocks of 32 and each block rounded once ([`quantize_rows`], the reference's rounding): its
 //! scale `d = amax / 127`, integers `q = round_ties_even(x · (1 / d))` clamped to ±127 (0 for
 //! NaN) and their sum `Q`. An output is then, over the blocks in order from +0,
 //! `acc = fma(d_w · d, S, acc)` (and for Q4_1 `acc = fma(m_w, d · Q, acc)`), where `S` is the
@@ -14,27 +14,29 @@
 //! on every weight for every row of A; here a weight costs part of one byte multiply-add
 //! (`vpmaddubsw` multiplies 32 byte pairs and adds neighbours). The AVX2 kernel takes 8 weight
 //! rows at a time: per block it widens each row's 32 integers to bytes once, then for each row
-//! of A (up to [`PASS`] at a time) multiplies them with the row's 32 rounded bytes, reduces
+//! of A (up to `PASS` at a time) multiplies them with the row's 32 rounded bytes, reduces
 //! the 8 products to one vector of 8 exact sums (lane r: weight row r) with horizontal adds,
 //! and continues 8 f32 chains — one per weight row — with one multiply and one fma (two for
 //! Q4_1). Q4_0's `q − 8` is taken as `Σ q·x − 8·Q`; Q8_0's signed weights as `|w|` times `x`
 //! with `w`'s sign (`vpsignb`), since `vpmaddubsw` wants one unsigned operand. AVX-512 CPUs
 //! run this kernel too.
 //!
-//! **Where it stands** (docs/PERFORMANCE.md): on a 2-core AMD EPYC Zen 3 (AVX2, no VNNI) this
-//! kernel still takes 1.3–1.5× the f32 kernel's time for SmolLM2's decode products and about
-//! as long at 8 rows: the horizontal reductions, the per-block heads of 8 strided rows and the
-//! accumulators' trips through memory cost what the byte products save. Byte dot-product
-//! instructions (`vpdpbusd`, AVX-512 VNNI and AVX-VNNI) fold the multiply, the pair sums and
-//! the accumulation into one instruction per 64 (32) weights; kernels for them are the next
-//! step, and need a host that has them to be measured.
+//! The 8 rows are 8 short streams the hardware prefetchers follow poorly, so each block step
+//! prefetches a few lines of the group two ahead: without that the kernel was 1.7× faster
+//! than the f32 one with the weights hot in L2 and 1.3–1.5× slower from memory; with it,
+//! 1.24–1.5× faster on SmolLM2's decode products (docs/PERFORMANCE.md, "On a Zen 3 host").
+//! Byte dot-product instructions (`vpdpbusd`: AVX-512 VNNI, AVX-VNNI) would fold the multiply,
+//! the pair sums and the accumulation into one instruction per 64 (32) weights: the next
+//! kernels, for hosts that have them.
 //!
-//! Threads split the weight rows into tiles of [`TILE`] rows (a few parts per thread claimed
+//! Threads split the weight rows into tiles of `TILE` rows (a few parts per thread claimed
 //! from the pool); which thread computes a column never changes its bits.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use super::{BLOCK, QWeight, QgemmError, QuantFormat, check, f16_to_f32, span};
+use tenet_reference::quant::{Q8Block, quantize_activations};
+
+use super::{BLOCK, QWeight, QgemmError, QuantFormat, SharedC, check, f16_to_f32, span};
 use crate::SimdLevel;
 use crate::simd::canonical;
 
@@ -50,66 +52,37 @@ const POLL_WORK: usize = 1 << 18;
 /// Least work worth a thread of its own (weight bytes), as for `qgemm`.
 const MIN_BYTES_PER_THREAD: usize = 96 << 10;
 
-/// Rows of A rounded to 8-bit blocks: `q[i · k + e]`, and per row and block its scale `d`,
-/// `d · Q` (Q4_1's minimum term) and `Q`.
+/// Rows of A rounded to 8-bit blocks, `blocks[i · nb + b]` for row `i`, block `b`: each the
+/// reference's own rounding (`tenet_reference::quant::quantize_activations`), so there is one
+/// definition of it.
 pub struct Rounded {
     k: usize,
-    q: Vec<i8>,
-    d: Vec<f32>,
-    dq: Vec<f32>,
-    sum: Vec<i32>,
+    blocks: Vec<Q8Block>,
 }
 
 impl Rounded {
     fn blocks(&self) -> usize {
         self.k / BLOCK
     }
+
+    fn at(&self, i: usize, b: usize) -> &Q8Block {
+        &self.blocks[i * self.blocks() + b]
+    }
 }
 
-/// Round `m` rows of `k` values of `a` (row stride `a_rs`) to 8-bit blocks, each block as the
-/// reference's `quantize_activations` does.
+/// Round `m` rows of `k` values of `a` (row stride `a_rs`) to 8-bit blocks.
 pub fn quantize_rows(m: usize, k: usize, a: &[f32], a_rs: usize) -> Rounded {
-    let nb = k / BLOCK;
-    let mut r = Rounded {
-        k,
-        q: vec![0; m * k],
-        d: vec![0.0; m * nb],
-        dq: vec![0.0; m * nb],
-        sum: vec![0; m * nb],
-    };
-    for i in 0..m {
-        let row = &a[i * a_rs..i * a_rs + k];
-        for (b, x) in row.chunks_exact(BLOCK).enumerate() {
-            let amax = if x.iter().any(|v| v.is_nan()) {
-                f32::NAN
-            } else {
-                x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
-            };
-            let d = amax / 127.0;
-            let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
-            let q = &mut r.q[i * k + b * BLOCK..i * k + (b + 1) * BLOCK];
-            let mut sum = 0i32;
-            for (o, &v) in q.iter_mut().zip(x) {
-                let t = (v * inv).round_ties_even();
-                *o = if t.is_nan() {
-                    0
-                } else {
-                    t.clamp(-127.0, 127.0) as i8
-                };
-                sum += *o as i32;
-            }
-            r.d[i * nb + b] = d;
-            r.dq[i * nb + b] = d * sum as f32;
-            r.sum[i * nb + b] = sum;
-        }
-    }
-    r
+    let blocks = (0..m)
+        .flat_map(|i| a[i * a_rs..i * a_rs + k].chunks_exact(BLOCK))
+        .map(quantize_activations)
+        .collect();
+    Rounded { k, blocks }
 }
 
 /// Bytes [`qgemm_q8`] allocates for `m` rows of `k`: the rounded rows.
 pub fn scratch_bytes(m: usize, k: usize) -> u64 {
     let nb = (k / BLOCK) as u64;
-    (m as u64).saturating_mul(k as u64 + nb * 12)
+    (m as u64).saturating_mul(nb * std::mem::size_of::<Q8Block>() as u64)
 }
 
 /// `C = qmatmul_q8(A, w)`: `A` is `m × k` row-major at row stride `a_rs`, `C` `m × n` at row
@@ -167,7 +140,9 @@ pub fn qgemm_q8_polled(
         (tiles / 4).clamp(threads, threads * 2)
     };
     let ranges = tenet_sys::parallel::ranges(tiles, parts, 1);
-    let shared = SharedC(c.as_mut_ptr());
+    let shared = SharedC {
+        ptr: c.as_mut_ptr(),
+    };
     let stopped = AtomicBool::new(false);
     let done = AtomicUsize::new(0);
     let body = |part: usize| {
@@ -217,20 +192,6 @@ pub fn qgemm_q8_polled(
     Ok(!stopped.load(Ordering::Relaxed))
 }
 
-/// C's base pointer, shared by parts that write disjoint columns.
-struct SharedC(*mut f32);
-// SAFETY: parts write disjoint elements of C (see `qgemm_q8_polled`).
-unsafe impl Sync for SharedC {}
-
-impl SharedC {
-    /// # Safety
-    /// `at` is inside C.
-    unsafe fn at(&self, at: usize) -> *mut f32 {
-        // SAFETY: the caller's.
-        unsafe { self.0.add(at) }
-    }
-}
-
 /// Whether the AVX2 kernel runs at `level` on this CPU (AVX-512 CPUs run it too).
 fn simd_kernel(level: SimdLevel) -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -261,20 +222,21 @@ fn weight_integer(format: QuantFormat, block: &[u8], e: usize) -> i32 {
     }
 }
 
-/// One output in scalar code: weight row `row` (its blocks) with rounded row `i`.
+/// One output in scalar code: weight row `row` (its blocks) with rounded row `i`, each block
+/// the step of `tenet_reference::quant::accumulate_block` (this crate has its own copy of the
+/// formulas, as `block_values` has of the dequantisation: it knows no IR types).
 fn row_dot(format: QuantFormat, row: &[u8], r: &Rounded, i: usize) -> f32 {
-    let (k, nb) = (r.k, r.blocks());
     let mut acc = 0.0f32;
     for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
-        let q = &r.q[i * k + b * BLOCK..i * k + (b + 1) * BLOCK];
+        let x = r.at(i, b);
         let s: i32 = (0..BLOCK)
-            .map(|e| weight_integer(format, block, e) * q[e] as i32)
+            .map(|e| weight_integer(format, block, e) * x.q[e] as i32)
             .sum();
         let d_w = f16_to_f32(u16::from_le_bytes([block[0], block[1]]));
-        acc = (d_w * r.d[i * nb + b]).mul_add(s as f32, acc);
+        acc = (d_w * x.d).mul_add(s as f32, acc);
         if format == QuantFormat::Q4_1 {
             let m_w = f16_to_f32(u16::from_le_bytes([block[2], block[3]]));
-            acc = m_w.mul_add(r.dq[i * nb + b], acc);
+            acc = m_w.mul_add(x.d * x.sum as f32, acc);
         }
     }
     canonical(acc)
@@ -284,7 +246,7 @@ fn row_dot(format: QuantFormat, row: &[u8], r: &Rounded, i: usize) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, PASS, QuantFormat, Rounded};
+    use super::{PASS, QuantFormat, Rounded};
     use crate::simd::canonical8;
 
     /// Groups of 8 weight rows ahead that the kernel prefetches.
@@ -417,7 +379,7 @@ mod avx2 {
         c: *mut f32,
         c_rs: usize,
     ) {
-        let (k, nb) = (r.k, r.blocks());
+        let nb = r.blocks();
         let bb = match F {
             Q4_0 => 18,
             Q4_1 => 20,
@@ -425,7 +387,6 @@ mod avx2 {
         };
         let ones = _mm256_set1_epi16(1);
         let base = rows.as_ptr();
-        let q = r.q.as_ptr();
         for g in (0..cols).step_by(8) {
             let group = base.wrapping_add(g * row_bytes);
             // The group `AHEAD` groups on, spread over this group's block steps (a few lines
@@ -459,10 +420,9 @@ mod avx2 {
                     };
                     for (p, a) in acc.iter_mut().enumerate().take(pass) {
                         let i = i0 + p;
-                        // SAFETY: row i's block b is 32 bytes inside `r.q` (i < m, b < nb).
-                        let x = unsafe {
-                            _mm256_loadu_si256(q.add(i * k + b * BLOCK) as *const __m256i)
-                        };
+                        let xb = r.at(i, b);
+                        // SAFETY: a block's integers are 32 bytes.
+                        let x = unsafe { _mm256_loadu_si256(xb.q.as_ptr() as *const __m256i) };
                         let prods: [__m256i; 8] = std::array::from_fn(|t| {
                             let s = if F == Q8_0 {
                                 _mm256_sign_epi8(x, w[t])
@@ -472,14 +432,15 @@ mod avx2 {
                             _mm256_madd_epi16(_mm256_maddubs_epi16(mag[t], s), ones)
                         });
                         let mut s = sums(&prods);
-                        let ib = i * nb + b;
                         if F == Q4_0 {
-                            s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * r.sum[ib]));
+                            s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xb.sum));
                         }
-                        let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(r.d[ib]));
+                        let scale = _mm256_mul_ps(d_w, _mm256_set1_ps(xb.d));
                         *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *a);
                         if F == Q4_1 {
-                            *a = _mm256_fmadd_ps(m_w, _mm256_set1_ps(r.dq[ib]), *a);
+                            // `d · Q` rounded once, as the reference's step.
+                            let dq = xb.d * xb.sum as f32;
+                            *a = _mm256_fmadd_ps(m_w, _mm256_set1_ps(dq), *a);
                         }
                     }
                 }
