@@ -102,8 +102,9 @@ pub fn qgemm_q8(
     qgemm_q8_polled(level, threads, m, a, a_rs, w, c, c_rs, &|| false).map(|_| ())
 }
 
-/// [`qgemm_q8`], asking `stop` about every 2¹⁸ multiply-adds: once it says yes, the product
-/// gives up and returns `Ok(false)`, with C partly written.
+/// [`qgemm_q8`], asking `stop` after each tile of 64 weight rows whose work takes the count of
+/// multiply-adds past a multiple of 2¹⁸: once it says yes, the product gives up and returns
+/// `Ok(false)`, with C partly written.
 #[allow(clippy::too_many_arguments)]
 pub fn qgemm_q8_polled(
     level: SimdLevel,
