@@ -391,18 +391,10 @@ pub fn qgemm_polled(
     c_rs: usize,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<bool, QgemmError> {
-    if !level.supported() {
-        return Err(QgemmError::Unsupported(level.name()));
-    }
-    let (n, k) = (w.n, w.k);
-    if m == 0 || n == 0 {
+    if !checked(level, m, a, a_rs, &w, c, c_rs)? {
         return Ok(true);
     }
-    if c_rs < n {
-        return Err(QgemmError::OverlappingRows { rs: c_rs, n });
-    }
-    check("A", span(m, k, a_rs), a.len())?;
-    check("C", span(m, n, c_rs), c.len())?;
+    let (n, k) = (w.n, w.k);
     if k == 0 {
         for i in 0..m {
             c[i * c_rs..i * c_rs + n].fill(0.0);
@@ -413,6 +405,44 @@ pub fn qgemm_polled(
         return by_gemm(level, threads, m, a, a_rs, w, c, c_rs, stop, rows, slab);
     }
     Ok(quantised(level, threads, m, a, a_rs, w, c, c_rs, stop))
+}
+
+/// The checks every product makes before any work: the level supported, C's rows apart, A's
+/// and C's extents. `Ok(false)` for an empty product (nothing to write).
+fn checked(
+    level: SimdLevel,
+    m: usize,
+    a: &[f32],
+    a_rs: usize,
+    w: &QWeight<'_>,
+    c: &[f32],
+    c_rs: usize,
+) -> Result<bool, QgemmError> {
+    if !level.supported() {
+        return Err(QgemmError::Unsupported(level.name()));
+    }
+    let (n, k) = (w.n, w.k);
+    if m == 0 || n == 0 {
+        return Ok(false);
+    }
+    if c_rs < n {
+        return Err(QgemmError::OverlappingRows { rs: c_rs, n });
+    }
+    check("A", span(m, k, a_rs), a.len())?;
+    check("C", span(m, n, c_rs), c.len())?;
+    Ok(true)
+}
+
+/// `tiles` of weight rows in contiguous ranges for `threads` threads: one part a thread for
+/// small products (a part's first tile is read cold: nothing prefetched it), larger ones up to
+/// [`PARTS_PER_THREAD`], of at least 4 tiles, claimed one at a time.
+fn tile_ranges(threads: usize, tiles: usize) -> Vec<std::ops::Range<usize>> {
+    let parts = if threads == 1 {
+        1
+    } else {
+        (tiles / 4).clamp(threads, threads * PARTS_PER_THREAD)
+    };
+    tenet_sys::parallel::ranges(tiles, parts, 1)
 }
 
 thread_local! {
@@ -604,14 +634,7 @@ fn quantised(
     let work = m.saturating_mul(n).saturating_mul(k);
     let worth = (work / MIN_WORK_PER_THREAD).max(n * row_bytes / MIN_BYTES_PER_THREAD);
     let threads = threads.clamp(1, worth.clamp(1, tiles));
-    // A part's first tile is read cold (nothing prefetched it), so small products get one
-    // part a thread, larger ones up to PARTS_PER_THREAD, of at least 4 tiles.
-    let parts = if threads == 1 {
-        1
-    } else {
-        (tiles / 4).clamp(threads, threads * PARTS_PER_THREAD)
-    };
-    let ranges = tenet_sys::parallel::ranges(tiles, parts, 1);
+    let ranges = tile_ranges(threads, tiles);
     let shared = SharedC {
         ptr: c.as_mut_ptr(),
     };

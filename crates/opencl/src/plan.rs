@@ -1137,25 +1137,8 @@ fn plan_node(
             // Every batch's rows in a row: `a` is contiguous and `w` has no batch.
             let (tw, ta) = (ty_of(w), ty_of(a));
             let (nn, nb, bb) = (tw.shape[0], tw.shape[1], format.block_bytes());
-            if *dot == QDot::Q8 {
-                np.launches.push(launch(
-                    Family::Linalg,
-                    "k_qmatmul_q8",
-                    n,
-                    vec![
-                        Arg::Out,
-                        Arg::Value(*a),
-                        Arg::Value(*w),
-                        Arg::U64(n),
-                        Arg::U64(nn),
-                        Arg::U64(nb),
-                        Arg::I32(format.tag() as i32),
-                        Arg::U32(bb as u32),
-                    ],
-                ));
-                return;
-            }
-            if caps.gemv != Gemv::Off {
+            // `qmatmul_q8` has its own kernel, one item an output (no few-row variant yet).
+            if *dot == QDot::F32 && caps.gemv != Gemv::Off {
                 let rows: u64 = ta.shape[..ta.rank() - 1].iter().product();
                 // Every row's span starts on a word when the rows' length is a multiple of
                 // 4 bytes (a buffer starts on one).
@@ -1187,9 +1170,13 @@ fn plan_node(
                 });
                 return;
             }
+            let kernel = match dot {
+                QDot::F32 => "k_qmatmul",
+                QDot::Q8 => "k_qmatmul_q8",
+            };
             np.launches.push(launch(
                 Family::Linalg,
-                "k_qmatmul",
+                kernel,
                 n,
                 vec![
                     Arg::Out,
@@ -1197,9 +1184,9 @@ fn plan_node(
                     Arg::Value(*w),
                     Arg::U64(n),
                     Arg::U64(nn),
-                    Arg::U64(ty_of(w).shape[1]),
+                    Arg::U64(nb),
                     Arg::I32(format.tag() as i32),
-                    Arg::U32(format.block_bytes() as u32),
+                    Arg::U32(bb as u32),
                 ],
             ));
         }

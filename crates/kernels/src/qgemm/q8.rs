@@ -36,12 +36,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tenet_reference::quant::{Q8Block, quantize_activations};
 
-use super::{BLOCK, QWeight, QgemmError, QuantFormat, SharedC, check, f16_to_f32, span};
+use super::{
+    BLOCK, QWeight, QgemmError, QuantFormat, SharedC, TILE, checked, f16_to_f32, tile_ranges,
+};
 use crate::SimdLevel;
 use crate::simd::canonical;
-
-/// Weight rows one tile covers; threads take whole tiles.
-const TILE: usize = 64;
 
 /// Rows of A one pass of the AVX2 kernel carries (8 accumulators, one per row).
 const PASS: usize = 8;
@@ -117,30 +116,17 @@ pub fn qgemm_q8_polled(
     c_rs: usize,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<bool, QgemmError> {
-    if !level.supported() {
-        return Err(QgemmError::Unsupported(level.name()));
-    }
-    let (n, k) = (w.n, w.k);
-    if m == 0 || n == 0 {
+    if !checked(level, m, a, a_rs, &w, c, c_rs)? {
         return Ok(true);
     }
-    if c_rs < n {
-        return Err(QgemmError::OverlappingRows { rs: c_rs, n });
-    }
-    check("A", span(m, k, a_rs), a.len())?;
-    check("C", span(m, n, c_rs), c.len())?;
+    let (n, k) = (w.n, w.k);
     let rounded = quantize_rows(m, k, a, a_rs);
     let simd = simd_kernel(level);
     let row_bytes = w.row_bytes();
     let tiles = n.div_ceil(TILE);
     let worth = (n * row_bytes / MIN_BYTES_PER_THREAD).max(1);
     let threads = threads.clamp(1, worth.min(tiles));
-    let parts = if threads == 1 {
-        1
-    } else {
-        (tiles / 4).clamp(threads, threads * 2)
-    };
-    let ranges = tenet_sys::parallel::ranges(tiles, parts, 1);
+    let ranges = tile_ranges(threads, tiles);
     let shared = SharedC {
         ptr: c.as_mut_ptr(),
     };
