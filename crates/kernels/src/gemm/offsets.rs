@@ -3,7 +3,8 @@
 //! stride-1 convolution's input under tap `p` for a run of output positions in one output row.
 //! Packing that panel first (as [`super::sgemm_packing_b`] does) writes and reads every
 //! element once more; with few output channels the packing was a third of the work. The same
-//! fma chains as every other path, so the same bits. AVX-512 only: elsewhere the caller packs.
+//! fma chains as every other path, so the same bits. AVX-512 (8 × 48 and 8 × 16 tiles) and AVX2
+//! (6 × 16 tiles, three to a 48-column panel); elsewhere the caller packs.
 
 use super::{GemmError, SimdLevel, Stop, Strided, check, span};
 
@@ -33,7 +34,7 @@ pub fn sgemm_offsets(
     c_rs: usize,
     stop: Stop<'_>,
 ) -> Result<bool, GemmError> {
-    if level != SimdLevel::Avx512 || !level.supported() {
+    if !matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2) || !level.supported() {
         return Ok(false);
     }
     if m == 0 || groups.iter().all(Vec::is_empty) {
@@ -71,7 +72,11 @@ pub fn sgemm_offsets(
     check("C", span(m, c_rs, c_rs, 1), c.len())?;
     #[cfg(target_arch = "x86_64")]
     {
-        run(threads, m, k, a, x, offsets, groups, c, c_rs, stop);
+        if level == SimdLevel::Avx512 {
+            run::<8>(level, threads, m, k, a, x, offsets, groups, c, c_rs, stop);
+        } else {
+            run::<6>(level, threads, m, k, a, x, offsets, groups, c, c_rs, stop);
+        }
         Ok(true)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -81,9 +86,12 @@ pub fn sgemm_offsets(
     }
 }
 
+/// The product over `MR`-row tiles (8 with AVX-512, 6 with AVX2: `level` is one of the two and
+/// supported).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn run(
+fn run<const MR: usize>(
+    level: SimdLevel,
     threads: usize,
     m: usize,
     k: usize,
@@ -95,11 +103,15 @@ fn run(
     c_rs: usize,
     stop: Stop<'_>,
 ) {
-    const MR: usize = 8;
-    const KC: usize = 1024;
-    // A packed once, whole: panel q holds rows q·8.. of every step (`[p·8 + i]`), zero rows
+    // AVX-512's 8 × 48 tiles over whole depths (up to 1024 steps, measured on Zen 4); AVX2's
+    // 6 × 16 tiles over blocks of 64 steps, each tile of the panel over a block before the next:
+    // a block touches a few rows of a few channel planes, each plane its own pages (whole
+    // depths of 864 steps ran the detector's 96→24 3×3 layers at 47–52 GFLOP/s on one Zen 3
+    // core, blocks of 32–96 at 73–82; `offsets_speed`).
+    let kc_block = if MR == 8 { 1024 } else { 64 };
+    // A packed once, whole: panel q holds rows q·MR.. of every step (`[p·MR + i]`), zero rows
     // past m.
-    let cfg = super::Config::for_level(SimdLevel::Avx512, 48);
+    let cfg = super::Config::for_level(level, 48);
     let mut ap = vec![0.0f32; m.div_ceil(MR) * MR * k];
     super::pack_a::<MR>(&cfg, &mut ap, a, 0, m, 0, k);
     let shared = super::SharedC::new(c);
@@ -119,7 +131,7 @@ fn run(
     ));
     let ap = &ap;
     tenet_sys::parallel::run_parts(work.owners(), &|t| {
-        let mut tile = [0.0f32; MR * 48];
+        let mut tile = [0.0f32; 8 * 48];
         // Unit `u`: the rows of split `u % splits` over the panels of group `u / splits`.
         let mut group = |u: usize| {
             if stop() {
@@ -128,50 +140,77 @@ fn run(
             let (g, split) = (u / splits, u % splits);
             let row_range = split * rows_per..((split + 1) * rows_per).min(m);
             for p in &groups[g] {
-                for ir in row_range.clone().step_by(MR) {
-                    let rows = MR.min(m - ir);
-                    let base = ir * c_rs + p.c_col;
-                    let (dst, ldc) = if rows == MR {
-                        // SAFETY: rows ir..ir+8 < m, columns c_col..c_col+width ≤ c_rs (both
-                        // checked by the caller), inside C.
-                        (unsafe { shared.ptr.add(base) }, c_rs)
-                    } else {
-                        for i in 0..rows {
-                            // SAFETY: this thread alone writes these rows of this group's
-                            // columns (groups do not overlap, nor do splits); row ir + i < m.
-                            unsafe {
-                                shared.read(base + i * c_rs, &mut tile[i * p.width..][..p.width])
-                            };
-                        }
-                        (tile.as_mut_ptr(), p.width)
-                    };
-                    for pc in (0..k).step_by(KC) {
-                        let kc = KC.min(k - pc);
-                        let (load, last) = (pc > 0, pc + kc == k);
+                // The split's last tile may have fewer than MR rows: it runs on the scratch
+                // tile, read once before the steps and written back after them.
+                let last_ir = row_range.end.saturating_sub(1) / MR * MR;
+                let partial = row_range.end - last_ir < MR;
+                let partial_rows = row_range.end - last_ir;
+                if partial {
+                    for i in 0..partial_rows {
+                        // SAFETY: this thread alone writes these rows of this group's columns
+                        // (groups do not overlap, nor do splits); row last_ir + i < m.
+                        unsafe {
+                            shared.read(
+                                (last_ir + i) * c_rs + p.c_col,
+                                &mut tile[i * p.width..][..p.width],
+                            )
+                        };
+                    }
+                }
+                // Steps in blocks, every tile of the panel over one block before the next, so
+                // the block's rows of x stay in L1 while each tile reads them.
+                for pc in (0..k).step_by(kc_block) {
+                    let kc = kc_block.min(k - pc);
+                    let (load, last) = (pc > 0, pc + kc == k);
+                    for ir in row_range.clone().step_by(MR) {
+                        let (dst, ldc) = if partial && ir == last_ir {
+                            (tile.as_mut_ptr(), p.width)
+                        } else {
+                            // SAFETY: rows ir..ir+MR ≤ m, columns c_col..c_col+width ≤ c_rs
+                            // (both checked by the caller), inside C.
+                            (unsafe { shared.ptr.add(ir * c_rs + p.c_col) }, c_rs)
+                        };
                         let a_ptr = ap[(ir / MR) * MR * k + pc * MR..].as_ptr();
-                        // SAFETY: the CPU has AVX-512F (checked by the caller); the kernel reads
-                        // kc·8 values of the packed A from a_ptr (inside `ap`), for each step
-                        // width values of x from start + offsets[pc + s] (start + the largest
-                        // offset + width ≤ x.len(), checked by the caller), and reads and
-                        // writes 8 rows of width values at stride ldc from dst: inside C (the
-                        // full tile, checked above) or the scratch tile.
+                        // SAFETY: the CPU has AVX-512F for MR = 8, AVX2 and FMA for MR = 6
+                        // (checked by the caller); the kernel reads kc·MR values of the packed
+                        // A from a_ptr (inside `ap`), for each step width values of x from
+                        // start + offsets[pc + s] (start + the largest offset + width ≤
+                        // x.len(), checked by the caller), and reads and writes MR rows of
+                        // width values at stride ldc from dst: inside C (a full tile) or the
+                        // scratch tile (8 rows of 48).
                         unsafe {
                             let xs = x.as_ptr().add(p.start);
                             let offs = offsets.as_ptr().add(pc);
-                            if p.width == 48 {
-                                kernel::<3>(kc, a_ptr, xs, offs, dst, ldc, load, last);
-                            } else {
-                                kernel::<1>(kc, a_ptr, xs, offs, dst, ldc, load, last);
+                            match (MR, p.width) {
+                                (8, 48) => kernel::<3>(kc, a_ptr, xs, offs, dst, ldc, load, last),
+                                (8, _) => kernel::<1>(kc, a_ptr, xs, offs, dst, ldc, load, last),
+                                _ => {
+                                    for s in (0..p.width).step_by(16) {
+                                        kernel_avx2(
+                                            kc,
+                                            a_ptr,
+                                            xs.add(s),
+                                            offs,
+                                            dst.add(s),
+                                            ldc,
+                                            load,
+                                            last,
+                                        );
+                                    }
+                                }
                             }
                         }
                     }
-                    if rows < MR {
-                        for i in 0..rows {
-                            // SAFETY: as for the read above.
-                            unsafe {
-                                shared.write(base + i * c_rs, &tile[i * p.width..][..p.width])
-                            };
-                        }
+                }
+                if partial {
+                    for i in 0..partial_rows {
+                        // SAFETY: as for the read above.
+                        unsafe {
+                            shared.write(
+                                (last_ir + i) * c_rs + p.c_col,
+                                &tile[i * p.width..][..p.width],
+                            )
+                        };
                     }
                 }
             }
@@ -244,6 +283,60 @@ unsafe fn kernel<const NV: usize>(
             let r = if last { crate::simd::canonical16(r) } else { r };
             // SAFETY: row i, vector v of the tile is inside `c`.
             unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), r) };
+        }
+    }
+}
+
+/// The 6 × 16 AVX2 micro-kernel with B read through offsets: the packed AVX2 kernel's chains,
+/// its two B vectors loaded from `x + offs[p]`.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `a` holds `kc·6` values; for `p < kc`, `offs[p]` is readable
+/// and `x + offs[p]` holds 16 values; `c` holds 6 rows of 16 values at stride `ldc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_avx2(
+    kc: usize,
+    a: *const f32,
+    x: *const f32,
+    offs: *const usize,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+    last: bool,
+) {
+    use std::arch::x86_64::*;
+    const MR: usize = 6;
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    if load {
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: row i (16 values) of the tile is inside `c`.
+            unsafe {
+                row[0] = _mm256_loadu_ps(c.add(i * ldc));
+                row[1] = _mm256_loadu_ps(c.add(i * ldc + 8));
+            }
+        }
+    }
+    for p in 0..kc {
+        // SAFETY: step p < kc: its offset and the 16 values there are readable.
+        let (b0, b1) = unsafe {
+            let bp = x.add(*offs.add(p));
+            (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+        };
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: step p < kc, i < 6: inside the packed A.
+            let ai = _mm256_set1_ps(unsafe { *a.add(p * MR + i) });
+            row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+            row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let fix = |v: __m256| if last { crate::simd::canonical8(v) } else { v };
+        // SAFETY: row i (16 values) of the tile is inside `c`.
+        unsafe {
+            _mm256_storeu_ps(c.add(i * ldc), fix(row[0]));
+            _mm256_storeu_ps(c.add(i * ldc + 8), fix(row[1]));
         }
     }
 }
