@@ -21,7 +21,8 @@
 //! (`tenet_kernels::qgemm::scratch_bytes`: a step-major copy of A's rows and a padded last tile
 //! of the weight, or for many rows a bounded chunk of dequantised weight rows) plus, for many
 //! rows, the f32 GEMM's packing per thread; `dequantize`, none; an f32 convolution
-//! (`conv.rs`), per block computed at once, the class's weights and products, per thread a
+//! (`conv.rs`), per block computed at once, the class's weights and products (a depthwise
+//! one: its plane kernel's own, `depthwise::scratch_bytes`), per thread a
 //! packed panel (bounded by an im2col chunk of `conv::chunk_cols` columns), plus the GEMM's
 //! packing; an f32 sum over listed
 //! positions, 8 bytes each; a
@@ -166,7 +167,13 @@ fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
     let node = graph.node(id);
     let f32s = |o: NodeId| graph.node(o).ty.dtype == DType::F32;
     let fast = match &node.op {
-        Op::Conv2d { x, w, groups, .. } if node.ty.dtype == DType::F32 && f32s(*x) && f32s(*w) => {
+        Op::Conv2d {
+            x,
+            w,
+            groups,
+            window,
+            ..
+        } if node.ty.dtype == DType::F32 && f32s(*x) && f32s(*w) => {
             // conv.rs: the block's chunk products and class weights, an im2col chunk and the
             // GEMM's packing per thread.
             let (xs, ws, ys) = (
@@ -178,7 +185,7 @@ fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
             let k = ws[1] * ws[2] * ws[3];
             let cols =
                 crate::conv::chunk_cols(og as usize, k as usize, (ys[2] * ys[3]) as usize) as u64;
-            return crate::conv::scratch_bytes(xs, ws, ys, u64::from(*groups), threads)
+            return crate::conv::scratch_bytes(xs, ws, ys, window, u64::from(*groups), threads)
                 .saturating_add(threads * packing(og, cols, k));
         }
         Op::Reshape { .. }

@@ -22,14 +22,15 @@
 //! otherwise the panels of a block do.
 //! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
 //! depthwise convolution (one input and one output channel per group) runs directly, a plane
-//! at a time (`tenet_kernels::vmath::depthwise_plane`): each in-bounds tap, in the chain's
-//! order, one fused multiply-add over the run of output columns it reaches, so every output's
-//! chain is again exactly its valid taps in order.
+//! at a time (`tenet_kernels::depthwise`): every output's chain is again exactly its valid
+//! taps in order, computed in registers a block of rows and vectors at a time on x86.
 
 use tenet_ir::{DType, HostTensor, Op, TensorType, Window2d};
 use tenet_kernels::SimdLevel;
+use tenet_kernels::depthwise::{
+    DepthwisePlane, depthwise_plane, scratch_bytes as depthwise_scratch_bytes,
+};
 use tenet_kernels::gemm::{OffsetPanel, Strided, sgemm, sgemm_offsets, sgemm_packing_b};
-use tenet_kernels::vmath::{DepthwisePlane, depthwise_plane};
 use tenet_reference::math::canonical;
 
 use crate::fused::Poll;
@@ -612,8 +613,16 @@ fn depthwise(
 
 /// Scratch of one f32 convolution on `threads` threads, for the memory bound: per block being
 /// computed, the largest im2col chunk, the class's weights and the chunk's products (the GEMM's
-/// own packing is counted by the caller).
-pub(crate) fn scratch_bytes(x: &[u64], w: &[u64], y: &[u64], groups: u64, threads: u64) -> u64 {
+/// own packing is counted by the caller); for a depthwise one, what its plane kernel allocates
+/// per thread.
+pub(crate) fn scratch_bytes(
+    x: &[u64],
+    w: &[u64],
+    y: &[u64],
+    win: &Window2d,
+    groups: u64,
+    threads: u64,
+) -> u64 {
     let (cg, kh, kw) = (w[1], w[2], w[3]);
     let og = w[0] / groups.max(1);
     let k = cg * kh * kw;
@@ -623,5 +632,23 @@ pub(crate) fn scratch_bytes(x: &[u64], w: &[u64], y: &[u64], groups: u64, thread
     // class weights; per thread, one im2col chunk.
     let blocks = (x[0] * groups).max(1);
     let parallel = threads.min(blocks);
-    parallel * 4 * (og * p + og * k) + threads * 4 * k * cols
+    let depthwise = if cg == 1 && og == 1 {
+        let u = |v: u64| v as usize;
+        let plane = DepthwisePlane {
+            h: u(x[2]),
+            w: u(x[3]),
+            kh: u(kh),
+            kw: u(kw),
+            row0: 0,
+            oh: u(y[2]),
+            ow: u(y[3]),
+            stride: win.stride.map(|s| s as usize),
+            pad: [win.padding[0] as usize, win.padding[1] as usize],
+            dilation: win.dilation.map(|d| d as usize),
+        };
+        threads.saturating_mul(depthwise_scratch_bytes(&plane) as u64)
+    } else {
+        0
+    };
+    (parallel * 4 * (og * p + og * k) + threads * 4 * k * cols).saturating_add(depthwise)
 }

@@ -2,7 +2,7 @@
 //! `cargo run --release -p tenet-kernels --example depthwise_speed H W K STRIDE`.
 use std::time::Instant;
 use tenet_kernels::SimdLevel;
-use tenet_kernels::vmath::{DepthwisePlane, depthwise_plane};
+use tenet_kernels::depthwise::{DepthwisePlane, depthwise_plane};
 fn main() {
     let a: Vec<usize> = std::env::args()
         .skip(1)

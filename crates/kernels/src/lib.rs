@@ -7,6 +7,7 @@
 //! kernels only change how that order is scheduled, never the order itself. The CPU's features
 //! are detected at run time; `TENET_SIMD=avx512|avx2|portable` forces a level (see `SimdLevel`).
 
+pub mod depthwise;
 pub mod gemm;
 #[cfg(target_arch = "x86_64")]
 #[rustfmt::skip]
