@@ -14,12 +14,16 @@
 //! A class's im2col matrix never exists whole: the GEMM asks for one panel of its columns at
 //! a time in its packed layout (`sgemm_packing_b`), which the class writes straight from the
 //! input while the panel stays in cache (an im2col matrix written first and packed after
-//! crossed memory twice). The interior of a stride-1 convolution needs no panels at all at
-//! AVX-512: along an output row, tap `p`'s input is the row's run shifted by a fixed offset,
-//! so the kernel reads it in place through a table of tap offsets (`sgemm_offsets`). A class
-//! of a few positions (a corner) runs transposed on the GEMM's few-rows path. Each class's product lands in a scratch block that is copied, bias added,
-//! into place. Blocks of (image, group) run on separate threads when there are enough of them;
-//! otherwise the panels of a block do.
+//! crossed memory twice). The interior (every tap in bounds) needs no panels at all on x86
+//! (AVX-512 or AVX2): along an output row, tap `p`'s input is the row's run shifted by a
+//! fixed offset, so the kernel reads it in place through a table of tap offsets
+//! (`sgemm_offsets`) and writes its products, bias added, straight into the output. At a
+//! column stride `s` it reads a copy of the input split by column phase (columns `φ, φ + s,
+//! …` of a row side by side), in which each tap's columns are again a run. A class of a few
+//! positions (a corner) runs transposed on the GEMM's few-rows path. Each other class's
+//! product lands in a scratch block that is copied, bias added, into place. Blocks of (image,
+//! group) run on separate threads when there are enough of them; otherwise the panels of a
+//! block do.
 //! A 1×1 convolution with stride 1 and no padding is a product straight from the input. A
 //! depthwise convolution (one input and one output channel per group) runs directly, a plane
 //! at a time (`tenet_kernels::depthwise`): every output's chain is again exactly its valid
@@ -31,6 +35,7 @@ use tenet_kernels::depthwise::{
     DepthwisePlane, depthwise_plane, scratch_bytes as depthwise_scratch_bytes,
 };
 use tenet_kernels::gemm::{OffsetPanel, Strided, sgemm, sgemm_offsets, sgemm_packing_b};
+use tenet_kernels::vmath::gather_strided;
 use tenet_reference::math::canonical;
 
 use crate::fused::Poll;
@@ -393,9 +398,43 @@ fn block_product(
                 }
             }
         };
+        let a = c.weights.as_deref().unwrap_or(weights);
+        // Every tap in bounds: each output row's positions read the input in place through
+        // one table of tap offsets, no packing — at a column stride, from a copy of the input
+        // split by column phase, where each tap's columns are again a run — and the products,
+        // bias added, land straight in the output.
+        if n > FEW_POSITIONS
+            && c.k == k_full
+            && contiguous
+            && c.ows.len() >= 16
+            && matches!(level.or_supported(), SimdLevel::Avx512 | SimdLevel::Avx2)
+        {
+            let phased = (sw > 1).then(|| split_phases(level, d, sw, image));
+            let layout = Layout::new(d, win);
+            let done = sgemm_offsets(
+                level,
+                threads,
+                d.og,
+                c.k,
+                Strided::row_major(a, c.k),
+                phased.as_deref().unwrap_or(image),
+                &tap_offsets(d, win, &layout),
+                &row_panels(d, win, &layout, c.ohs, c.ows),
+                dst,
+                p,
+                bias,
+                poll,
+            )
+            .map_err(|e| e.to_string())?;
+            if done {
+                if poll() {
+                    return Ok(()); // stopped part way: the run gives up
+                }
+                continue;
+            }
+        }
         out.clear();
         out.resize(d.og * n, 0.0);
-        let a = c.weights.as_deref().unwrap_or(weights);
         if n <= FEW_POSITIONS {
             // A corner or the border of a narrow input: a panel of the GEMM's width would be
             // mostly padding, so the product runs transposed, `outᵀ = im2colᵀ · Wᵀ`, on the
@@ -429,42 +468,20 @@ fn block_product(
                 }
             }
         } else {
-            // Every tap in bounds, columns at stride 1: each output row's positions read the
-            // input in place through one table of tap offsets, no packing.
-            let in_place = c.k == k_full
-                && sw == 1
-                && contiguous
-                && c.ows.len() >= 16
-                && sgemm_offsets(
-                    level,
-                    threads,
-                    d.og,
-                    c.k,
-                    Strided::row_major(a, c.k),
-                    image,
-                    &tap_offsets(d, win),
-                    &row_panels(d, win, c.ohs, c.ows),
-                    &mut out,
-                    n,
-                    poll,
-                )
-                .map_err(|e| e.to_string())?;
-            if !in_place {
-                sgemm_packing_b(
-                    level,
-                    threads,
-                    d.og,
-                    n,
-                    c.k,
-                    Strided::row_major(a, c.k),
-                    &pack,
-                    poll,
-                    &mut out,
-                    n,
-                    None,
-                )
-                .map_err(|e| e.to_string())?;
-            }
+            sgemm_packing_b(
+                level,
+                threads,
+                d.og,
+                n,
+                c.k,
+                Strided::row_major(a, c.k),
+                &pack,
+                poll,
+                &mut out,
+                n,
+                None,
+            )
+            .map_err(|e| e.to_string())?;
             if poll() {
                 return Ok(()); // stopped part way: the run gives up
             }
@@ -491,16 +508,70 @@ fn block_product(
     Ok(())
 }
 
-/// For each tap (channel, kernel row, kernel column) in the chain's order, how far the input
-/// element under it lies from the element under tap (0, 0, 0): `B(p, j)` of an output row's
-/// run is the input at the run's start plus this.
-fn tap_offsets(d: &Dims, win: &Window2d) -> Vec<usize> {
+/// Where an input element lies in the plane the in-place product reads: the input itself at
+/// column stride 1, else its copy split by column phase ([`split_phases`]), in which input
+/// column `x` of a row is at `(x mod s)·phase_len + x div s`.
+struct Layout {
+    stride: usize,
+    phase_len: usize,
+    row_len: usize,
+    plane_len: usize,
+    /// `⌈pad / stride⌉`: output column `c`'s taps lie `c − shift` elements past where
+    /// output column `shift`'s do, whose offsets are all ≥ 0.
+    shift: usize,
+}
+
+impl Layout {
+    fn new(d: &Dims, win: &Window2d) -> Layout {
+        let s = win.stride[1] as usize;
+        let phase_len = d.w.div_ceil(s);
+        Layout {
+            stride: s,
+            phase_len,
+            row_len: s * phase_len,
+            plane_len: d.h * s * phase_len,
+            shift: (win.padding[1] as usize).div_ceil(s),
+        }
+    }
+
+    /// Where padded column `q` (input column `q − pad`) of output column `shift` lies in
+    /// its row; output column `c`'s lies `c − shift` further.
+    fn column(&self, q: usize, pad: usize) -> usize {
+        let x = q as isize - pad as isize + (self.shift * self.stride) as isize;
+        let x = x as usize; // ≥ 0: shift·stride ≥ pad
+        (x % self.stride) * self.phase_len + x / self.stride
+    }
+}
+
+/// The input split by column phase: each row's columns `φ, φ + s, φ + 2s, …` as phase row
+/// `φ` (zeros past the row's end), for reading a convolution of column stride `s` in place.
+fn split_phases(level: SimdLevel, d: &Dims, s: usize, image: &[f32]) -> Vec<f32> {
+    let phase_len = d.w.div_ceil(s);
+    let mut out = vec![0.0f32; d.cg * d.h * s * phase_len];
+    for (line, row) in image
+        .chunks_exact(d.w)
+        .zip(out.chunks_exact_mut(s * phase_len))
+    {
+        for (phase, dst) in row.chunks_exact_mut(phase_len).enumerate() {
+            let n = (d.w - phase.min(d.w)).div_ceil(s);
+            gather_strided(level, line, phase, s, &mut dst[..n]);
+        }
+    }
+    out
+}
+
+/// For each tap (channel, kernel row, kernel column) in the chain's order, where the element
+/// under it for output column `shift` lies from the start of its output row's input rows:
+/// `B(p, j)` of a run is the plane at the run's start (`row_panels`) plus this.
+fn tap_offsets(d: &Dims, win: &Window2d, layout: &Layout) -> Vec<usize> {
     let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
+    let pl = win.padding[1] as usize;
     let mut out = Vec::with_capacity(d.cg * d.kh * d.kw);
     for ch in 0..d.cg {
         for i in 0..d.kh {
             for j in 0..d.kw {
-                out.push(ch * d.h * d.w + i * dh * d.w + j * dw);
+                let column = layout.column(j * dw, pl);
+                out.push(ch * layout.plane_len + i * dh * layout.row_len + column);
             }
         }
     }
@@ -510,25 +581,29 @@ fn tap_offsets(d: &Dims, win: &Window2d) -> Vec<usize> {
 /// The interior class's positions as panels read in place, one group per output row: 48
 /// columns at a time, then 16 at a time, the last panel of a row ending at the row's end
 /// (overlapping the one before it: the same values written twice by the same thread).
-fn row_panels(d: &Dims, win: &Window2d, ohs: &[usize], ows: &[usize]) -> Vec<Vec<OffsetPanel>> {
-    let (sh, pt, pl) = (
-        win.stride[0] as usize,
-        win.padding[0] as usize,
-        win.padding[1] as usize,
-    );
+fn row_panels(
+    d: &Dims,
+    win: &Window2d,
+    layout: &Layout,
+    ohs: &[usize],
+    ows: &[usize],
+) -> Vec<Vec<OffsetPanel>> {
+    let (sh, pt) = (win.stride[0] as usize, win.padding[0] as usize);
     let nw = ows.len();
+    // A run from output column `ow` starts `ow − shift` elements into its input rows: every
+    // tap of the interior is in bounds, so `ow ≥ shift`.
+    let first_col = ows[0] - layout.shift;
     ohs.iter()
-        .enumerate()
-        .map(|(r, &oh)| {
-            // The input element under tap (0, 0) of the row's first position (every tap of
-            // the interior is in bounds, so it is inside the plane).
-            let first = (oh * sh - pt) * d.w + ows[0] - pl;
+        .map(|&oh| {
+            let first = (oh * sh - pt) * layout.row_len + first_col;
+            // Columns of C are positions of the output plane.
+            let in_plane = oh * d.ow + ows[0];
             let mut panels = Vec::new();
             let mut col = 0;
             while col + 48 <= nw {
                 panels.push(OffsetPanel {
                     start: first + col,
-                    c_col: r * nw + col,
+                    c_col: in_plane + col,
                     width: 48,
                 });
                 col += 48;
@@ -537,7 +612,7 @@ fn row_panels(d: &Dims, win: &Window2d, ohs: &[usize], ows: &[usize]) -> Vec<Vec
                 let at = col.min(nw - 16);
                 panels.push(OffsetPanel {
                     start: first + at,
-                    c_col: r * nw + at,
+                    c_col: in_plane + at,
                     width: 16,
                 });
                 col += 16;
@@ -613,8 +688,8 @@ fn depthwise(
 
 /// Scratch of one f32 convolution on `threads` threads, for the memory bound: per block being
 /// computed, the largest im2col chunk, the class's weights and the chunk's products (the GEMM's
-/// own packing is counted by the caller); for a depthwise one, what its plane kernel allocates
-/// per thread.
+/// own packing is counted by the caller); at a column stride, the input split by phase; for a
+/// depthwise one, what its plane kernel allocates per thread.
 pub(crate) fn scratch_bytes(
     x: &[u64],
     w: &[u64],
@@ -650,5 +725,14 @@ pub(crate) fn scratch_bytes(
     } else {
         0
     };
-    (parallel * 4 * (og * p + og * k) + threads * 4 * k * cols).saturating_add(depthwise)
+    // At a column stride, the input split by phase for the in-place product, per block.
+    let sw = u64::from(win.stride[1]).max(1);
+    let phased = if sw > 1 && !(cg == 1 && og == 1) {
+        parallel * 4 * cg * x[2] * sw * x[3].div_ceil(sw)
+    } else {
+        0
+    };
+    (parallel * 4 * (og * p + og * k) + threads * 4 * k * cols)
+        .saturating_add(depthwise)
+        .saturating_add(phased)
 }

@@ -917,9 +917,11 @@ impl Batched<'_> {
         off
     }
 
+    // An empty operand (a permuted view of a tensor with a zero dimension can still have
+    // nonzero steps) is read nowhere: its offset is clamped to its end.
     fn a(&self, i: usize) -> Strided<'_> {
         Strided {
-            data: &self.av[self.offset(i, &self.a_steps)..],
+            data: &self.av[self.offset(i, &self.a_steps).min(self.av.len())..],
             rs: self.a_strides.0,
             cs: self.a_strides.1,
         }
@@ -927,7 +929,7 @@ impl Batched<'_> {
 
     fn b(&self, i: usize) -> Strided<'_> {
         Strided {
-            data: &self.bv[self.offset(i, &self.b_steps)..],
+            data: &self.bv[self.offset(i, &self.b_steps).min(self.bv.len())..],
             rs: self.b_strides.0,
             cs: self.b_strides.1,
         }

@@ -458,7 +458,7 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
 fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
-    let cases: [Case; 18] = [
+    let cases: [Case; 20] = [
         (
             [1, 4, 4, 3],
             [4, 3, 5],
@@ -621,6 +621,24 @@ fn convolutions_on_the_gemm_keep_the_bits() {
             2,
             true,
         ), // depthwise, blocks of 64 and 16 columns in registers, edges tap by tap
+        (
+            [1, 3, 20, 70],
+            [8, 3, 3],
+            [2, 2],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            true,
+        ), // a stem: stride 2, the interior read in place from the input split by phase
+        (
+            [1, 2, 12, 110],
+            [5, 3, 3],
+            [1, 3],
+            [2, 2, 2, 2],
+            [2, 2],
+            1,
+            false,
+        ), // column stride 3 and dilation 2 from three phases
     ];
     for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
         cases.into_iter().enumerate()

@@ -80,6 +80,7 @@ fn main() {
                         &groups,
                         &mut c,
                         n,
+                        None,
                         &|| false,
                     )
                     .unwrap();

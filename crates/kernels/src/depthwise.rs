@@ -401,7 +401,13 @@ mod x86 {
             for (y, row) in (ylo..yhi).zip(rows.chunks_exact_mut(sw * lr)) {
                 let line = &plane[y * p.w..][..p.w];
                 for (run, dst) in phases.iter().zip(row.chunks_exact_mut(lr)) {
-                    fill_phase(&mut dst[run.m0..run.m1], line, sw, run.m0, run.off);
+                    let first = (run.m0 as isize * sw as isize + run.off) as usize;
+                    crate::vmath::x86::gather_strided_avx2(
+                        line,
+                        first,
+                        sw,
+                        &mut dst[run.m0..run.m1],
+                    );
                 }
             }
             let mut r = b0;
@@ -546,38 +552,6 @@ mod x86 {
             unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
             let n = dst.len() - at;
             dst[at..].copy_from_slice(&lanes[..n]);
-        }
-    }
-
-    /// `dst[i] = line[(m0 + i)·stride + off]`, every index inside `line` (the caller's
-    /// [`PhaseRun`]).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn fill_phase(dst: &mut [f32], line: &[f32], stride: usize, m0: usize, off: isize) {
-        let first = (m0 as isize * stride as isize + off) as usize;
-        if stride == 1 {
-            dst.copy_from_slice(&line[first..first + dst.len()]);
-            return;
-        }
-        let mut i = 0;
-        if stride == 2 {
-            // Eight values from sixteen: the even ones.
-            while i + L <= dst.len() && first + 2 * i + 2 * L <= line.len() {
-                let from = &line[first + 2 * i..][..2 * L];
-                // SAFETY: `from` holds 16 values and `dst[i..]` at least 8.
-                unsafe {
-                    let a = _mm256_loadu_ps(from.as_ptr());
-                    let b = _mm256_loadu_ps(from.as_ptr().add(L));
-                    // a0 a2 b0 b2 | a4 a6 b4 b6, then the middle halves swapped.
-                    let e = _mm256_shuffle_ps::<0x88>(a, b);
-                    let e = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(e)));
-                    _mm256_storeu_ps(dst.as_mut_ptr().add(i), e);
-                }
-                i += L;
-            }
-        }
-        for (k, d) in dst.iter_mut().enumerate().skip(i) {
-            *d = line[first + k * stride];
         }
     }
 }

@@ -194,6 +194,29 @@ fn relu_lanes(x: &[f32], out: &mut [f32]) {
     });
 }
 
+/// `dst[i] = src[first + i·stride]` for every `i` of `dst`: one phase of a strided row (a
+/// stride-2 convolution's input columns under one kernel column), stride 2 in AVX2 shuffles.
+pub fn gather_strided(level: SimdLevel, src: &[f32], first: usize, stride: usize, dst: &mut [f32]) {
+    if let Some(last) = dst.len().checked_sub(1) {
+        let end = last.checked_mul(stride).and_then(|v| v.checked_add(first));
+        assert!(
+            end.is_some_and(|e| e < src.len()),
+            "strided gather past its source"
+        );
+    }
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has; both x86 levels include AVX2.
+        SimdLevel::Avx512 | SimdLevel::Avx2 => unsafe {
+            x86::gather_strided_avx2(src, first, stride, dst)
+        },
+        _ => dst
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, d)| *d = src[first + i * stride]),
+    }
+}
+
 /// The loop every level compiles: plain Rust the compiler vectorises for the enabled features.
 #[inline(always)]
 fn arith_lanes(op: Arith, a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -552,6 +575,36 @@ pub(crate) mod x86 {
         }
         for (o, &v) in out[j..].iter_mut().zip(&x[j..]) {
             *o = super::scalar_gelu(v);
+        }
+    }
+    /// [`super::gather_strided`] (its bounds checked by the caller).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn gather_strided_avx2(src: &[f32], first: usize, stride: usize, dst: &mut [f32]) {
+        const L: usize = 8;
+        if stride == 1 {
+            dst.copy_from_slice(&src[first..first + dst.len()]);
+            return;
+        }
+        let mut i = 0;
+        if stride == 2 {
+            // Eight values from sixteen: the even ones.
+            while i + L <= dst.len() && first + 2 * i + 2 * L <= src.len() {
+                let from = &src[first + 2 * i..][..2 * L];
+                // SAFETY: `from` holds 16 values and `dst[i..]` at least 8.
+                unsafe {
+                    let a = _mm256_loadu_ps(from.as_ptr());
+                    let b = _mm256_loadu_ps(from.as_ptr().add(L));
+                    // a0 a2 b0 b2 | a4 a6 b4 b6, then the middle halves swapped.
+                    let e = _mm256_shuffle_ps::<0x88>(a, b);
+                    let e = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(e)));
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(i), e);
+                }
+                i += L;
+            }
+        }
+        for (k, d) in dst.iter_mut().enumerate().skip(i) {
+            *d = src[first + k * stride];
         }
     }
 }

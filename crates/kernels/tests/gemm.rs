@@ -303,7 +303,8 @@ fn epilogues_see_every_finished_row_once() {
 
 /// Products reading B in place through a table of offsets (a convolution's taps): the same
 /// bits as the product over B gathered out, for 48- and 16-column panels (overlapping ones
-/// too), rows not a multiple of the tile's, and depths past one k-block.
+/// too), rows not a multiple of the tile's, and depths past one k-block; with a bias, the
+/// product's value plus the row's bias, made canonical.
 #[test]
 fn offsets_products_keep_the_bits() {
     use tenet_kernels::gemm::{OffsetPanel, sgemm_offsets};
@@ -353,8 +354,24 @@ fn offsets_products_keep_the_bits() {
             width,
         )
         .unwrap();
+        // A bias with the values where a wrong order or a missed canonicalisation shows.
+        let bias: Vec<f32> = (0..m)
+            .map(|i| [0.5, -0.0, f32::INFINITY, f32::NAN, -3.25][i % 5])
+            .collect();
+        let with_bias: Vec<f32> = want
+            .iter()
+            .enumerate()
+            .map(|(at, &v)| {
+                let s = v + bias[at / width];
+                if s.is_nan() {
+                    f32::from_bits(0x7fc0_0000)
+                } else {
+                    s
+                }
+            })
+            .collect();
         for level in levels() {
-            for threads in [1, 2] {
+            for (threads, biased) in [(1, false), (2, false), (1, true), (2, true)] {
                 let mut c = vec![f32::NAN; m * width];
                 let done = sgemm_offsets(
                     level,
@@ -367,6 +384,7 @@ fn offsets_products_keep_the_bits() {
                     std::slice::from_ref(&panels),
                     &mut c,
                     width,
+                    biased.then_some(&bias[..]),
                     &|| false,
                 )
                 .unwrap();
@@ -376,10 +394,11 @@ fn offsets_products_keep_the_bits() {
                     "{level:?}"
                 );
                 if done {
-                    let same = c.iter().zip(&want).all(|(p, q)| p.to_bits() == q.to_bits());
+                    let want = if biased { &with_bias } else { &want };
+                    let same = c.iter().zip(want).all(|(p, q)| p.to_bits() == q.to_bits());
                     assert!(
                         same,
-                        "{level:?} threads={threads} m={m} k={k} width={width}"
+                        "{level:?} threads={threads} bias={biased} m={m} k={k} width={width}"
                     );
                 }
             }
@@ -407,6 +426,7 @@ fn offsets_products_keep_the_bits() {
                     &[too_far.to_vec()],
                     &mut c,
                     width,
+                    None,
                     &|| false,
                 )
                 .is_err()

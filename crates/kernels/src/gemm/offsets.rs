@@ -17,9 +17,11 @@ pub struct OffsetPanel {
     pub width: usize,
 }
 
-/// `C[m × ·] = A[m × k] · B` over the panels of `groups`; panels of one group may overlap
-/// (they write the same values to the same columns) and run on one thread. `Ok(false)` when
-/// the level has no such kernel (nothing was written: the caller computes it another way).
+/// `C[m × ·] = A[m × k] · B` over the panels of `groups`, plus `bias[i]` on row `i` once each
+/// chain is complete (made canonical after, as the reference's bias add is); panels of one
+/// group may overlap (they write the same values to the same columns) and run on one thread.
+/// `Ok(false)` when the level has no such kernel (nothing was written: the caller computes it
+/// another way).
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_offsets(
     level: SimdLevel,
@@ -32,6 +34,7 @@ pub fn sgemm_offsets(
     groups: &[Vec<OffsetPanel>],
     c: &mut [f32],
     c_rs: usize,
+    bias: Option<&[f32]>,
     stop: Stop<'_>,
 ) -> Result<bool, GemmError> {
     if !matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2) || !level.supported() {
@@ -70,18 +73,25 @@ pub fn sgemm_offsets(
         }
     }
     check("C", span(m, c_rs, c_rs, 1), c.len())?;
+    if let Some(b) = bias {
+        check("bias", Some(m), b.len())?;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if level == SimdLevel::Avx512 {
-            run::<8>(level, threads, m, k, a, x, offsets, groups, c, c_rs, stop);
+            run::<8>(
+                level, threads, m, k, a, x, offsets, groups, c, c_rs, bias, stop,
+            );
         } else {
-            run::<6>(level, threads, m, k, a, x, offsets, groups, c, c_rs, stop);
+            run::<6>(
+                level, threads, m, k, a, x, offsets, groups, c, c_rs, bias, stop,
+            );
         }
         Ok(true)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (threads, stop);
+        let _ = (threads, bias, stop);
         Ok(false)
     }
 }
@@ -101,6 +111,7 @@ fn run<const MR: usize>(
     groups: &[Vec<OffsetPanel>],
     c: &mut [f32],
     c_rs: usize,
+    bias: Option<&[f32]>,
     stop: Stop<'_>,
 ) {
     // AVX-512's 8 × 48 tiles over whole depths (up to 1024 steps, measured on Zen 4); AVX2's
@@ -114,6 +125,12 @@ fn run<const MR: usize>(
     let cfg = super::Config::for_level(level, 48);
     let mut ap = vec![0.0f32; m.div_ceil(MR) * MR * k];
     super::pack_a::<MR>(&cfg, &mut ap, a, 0, m, 0, k);
+    // The bias padded to whole tiles (the kernel adds one value a row).
+    let bias: Option<Vec<f32>> = bias.map(|b| {
+        let mut v = b[..m].to_vec();
+        v.resize(m.div_ceil(MR) * MR, 0.0);
+        v
+    });
     let shared = super::SharedC::new(c);
     // With fewer groups than threads (a convolution over a row or two), each group's rows of
     // C are split too: units of different rows never write the same element.
@@ -171,19 +188,28 @@ fn run<const MR: usize>(
                             (unsafe { shared.ptr.add(ir * c_rs + p.c_col) }, c_rs)
                         };
                         let a_ptr = ap[(ir / MR) * MR * k + pc * MR..].as_ptr();
+                        // Null: no bias; else MR values from row ir (inside the padded copy).
+                        let b_ptr = match (&bias, last) {
+                            (Some(b), true) => b[ir..ir + MR].as_ptr(),
+                            _ => std::ptr::null(),
+                        };
                         // SAFETY: the CPU has AVX-512F for MR = 8, AVX2 and FMA for MR = 6
                         // (checked by the caller); the kernel reads kc·MR values of the packed
                         // A from a_ptr (inside `ap`), for each step width values of x from
                         // start + offsets[pc + s] (start + the largest offset + width ≤
                         // x.len(), checked by the caller), and reads and writes MR rows of
                         // width values at stride ldc from dst: inside C (a full tile) or the
-                        // scratch tile (8 rows of 48).
+                        // scratch tile (8 rows of 48); b_ptr is null or holds MR values.
                         unsafe {
                             let xs = x.as_ptr().add(p.start);
                             let offs = offsets.as_ptr().add(pc);
                             match (MR, p.width) {
-                                (8, 48) => kernel::<3>(kc, a_ptr, xs, offs, dst, ldc, load, last),
-                                (8, _) => kernel::<1>(kc, a_ptr, xs, offs, dst, ldc, load, last),
+                                (8, 48) => {
+                                    kernel::<3>(kc, a_ptr, xs, offs, dst, ldc, load, last, b_ptr)
+                                }
+                                (8, _) => {
+                                    kernel::<1>(kc, a_ptr, xs, offs, dst, ldc, load, last, b_ptr)
+                                }
                                 _ => {
                                     for s in (0..p.width).step_by(16) {
                                         kernel_avx2(
@@ -195,6 +221,7 @@ fn run<const MR: usize>(
                                             ldc,
                                             load,
                                             last,
+                                            b_ptr,
                                         );
                                     }
                                 }
@@ -233,11 +260,13 @@ fn run<const MR: usize>(
 
 /// The 8 × 16·NV micro-kernel with B read through offsets: step `p` loads `16·NV` values from
 /// `x + offs[p]`, broadcasts the 8 values of the packed A, and runs its fmas — the same chains
-/// as the packed kernel.
+/// as the packed kernel. With `last`, the finished chains are made canonical — or, where `bias`
+/// is not null, have `bias[i]` added to row `i` and then are made canonical.
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `a` holds `kc·8` values; for `p < kc`, `offs[p]` is readable and
-/// `x + offs[p]` holds `16·NV` values; `c` holds 8 rows of `16·NV` values at stride `ldc`.
+/// `x + offs[p]` holds `16·NV` values; `c` holds 8 rows of `16·NV` values at stride `ldc`;
+/// `bias` is null or holds 8 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -250,6 +279,7 @@ unsafe fn kernel<const NV: usize>(
     ldc: usize,
     load: bool,
     last: bool,
+    bias: *const f32,
 ) {
     use std::arch::x86_64::*;
     const MR: usize = 8;
@@ -279,8 +309,14 @@ unsafe fn kernel<const NV: usize>(
         }
     }
     for (i, row) in acc.iter().enumerate() {
+        // SAFETY: a non-null bias holds 8 values.
+        let b = (!bias.is_null()).then(|| _mm512_set1_ps(unsafe { *bias.add(i) }));
         for (v, &r) in row.iter().enumerate() {
-            let r = if last { crate::simd::canonical16(r) } else { r };
+            let r = match (last, b) {
+                (true, Some(b)) => crate::simd::canonical16(_mm512_add_ps(r, b)),
+                (true, None) => crate::simd::canonical16(r),
+                _ => r,
+            };
             // SAFETY: row i, vector v of the tile is inside `c`.
             unsafe { _mm512_storeu_ps(c.add(i * ldc + 16 * v), r) };
         }
@@ -288,11 +324,12 @@ unsafe fn kernel<const NV: usize>(
 }
 
 /// The 6 × 16 AVX2 micro-kernel with B read through offsets: the packed AVX2 kernel's chains,
-/// its two B vectors loaded from `x + offs[p]`.
+/// its two B vectors loaded from `x + offs[p]`; `last` and `bias` as for [`kernel`].
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `a` holds `kc·6` values; for `p < kc`, `offs[p]` is readable
-/// and `x + offs[p]` holds 16 values; `c` holds 6 rows of 16 values at stride `ldc`.
+/// and `x + offs[p]` holds 16 values; `c` holds 6 rows of 16 values at stride `ldc`; `bias` is
+/// null or holds 6 values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -305,6 +342,7 @@ unsafe fn kernel_avx2(
     ldc: usize,
     load: bool,
     last: bool,
+    bias: *const f32,
 ) {
     use std::arch::x86_64::*;
     const MR: usize = 6;
@@ -332,7 +370,13 @@ unsafe fn kernel_avx2(
         }
     }
     for (i, row) in acc.iter().enumerate() {
-        let fix = |v: __m256| if last { crate::simd::canonical8(v) } else { v };
+        // SAFETY: a non-null bias holds 6 values.
+        let b = (!bias.is_null()).then(|| _mm256_set1_ps(unsafe { *bias.add(i) }));
+        let fix = |v: __m256| match (last, b) {
+            (true, Some(b)) => crate::simd::canonical8(_mm256_add_ps(v, b)),
+            (true, None) => crate::simd::canonical8(v),
+            _ => v,
+        };
         // SAFETY: row i (16 values) of the tile is inside `c`.
         unsafe {
             _mm256_storeu_ps(c.add(i * ldc), fix(row[0]));
