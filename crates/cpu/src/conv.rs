@@ -34,7 +34,9 @@ use tenet_kernels::SimdLevel;
 use tenet_kernels::depthwise::{
     DepthwisePlane, depthwise_plane, scratch_bytes as depthwise_scratch_bytes,
 };
-use tenet_kernels::gemm::{OffsetPanel, Strided, sgemm, sgemm_offsets, sgemm_packing_b};
+use tenet_kernels::gemm::{
+    OffsetPanel, SMALL_M, Strided, sgemm, sgemm_offsets, sgemm_packing_b, sgemm_then,
+};
 use tenet_kernels::vmath::gather_strided;
 use tenet_reference::math::canonical;
 
@@ -260,6 +262,32 @@ fn block_product(
         && win.padding == [0; 4]
         && d.oh == d.h
         && d.ow == d.w;
+    if pointwise && d.og <= SMALL_M {
+        // A few output channels: the GEMM's few-rows path reads the input in place, then the
+        // bias goes on in one pass over the (small) result (24→4 over 240×320 at 2 threads
+        // on Zen 3: 0.44 ms, where packed panels took 0.93).
+        let then = |first: usize, rows: &mut [f32]| {
+            for (i, row) in rows.chunks_mut(p).enumerate() {
+                for v in row {
+                    *v = add_bias(first + i, *v);
+                }
+            }
+        };
+        sgemm_then(
+            level,
+            threads,
+            d.og,
+            p,
+            d.cg,
+            Strided::row_major(weights, d.cg),
+            Strided::row_major(image, p),
+            dst,
+            p,
+            bias.is_some().then_some(&then as _),
+        )
+        .map_err(|e| e.to_string())?;
+        return Ok(());
+    }
     if pointwise {
         // Panels packed straight from the input rows; the bias added to each finished part
         // of a row while it is in cache.

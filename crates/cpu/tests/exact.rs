@@ -458,7 +458,7 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
 fn convolutions_on_the_gemm_keep_the_bits() {
     // (n, c, h, w), (o, kh, kw), stride, padding [t, l, b, r], dilation, groups, bias
     type Case = ([u64; 4], [u64; 3], [u32; 2], [u32; 4], [u32; 2], u32, bool);
-    let cases: [Case; 20] = [
+    let cases: [Case; 21] = [
         (
             [1, 4, 4, 3],
             [4, 3, 5],
@@ -639,6 +639,15 @@ fn convolutions_on_the_gemm_keep_the_bits() {
             1,
             false,
         ), // column stride 3 and dilation 2 from three phases
+        (
+            [1, 24, 10, 30],
+            [4, 1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            [1, 1],
+            1,
+            true,
+        ), // pointwise to a few channels: the few-rows path, the bias after
     ];
     for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
         cases.into_iter().enumerate()

@@ -223,7 +223,8 @@ pub fn sgemm_packing_b(
 
 /// Products with at most this many rows (one decoded token, say) skip packing: packing B would
 /// cost more than the product itself.
-const SMALL_M: usize = 4;
+/// Products of at most this many rows run on the column-vectorised few-rows path.
+pub const SMALL_M: usize = 4;
 
 /// `C = A·B` for a few rows: every element is the same unbroken fma chain along k, computed in
 /// place from A and B; the columns are split across threads.
