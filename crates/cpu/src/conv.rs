@@ -437,8 +437,8 @@ fn block_product(
             && c.ows.len() >= 16
             && matches!(level.or_supported(), SimdLevel::Avx512 | SimdLevel::Avx2)
         {
-            let phased = (sw > 1).then(|| split_phases(level, d, sw, image));
             let layout = Layout::new(d, win);
+            let phased = (sw > 1).then(|| split_phases(level, d, &layout, image));
             let done = sgemm_offsets(
                 level,
                 threads,
@@ -573,14 +573,14 @@ impl Layout {
 
 /// The input split by column phase: each row's columns `φ, φ + s, φ + 2s, …` as phase row
 /// `φ` (zeros past the row's end), for reading a convolution of column stride `s` in place.
-fn split_phases(level: SimdLevel, d: &Dims, s: usize, image: &[f32]) -> Vec<f32> {
-    let phase_len = d.w.div_ceil(s);
-    let mut out = vec![0.0f32; d.cg * d.h * s * phase_len];
+fn split_phases(level: SimdLevel, d: &Dims, layout: &Layout, image: &[f32]) -> Vec<f32> {
+    let s = layout.stride;
+    let mut out = vec![0.0f32; d.cg * layout.plane_len];
     for (line, row) in image
         .chunks_exact(d.w)
-        .zip(out.chunks_exact_mut(s * phase_len))
+        .zip(out.chunks_exact_mut(layout.row_len))
     {
-        for (phase, dst) in row.chunks_exact_mut(phase_len).enumerate() {
+        for (phase, dst) in row.chunks_exact_mut(layout.phase_len).enumerate() {
             let n = (d.w - phase.min(d.w)).div_ceil(s);
             gather_strided(level, line, phase, s, &mut dst[..n]);
         }

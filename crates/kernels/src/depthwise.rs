@@ -58,10 +58,40 @@ pub fn depthwise_plane(
 pub fn scratch_bytes(p: &DepthwisePlane) -> usize {
     let sw = p.stride[1].max(1);
     let nv = p.ow.div_ceil(8);
-    let lr = nv * 8 + p.kw.saturating_sub(1) * p.dilation[1] / sw;
-    let reach = p.kh.saturating_sub(1) * p.dilation[0] + 1;
-    let band_rows = ((16 * 1024) / (sw * lr).max(1)).max(reach + p.stride[0]);
-    4 * band_rows * sw * lr + 32 * nv * p.kw + 32 * p.kw + 16 * p.kh + 24 * nv + 24 * sw + 1024
+    let band = Band::of(p);
+    4 * band.input_rows * sw * band.phase_len
+        + 32 * nv * p.kw
+        + 32 * p.kw
+        + 16 * p.kh
+        + 24 * nv
+        + 24 * sw
+        + 1024
+}
+
+/// How the x86 kernel bands a plane's input rows, split by column phase: one place for the
+/// kernel and its scratch bound.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Band {
+    /// Floats in one phase row: the (8-lane rounded) output columns plus the farthest tap.
+    phase_len: usize,
+    /// Input rows one kernel row's reach spans: `(kh − 1)·dilation + 1`.
+    reach: usize,
+    /// Input rows a band holds at most: about 64 KiB's worth, or one output row's.
+    input_rows: usize,
+}
+
+impl Band {
+    fn of(p: &DepthwisePlane) -> Band {
+        let sw = p.stride[1].max(1);
+        let phase_len = p.ow.div_ceil(8) * 8 + p.kw.saturating_sub(1) * p.dilation[1] / sw;
+        let reach = p.kh.saturating_sub(1) * p.dilation[0] + 1;
+        let input_rows = ((16 * 1024) / (sw * phase_len).max(1)).max(reach + p.stride[0]);
+        Band {
+            phase_len,
+            reach,
+            input_rows,
+        }
+    }
 }
 
 /// Output columns of one row that the depthwise kernel's interior keeps in registers at once.
@@ -312,9 +342,12 @@ mod x86 {
             return super::depthwise_lanes(p, plane, taps, out);
         }
         let nv = ow.div_ceil(L);
-        let span = nv * L;
         // Each phase row holds the values the output columns read at that phase.
-        let lr = span + (kw - 1) * dw / sw;
+        let super::Band {
+            phase_len: lr,
+            reach,
+            input_rows: band_in,
+        } = super::Band::of(p);
         // Per tap column: where its values lie in an input row's phases, and the output
         // columns it reaches (`lo..hi`).
         let tap_cols: Vec<TapColumn> = (0..kw)
@@ -395,8 +428,6 @@ mod x86 {
             .collect();
         // Output rows are taken in bands whose input rows, split by phase, fill about 64 KiB
         // (a band's last input rows are read again by the next band).
-        let reach = (kh - 1) * dh + 1;
-        let band_in = ((16 * 1024) / (sw * lr)).max(reach + sh);
         let band = ((band_in - reach) / sh + 1).min(oh);
         let mut rows = vec![0f32; ((band - 1) * sh + reach) * sw * lr];
         let mut live = Vec::with_capacity(kh);
