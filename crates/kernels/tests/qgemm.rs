@@ -231,6 +231,8 @@ fn q8_edges() {
             (3, 17, 32),
             (8, 64, 64),
             (9, 70, 128),
+            (7, 24, 96),
+            (15, 40, 64),
             (17, 31, 64),
             (1, 700, 576),
             (20, 260, 1024),
@@ -244,6 +246,110 @@ fn q8_edges() {
                     k,
                     (m * 1000 + n * 10 + k) as u64,
                     hostile,
+                );
+            }
+        }
+    }
+}
+
+/// The largest integer sums the kernels can meet: every weight integer at its extreme (nibbles
+/// of 15, Q8_0 bytes of −128 and 127) times activations that all round to ±127, in every row
+/// and block; the AVX2 kernel adds a 4-bit block's byte products in 16 bits, which must hold
+/// them exactly.
+#[test]
+fn q8_extreme_integers() {
+    let (m, n, k) = (3, 16, 128);
+    for format in QuantFormat::ALL {
+        let fills: &[u8] = if format == QuantFormat::Q8_0 {
+            &[0x80, 0x7f]
+        } else {
+            &[0xff]
+        };
+        for &fill in fills {
+            let mut w = vec![fill; n * k / 32 * format.block_bytes()];
+            for blk in w.chunks_mut(format.block_bytes()) {
+                blk[..2].copy_from_slice(&0x3c00u16.to_le_bytes());
+                if format == QuantFormat::Q4_1 {
+                    blk[2..4].copy_from_slice(&0x3c00u16.to_le_bytes());
+                }
+            }
+            // Row 0 all +1, row 1 all −1, row 2 alternating: every rounded byte is ±127.
+            let a: Vec<f32> = (0..m * k)
+                .map(|x| match x / k {
+                    0 => 1.0,
+                    1 => -1.0,
+                    _ => {
+                        if x % 2 == 0 {
+                            1.0
+                        } else {
+                            -1.0
+                        }
+                    }
+                })
+                .collect();
+            let want = reference_of(QDot::Q8, format, m, n, k, &a, &w);
+            let qw = QWeight::new(format, n, k, &w).unwrap();
+            for level in levels() {
+                let mut c = vec![0.0f32; m * n];
+                q8::qgemm_q8(level, 1, m, &a, k, qw, &mut c, n).unwrap();
+                let got: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{format:?} fill {fill:#x} {level:?}");
+            }
+        }
+    }
+}
+
+/// The kernels' rounding of activations ([`q8::quantize_rows`]) at every level is the
+/// reference's, block by block: ordinary values, exact ties (a block whose largest magnitude is
+/// 127, so `1 / d` is 1 and `n + 0.5` must go to even), infinities without NaN (their products
+/// with `1 / d = 0` are NaN and round to 0), denormals, signed zeros, and NaN blocks.
+#[test]
+fn activation_rounding_matches_the_reference() {
+    let mut rng = Rng(41);
+    let specials = [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(1),
+        f32::from_bits(0x807f_ffff),
+        -0.0,
+        0.0,
+        f32::MAX,
+        -f32::MIN_POSITIVE,
+    ];
+    for round in 0..400 {
+        let blocks = 1 + round % 5;
+        let k = blocks * 32;
+        let a: Vec<f32> = (0..k)
+            .map(|e| {
+                let kind = (round + e / 32) % 6;
+                let ordinary = ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0;
+                match kind {
+                    0 => ordinary,
+                    1 if e % 32 == 0 => 127.0,
+                    1 => (rng.next_u64() % 254) as f32 / 2.0 - 63.5,
+                    2 if rng.chance(4) => *rng.pick(&specials),
+                    2 => ordinary,
+                    3 => *rng.pick(&specials[2..6]),
+                    4 if rng.chance(8) => {
+                        f32::from_bits(0x7fc0_0000 | rng.next_u64() as u32 & 0xff)
+                    }
+                    4 => ordinary,
+                    _ => ordinary * 1e-30,
+                }
+            })
+            .collect();
+        let want: Vec<_> = a
+            .chunks_exact(32)
+            .map(tenet_reference::quant::quantize_activations)
+            .collect();
+        for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+            let got = q8::quantize_rows(level, 1, k, &a, k);
+            for (b, w) in want.iter().enumerate() {
+                let g = got.at(0, b);
+                assert_eq!(
+                    (g.d.to_bits(), g.q, g.sum),
+                    (w.d.to_bits(), w.q, w.sum),
+                    "{level:?} round {round} block {b}"
                 );
             }
         }
