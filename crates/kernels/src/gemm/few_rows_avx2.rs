@@ -8,6 +8,9 @@ use super::Strided;
 use super::x86::a_by_step;
 use crate::simd::{canonical8, mask8};
 
+/// The most values of B (k × columns) that [`small_m_avx2`] prefetches all at once.
+const PREFETCH_ALL: usize = 16 << 10;
+
 /// How far ahead (in values) `transposed` prefetches each of its eight rows.
 const ROW_PREFETCH: usize = 128;
 
@@ -27,6 +30,25 @@ pub(super) unsafe fn small_m_avx2(
     b: Strided<'_>,
     out: &mut [f32],
 ) -> bool {
+    let w = out.len() / m.max(1);
+    // A small B (attention's keys and values: a layer's cache, which the weights streamed
+    // since its last use have pushed out of cache) is read as a few short streams the
+    // hardware fetches one miss at a time: ask for all of its lines at once first.
+    if k * w <= PREFETCH_ALL && (b.rs == 1 || b.cs == 1) {
+        let (along, across, step) = if b.rs == 1 {
+            (k, w, b.cs)
+        } else {
+            (w, k, b.rs)
+        };
+        let first = if b.rs == 1 { j0 * b.cs } else { j0 };
+        for line in 0..across {
+            let at = b.data.as_ptr().wrapping_add(first + line * step);
+            for v in (0..along).step_by(16) {
+                // Prefetching never faults, wherever the address points.
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(v) as *const i8);
+            }
+        }
+    }
     if b.rs == 1 && b.cs != 1 {
         match m {
             1 => transposed::<1>(j0, k, a, b, out),
