@@ -132,6 +132,21 @@ pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
     }
 }
 
+/// The results a step makes before their own steps (`Plan::siblings`: the later sibling
+/// products of a `qmatmul_q8`), which the certificate counts only from those steps on.
+fn made_early(graph: &Graph, plan: &Plan, step: &Step) -> u64 {
+    let Step::QMatMul(id) = step else { return 0 };
+    plan.siblings.get(id).map_or(0, |later| {
+        later
+            .iter()
+            .map(|&s| {
+                let bytes = graph.node(s).ty.bytes().unwrap_or(u64::MAX);
+                bytes.saturating_add(PER_VALUE)
+            })
+            .fold(0u64, u64::saturating_add)
+    })
+}
+
 /// A `qmatmul`'s scratch: the quantised product's own (`qgemm::scratch_bytes`), and where it
 /// runs many rows on the f32 GEMM, that GEMM's packing per thread for each call's rows.
 fn qmatmul(graph: &Graph, id: NodeId, threads: u64) -> u64 {
@@ -252,7 +267,7 @@ pub(crate) fn memory(graph: &Graph, plan: &Plan, threads: usize) -> u64 {
     let largest = plan
         .steps
         .iter()
-        .map(|s| step_scratch(graph, s, threads))
+        .map(|s| step_scratch(graph, s, threads).saturating_add(made_early(graph, plan, s)))
         .max()
         .unwrap_or(0);
     graph

@@ -305,6 +305,8 @@ impl CpuProgram {
         // Only the values live now, by node: a table of every node would cost ~60 bytes a node
         // for a chain of a million ops certified at a few bytes.
         let mut values = Values::default();
+        // Sibling products' results made by the first of them, until their own steps.
+        let mut early: HashMap<NodeId, HostTensor> = HashMap::new();
         let pool = Pool::default();
         let mut stats = RunStats::default();
         // `stop` is asked between steps and, inside a long step, every few hundred thousand
@@ -335,7 +337,18 @@ impl CpuProgram {
                     live -= t.bytes().len() as u64;
                     (id, Val::Owned(t))
                 }
-                None => self.step(step, &values, inputs, weights, seed, &pool, &poll)?,
+                None => match step {
+                    Step::QMatMul(id) if early.contains_key(id) => {
+                        (*id, Val::Owned(early.remove(id).expect("just seen")))
+                    }
+                    Step::QMatMul(id) if self.plan.siblings.contains_key(id) => {
+                        let mut made = self.siblings(*id, &values, weights, &pool, &poll)?;
+                        let first = made.remove(0);
+                        early.extend(made);
+                        (first.0, Val::Owned(first.1))
+                    }
+                    _ => self.step(step, &values, inputs, weights, seed, &pool, &poll)?,
+                },
             };
             if stopped.load(Ordering::Relaxed) {
                 return Err(ExecError::Stopped);
@@ -395,6 +408,77 @@ impl CpuProgram {
         stats.peak_bytes = peak;
         stats.polls = polls.load(Ordering::Relaxed);
         Ok((outs, stats))
+    }
+
+    /// The `qmatmul_q8` step `leader` and its later siblings (`Plan::siblings`: the same A,
+    /// weights from the weight files) computed at once, leader first. The siblings' weights
+    /// are fetched here, checked as their own source steps check them.
+    fn siblings(
+        &self,
+        leader: NodeId,
+        values: &Values<'_>,
+        weights: &dyn WeightSource,
+        pool: &Pool,
+        poll: Poll<'_>,
+    ) -> Result<Vec<(NodeId, HostTensor)>, ExecError> {
+        let g = &self.graph;
+        let ids: Vec<NodeId> = std::iter::once(leader)
+            .chain(self.plan.siblings[&leader].iter().copied())
+            .collect();
+        let mut a = None;
+        let mut products = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            let node = g.node(id);
+            let Op::QMatMul {
+                a: x, w, format, ..
+            } = node.op
+            else {
+                unreachable!("the planner groups only qmatmul_q8 steps")
+            };
+            a = Some(x);
+            let weight = match values.get(&w) {
+                Some(v) => v.get(),
+                None => {
+                    let Op::Weight { file, tensor } = &g.node(w).op else {
+                        unreachable!("the planner groups only products of file weights")
+                    };
+                    let t =
+                        weights
+                            .weight(file, tensor)
+                            .ok_or_else(|| RunError::MissingWeight {
+                                file: file.to_hex(),
+                                tensor: tensor.clone(),
+                            })?;
+                    if t.ty() != &g.node(w).ty {
+                        return Err(RunError::WeightType {
+                            tensor: tensor.clone(),
+                            expected: g.node(w).ty.clone(),
+                            actual: t.ty().clone(),
+                        }
+                        .into());
+                    }
+                    t
+                }
+            };
+            products.push((&node.ty, weight, format));
+        }
+        let a = values
+            .get(&a.expect("at least the leader"))
+            .expect("operands are computed before use")
+            .get();
+        let made = quant::qmatmul_q8_siblings(
+            pool,
+            self.device.level,
+            self.device.threads,
+            a,
+            &products,
+            poll,
+        )
+        .map_err(|message| ExecError::Kernel {
+            node: leader,
+            message,
+        })?;
+        Ok(ids.into_iter().zip(made).collect())
     }
 
     fn step_kind(&self, step: &Step) -> &'static str {

@@ -1,8 +1,10 @@
 //! The CPU plan: which kernel runs each node, which elementwise nodes fuse into one pass, and
 //! when each buffer can be released.
 
+use std::collections::HashMap;
+
 use tenet_exec::{Liveness, Schedule};
-use tenet_ir::{DType, Graph, NodeId, NormOp, Op, UnaryOp};
+use tenet_ir::{DType, Graph, NodeId, NormOp, Op, QDot, UnaryOp};
 
 /// One step of the plan, in graph order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +89,9 @@ pub(crate) struct Plan {
     /// Graph inputs whose last reader is each step (unused inputs: the first step). Inputs are
     /// the caller's memory, but they stop counting as live there, as in the cost certificate.
     pub input_release: Vec<Vec<NodeId>>,
+    /// `qmatmul_q8` steps that compute their later siblings too ([`siblings`]), with those
+    /// siblings, in plan order.
+    pub siblings: HashMap<NodeId, Vec<NodeId>>,
 }
 
 /// An f32 elementwise op the fused loop implements.
@@ -205,11 +210,60 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
         release,
         input_release,
     } = schedule.liveness(graph, &step_of, steps.len());
+    let siblings = siblings(graph, &steps);
     Plan {
         steps,
         release,
         input_release,
+        siblings,
     }
+}
+
+/// Runs of `qmatmul_q8` steps that read the same A, with nothing but weights read between them
+/// (attention's q, k and v products; the MLP's gate and up), each sibling's weight a file
+/// weight: the first step of a run computes them all at once (`qgemm_q8_siblings`: A rounded
+/// once, every weight's tiles shared among the threads), and each later step takes its
+/// result. Only weights lie between, so the results made early are ones the certificate counts
+/// a few source steps later; the memory bound adds them to the first step's scratch.
+fn siblings(graph: &Graph, steps: &[Step]) -> HashMap<NodeId, Vec<NodeId>> {
+    let q8_of = |step: &Step| match *step {
+        Step::QMatMul(id) => match graph.node(id).op {
+            Op::QMatMul {
+                a,
+                w,
+                dot: QDot::Q8,
+                ..
+            } => Some((id, a, w)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let is_weight = |id: NodeId| matches!(graph.node(id).op, Op::Weight { .. });
+    let mut out = HashMap::new();
+    let mut s = 0;
+    while s < steps.len() {
+        let Some((leader, a, _)) = q8_of(&steps[s]) else {
+            s += 1;
+            continue;
+        };
+        let mut followers = Vec::new();
+        let mut next = s + 1;
+        while next < steps.len() {
+            match &steps[next] {
+                Step::Source(id) if is_weight(*id) => {}
+                step => match q8_of(step) {
+                    Some((id, other, w)) if other == a && is_weight(w) => followers.push(id),
+                    _ => break,
+                },
+            }
+            next += 1;
+        }
+        if !followers.is_empty() {
+            out.insert(leader, followers);
+        }
+        s = next;
+    }
+    out
 }
 
 /// The indices of the last `count` steps of `out` that compute something, latest first:

@@ -53,6 +53,49 @@ pub(crate) fn qmatmul(
     result.map(|()| t)
 }
 
+/// Sibling `qmatmul_q8` products of one `a` (`products`: each result type, weight and
+/// format) computed together (`qgemm_q8_siblings`), each result the bits of its product alone.
+pub(crate) fn qmatmul_q8_siblings(
+    pool: &Pool,
+    level: SimdLevel,
+    threads: usize,
+    a: &HostTensor,
+    products: &[(&TensorType, &HostTensor, QuantFormat)],
+    poll: Poll<'_>,
+) -> Result<Vec<HostTensor>, String> {
+    let k = *a.shape().last().unwrap_or(&0) as usize;
+    let rows = a.numel().checked_div(k).unwrap_or(0);
+    let av = f32s(a);
+    let mut bufs: Vec<Vec<u8>> = products
+        .iter()
+        .map(|(ty, _, _)| pool.take(ty.numel().unwrap_or(0) as usize * 4))
+        .collect();
+    let outs: Option<Vec<&mut [f32]>> = bufs
+        .iter_mut()
+        .map(|b| bytemuck::try_cast_slice_mut::<u8, f32>(b).ok())
+        .collect();
+    let Some(outs) = outs else {
+        // A buffer not aligned for f32 (the allocator's choice): each product on its own.
+        return products
+            .iter()
+            .map(|&(ty, w, f)| qmatmul(pool, level, threads, ty, a, w, f, QDot::Q8, poll))
+            .collect();
+    };
+    let mut kernel_products = Vec::with_capacity(products.len());
+    for ((_, w, f), c) in products.iter().zip(outs) {
+        let n = *w.shape().first().unwrap_or(&0) as usize;
+        let qw = QWeight::new(format(*f), n, k, w.bytes()).map_err(|e| e.to_string())?;
+        kernel_products.push((qw, c, n));
+    }
+    qgemm::q8::qgemm_q8_siblings(level, threads, rows, &av, k, &mut kernel_products, poll)
+        .map_err(|e| e.to_string())?;
+    products
+        .iter()
+        .zip(bufs)
+        .map(|((ty, _, _), b)| HostTensor::new((*ty).clone(), b).map_err(|e| e.to_string()))
+        .collect()
+}
+
 /// `dequantize(x)` of result type `ty`: every block of `x`'s bytes, in order, 32 values each.
 /// `poll` is asked between runs of 2¹⁸ values.
 pub(crate) fn dequantize(

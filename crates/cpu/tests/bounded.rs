@@ -290,6 +290,25 @@ fn quantised_products_stay_within_the_bound() {
         let graph = g.finish(&[("y", &a.qmatmul(&w, format))]).unwrap();
         check_bound(&graph, 9, &format!("qmatmul {m}×{k} by {n}×{k}"));
     }
+    // Sibling `qmatmul_q8` products (one A, file weights): the first step makes the others'
+    // results before their own steps, which the bound counts.
+    for (m, widths) in [(1u64, [576u64, 192, 192]), (40, [300, 2000, 64])] {
+        let k = 256;
+        let g = GraphBuilder::new();
+        let a = g.input("a", DType::F32, &[m, k]);
+        let file = tenet_ir::WeightsId([3; 32]);
+        let outs: Vec<_> = widths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let w = g.weight(file, &format!("w{i}"), DType::U8, &[n, k / 32, 20]);
+                (format!("y{i}"), a.qmatmul_q8(&w, QuantFormat::Q4_1))
+            })
+            .collect();
+        let named: Vec<(&str, &_)> = outs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let graph = g.finish(&named).unwrap();
+        check_bound(&graph, 10, &format!("sibling qmatmul_q8 of {m} rows"));
+    }
 }
 
 /// A long step asks its stop function as it goes, so a deadline holds inside it: a run told

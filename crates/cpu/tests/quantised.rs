@@ -175,3 +175,64 @@ fn quantised_layers_inside_a_graph() {
     ]);
     assert_same_everywhere(&graph, &inputs, &weights);
 }
+
+/// Attention's q, k and v shape: `qmatmul_q8` products of one A with file weights of different
+/// widths and formats, next to each other in the graph, which the CPU runs as one step
+/// (sibling products); a fourth product of another A after them, and a weight that is
+/// missing, must still be the reference's bits and the reference's error.
+#[test]
+fn sibling_q8_products_keep_their_bits() {
+    let file = WeightsId([9; 32]);
+    let k = 128u64;
+    let shapes = [
+        ("wq", QuantFormat::Q4_1, 70u64),
+        ("wk", QuantFormat::Q4_0, 9),
+        ("wv", QuantFormat::Q8_0, 130),
+    ];
+    let g = GraphBuilder::new();
+    let x = g.input("x", DType::F32, &[2, 3, k]);
+    let h = x.rms_norm(None, 1e-6);
+    let products: Vec<_> = shapes
+        .iter()
+        .map(|&(name, format, n)| {
+            let w = g.weight(file, name, DType::U8, &[n, k / 32, format.block_bytes()]);
+            h.qmatmul_q8(&w, format)
+        })
+        .collect();
+    let w4 = g.weight(file, "w4", DType::U8, &[64, 2, 20]);
+    let tail = products[0]
+        .slice(2, 0, 64, 1)
+        .qmatmul_q8(&w4, QuantFormat::Q4_1);
+    let graph = g
+        .finish(&[
+            ("q", &products[0]),
+            ("k", &(&products[1] * 2.0)),
+            ("v", &products[2].softmax(-1)),
+            ("t", &tail),
+        ])
+        .unwrap();
+    let mut rng = Rng(21);
+    let inputs = HashMap::from([("x".to_string(), activations(&mut rng, &[2, 3, k], true))]);
+    let mut weights: HashMap<(WeightsId, String), HostTensor> = shapes
+        .iter()
+        .map(|&(name, format, n)| {
+            (
+                (file, name.to_string()),
+                quantised(&mut rng, format, n, k, false),
+            )
+        })
+        .collect();
+    weights.insert(
+        (file, "w4".to_string()),
+        quantised(&mut rng, QuantFormat::Q4_1, 64, 64, false),
+    );
+    assert_same_everywhere(&graph, &inputs, &weights);
+    // A sibling's weight missing: the run fails as the reference's does, naming it.
+    weights.remove(&(file, "wv".to_string()));
+    let err = CpuDevice::new(2, SimdLevel::detect())
+        .compile(&graph)
+        .unwrap()
+        .run(&inputs, &weights, 0)
+        .unwrap_err();
+    assert!(err.to_string().contains("wv"), "{err}");
+}

@@ -104,6 +104,8 @@ pub enum QgemmError {
     },
     #[error("output row stride {rs} is smaller than n = {n}, so rows would overlap")]
     OverlappingRows { rs: usize, n: usize },
+    #[error("products of the same rows of A need one k, got {first} and {other}")]
+    SiblingK { first: usize, other: usize },
     #[error("SIMD level {0} is not supported by this CPU")]
     Unsupported(&'static str),
     #[error("the f32 product of dequantised weights: {0}")]

@@ -252,6 +252,69 @@ fn q8_edges() {
     }
 }
 
+/// Sibling products (one A, several weights: attention's q, k and v) computed together give
+/// each product's own bits, whatever the widths (partial tiles, an empty weight) and threads;
+/// weights of different k are refused.
+#[test]
+fn q8_siblings_give_each_product_its_own_bits() {
+    let mut rng = Rng(7);
+    for format in QuantFormat::ALL {
+        for (m, widths) in [
+            (1, vec![576, 192, 192]),
+            (3, vec![70, 0, 9, 130]),
+            (5, vec![8]),
+        ] {
+            let k = 96;
+            let a = activations(&mut rng, m * k, false);
+            let ws: Vec<Vec<u8>> = widths
+                .iter()
+                .map(|&n| blocks(&mut rng, format, n * k / 32, false))
+                .collect();
+            for level in levels() {
+                for threads in [1, 2, 3] {
+                    let mut outs: Vec<Vec<f32>> =
+                        widths.iter().map(|&n| vec![f32::NAN; m * n]).collect();
+                    let mut products: Vec<_> = ws
+                        .iter()
+                        .zip(&widths)
+                        .zip(outs.iter_mut())
+                        .map(|((w, &n), c)| {
+                            (QWeight::new(format, n, k, w).unwrap(), c.as_mut_slice(), n)
+                        })
+                        .collect();
+                    q8::qgemm_q8_siblings(level, threads, m, &a, k, &mut products, &|| false)
+                        .unwrap();
+                    for ((w, &n), got) in ws.iter().zip(&widths).zip(&outs) {
+                        let mut alone = vec![0.0f32; m * n];
+                        let qw = QWeight::new(format, n, k, w).unwrap();
+                        q8::qgemm_q8(level, 1, m, &a, k, qw, &mut alone, n).unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(got), bits(&alone), "{format:?} {level:?} n={n}");
+                    }
+                }
+            }
+        }
+    }
+    let (w1, w2) = (vec![0u8; 2 * 18], vec![0u8; 4 * 18]);
+    let (mut c1, mut c2) = (vec![0.0f32; 2], vec![0.0f32; 2]);
+    let a = vec![0.0f32; 64];
+    let mut products = [
+        (
+            QWeight::new(QuantFormat::Q4_0, 2, 32, &w1).unwrap(),
+            c1.as_mut_slice(),
+            2,
+        ),
+        (
+            QWeight::new(QuantFormat::Q4_0, 2, 64, &w2).unwrap(),
+            c2.as_mut_slice(),
+            2,
+        ),
+    ];
+    let refused =
+        q8::qgemm_q8_siblings(SimdLevel::Portable, 1, 1, &a, 64, &mut products, &|| false);
+    assert!(refused.is_err(), "{refused:?}");
+}
+
 /// The largest integer sums the kernels can meet: every weight integer at its extreme (nibbles
 /// of 15, Q8_0 bytes of −128 and 127) times activations that all round to ±127, in every row
 /// and block; the AVX2 kernel adds a 4-bit block's byte products in 16 bits, which must hold

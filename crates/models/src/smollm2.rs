@@ -1071,31 +1071,20 @@ impl Llama<'_> {
         for l in span {
             let p = format!("blk.{l}");
             let h = self.rms(&x, &format!("{p}.attn_norm.weight"));
-            let q = self.rope(
-                self.linear(&h, &format!("{p}.attn_q.weight"), d, d)
-                    .reshape(&[n as i64, nh as i64, hd as i64]),
-                n,
-                nh,
-                c,
-                s,
-            );
-            let k = self.rope(
-                self.linear(&h, &format!("{p}.attn_k.weight"), nkv * hd, d)
-                    .reshape(&[n as i64, nkv as i64, hd as i64]),
-                n,
-                nkv,
-                c,
-                s,
-            );
-            let v = self
-                .linear(&h, &format!("{p}.attn_v.weight"), nkv * hd, d)
-                .reshape(&[n as i64, nkv as i64, hd as i64]);
+            // The products that read `h` next to each other in the graph, so a backend can
+            // run them as one (the CPU's sibling `qmatmul_q8` steps).
+            let q = self.linear(&h, &format!("{p}.attn_q.weight"), d, d);
+            let k = self.linear(&h, &format!("{p}.attn_k.weight"), nkv * hd, d);
+            let v = self.linear(&h, &format!("{p}.attn_v.weight"), nkv * hd, d);
+            let q = self.rope(q.reshape(&[n as i64, nh as i64, hd as i64]), n, nh, c, s);
+            let k = self.rope(k.reshape(&[n as i64, nkv as i64, hd as i64]), n, nkv, c, s);
+            let v = v.reshape(&[n as i64, nkv as i64, hd as i64]);
             let o = attend(l, q, k, v);
             x = &x + self.linear(&o, &format!("{p}.attn_output.weight"), d, d);
             let h = self.rms(&x, &format!("{p}.ffn_norm.weight"));
             let gate = self.linear(&h, &format!("{p}.ffn_gate.weight"), cfg.ffn, d);
-            let silu = &gate / (1.0 + (-&gate).exp());
             let up = self.linear(&h, &format!("{p}.ffn_up.weight"), cfg.ffn, d);
+            let silu = &gate / (1.0 + (-&gate).exp());
             x = &x + self.linear(&(silu * up), &format!("{p}.ffn_down.weight"), d, cfg.ffn);
         }
         x

@@ -38,7 +38,9 @@
 //! kernels, for hosts that have them.
 //!
 //! Threads split the weight rows into tiles of `TILE` rows (a few parts per thread claimed
-//! from the pool); which thread computes a column never changes its bits.
+//! from the pool); which thread computes a column never changes its bits. Sibling products
+//! of the same A ([`qgemm_q8_siblings`]) share one rounding of A and one split of all their
+//! tiles.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -145,20 +147,57 @@ pub fn qgemm_q8_polled(
     c_rs: usize,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<bool, QgemmError> {
-    if !checked(level, m, a, a_rs, &w, c, c_rs)? {
-        return Ok(true);
+    qgemm_q8_siblings(level, threads, m, a, a_rs, &mut [(w, c, c_rs)], stop)
+}
+
+/// Several products of the same rows of A, `C_p = qmatmul_q8(A, w_p)` (each `C_p` `m × n_p`
+/// at row stride `c_rs_p`), as one: A rounded once, and the tiles of every weight shared out
+/// among the threads together, so that a small weight (attention's keys and values, 69 KB in
+/// SmolLM2) does not keep a thread waiting and each product does not wake the pool on its
+/// own. Every output has the bits of its product alone. `stop` as for [`qgemm_q8_polled`].
+pub fn qgemm_q8_siblings(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    a: &[f32],
+    a_rs: usize,
+    products: &mut [(QWeight<'_>, &mut [f32], usize)],
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<bool, QgemmError> {
+    let mut work = Vec::with_capacity(products.len());
+    for (w, c, c_rs) in products.iter_mut() {
+        if checked(level, m, a, a_rs, w, c, *c_rs)? {
+            if let Some(first) = work.first().map(|s: &Sibling<'_>| s.w.k)
+                && first != w.k
+            {
+                return Err(QgemmError::SiblingK { first, other: w.k });
+            }
+            work.push(Sibling {
+                w: *w,
+                c: SharedC {
+                    ptr: c.as_mut_ptr(),
+                },
+                c_rs: *c_rs,
+            });
+        }
     }
-    let (n, k) = (w.n, w.k);
+    let Some(k) = work.first().map(|s| s.w.k) else {
+        return Ok(true);
+    };
     let rounded = quantize_rows(level, m, k, a, a_rs);
     let simd = simd_kernel(level);
-    let row_bytes = w.row_bytes();
-    let tiles = n.div_ceil(TILE);
-    let worth = (n * row_bytes / MIN_BYTES_PER_THREAD).max(1);
+    // Tile `t` overall is tile `t - first[p]` of product p.
+    let mut first = Vec::with_capacity(work.len());
+    let mut tiles = 0;
+    let mut bytes = 0;
+    for s in &work {
+        first.push(tiles);
+        tiles += s.w.n.div_ceil(TILE);
+        bytes += s.w.n * s.w.row_bytes();
+    }
+    let worth = (bytes / MIN_BYTES_PER_THREAD).max(1);
     let threads = threads.clamp(1, worth.min(tiles));
     let ranges = tile_ranges(threads, tiles);
-    let shared = SharedC {
-        ptr: c.as_mut_ptr(),
-    };
     let stopped = AtomicBool::new(false);
     let done = AtomicUsize::new(0);
     let body = |part: usize| {
@@ -166,15 +205,18 @@ pub fn qgemm_q8_polled(
             if stopped.load(Ordering::Relaxed) {
                 return;
             }
-            let j0 = t * TILE;
-            let cols = TILE.min(n - j0);
+            let p = first.partition_point(|&f| f <= t) - 1;
+            let Sibling { w, c, c_rs } = work[p];
+            let row_bytes = w.row_bytes();
+            let j0 = (t - first[p]) * TILE;
+            let cols = TILE.min(w.n - j0);
             let rows = &w.bytes[j0 * row_bytes..(j0 + cols) * row_bytes];
             // Whole groups of 8 on the SIMD kernel, the rest (a tile's last few rows) in
             // scalar code: the same definition, so the same bits.
             let simd_cols = if simd { cols / 8 * 8 } else { 0 };
-            // SAFETY: the part owns columns j0..j0 + cols of every row of C (parts cover
-            // disjoint tiles); `c` spans (m-1)·c_rs + n elements (checked above).
-            let c_at = unsafe { shared.at(j0) };
+            // SAFETY: the part owns columns j0..j0 + cols of every row of this C (parts cover
+            // disjoint tiles); C spans (m-1)·c_rs + n elements (checked above).
+            let c_at = unsafe { c.at(j0) };
             #[cfg(target_arch = "x86_64")]
             if simd_cols > 0 {
                 // SAFETY: `simd_kernel` saw AVX2, FMA and F16C; `rows` holds `simd_cols` whole
@@ -206,6 +248,14 @@ pub fn qgemm_q8_polled(
         tenet_sys::parallel::run_parts(ranges.len(), &body);
     }
     Ok(!stopped.load(Ordering::Relaxed))
+}
+
+/// One product of [`qgemm_q8_siblings`] with work to do.
+#[derive(Clone, Copy)]
+struct Sibling<'a> {
+    w: QWeight<'a>,
+    c: SharedC,
+    c_rs: usize,
 }
 
 /// Whether the AVX2 kernel runs at `level` on this CPU (AVX-512 CPUs run it too).
