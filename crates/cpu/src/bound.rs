@@ -132,16 +132,19 @@ pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
     }
 }
 
-/// The results a step makes before their own steps (`Plan::siblings`: the later sibling
-/// products of a `qmatmul_q8`), which the certificate counts only from those steps on.
-fn made_early(graph: &Graph, plan: &Plan, step: &Step) -> u64 {
+/// What a step that computes its later sibling products too (`Plan::siblings`) holds beyond
+/// its own product: their results, which the certificate counts only from their own steps on,
+/// and (counted as if apart) their scratch.
+fn made_early(graph: &Graph, plan: &Plan, step: &Step, threads: u64) -> u64 {
     let Step::QMatMul(id) = step else { return 0 };
     plan.siblings.get(id).map_or(0, |later| {
         later
             .iter()
             .map(|&s| {
                 let bytes = graph.node(s).ty.bytes().unwrap_or(u64::MAX);
-                bytes.saturating_add(PER_VALUE)
+                bytes
+                    .saturating_add(PER_VALUE)
+                    .saturating_add(qmatmul(graph, s, threads))
             })
             .fold(0u64, u64::saturating_add)
     })
@@ -267,7 +270,9 @@ pub(crate) fn memory(graph: &Graph, plan: &Plan, threads: usize) -> u64 {
     let largest = plan
         .steps
         .iter()
-        .map(|s| step_scratch(graph, s, threads).saturating_add(made_early(graph, plan, s)))
+        .map(|s| {
+            step_scratch(graph, s, threads).saturating_add(made_early(graph, plan, s, threads))
+        })
         .max()
         .unwrap_or(0);
     graph

@@ -4,7 +4,7 @@ use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, WeightSource};
+use tenet_ir::{Graph, HostTensor, NodeId, NormOp, Op, QDot, WeightSource};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::gemm::{Epilogue, Strided, sgemm, sgemm_then};
 use tenet_kernels::norm::{self, Affine};
@@ -410,8 +410,8 @@ impl CpuProgram {
         Ok((outs, stats))
     }
 
-    /// The `qmatmul_q8` step `leader` and its later siblings (`Plan::siblings`: the same A,
-    /// weights from the weight files) computed at once, leader first. The siblings' weights
+    /// The quantised product `leader` and its later siblings (`Plan::siblings`: the same A and
+    /// definition, weights from the weight files) computed at once, leader first. The siblings' weights
     /// are fetched here, checked as their own source steps check them.
     fn siblings(
         &self,
@@ -425,17 +425,20 @@ impl CpuProgram {
         let ids: Vec<NodeId> = std::iter::once(leader)
             .chain(self.plan.siblings[&leader].iter().copied())
             .collect();
-        let mut a = None;
+        let (mut a, mut dot) = (None, QDot::F32);
         let mut products = Vec::with_capacity(ids.len());
         for &id in &ids {
             let node = g.node(id);
             let Op::QMatMul {
-                a: x, w, format, ..
+                a: x,
+                w,
+                format,
+                dot: d,
             } = node.op
             else {
-                unreachable!("the planner groups only qmatmul_q8 steps")
+                unreachable!("the planner groups only quantised products")
             };
-            a = Some(x);
+            (a, dot) = (Some(x), d);
             let weight = match values.get(&w) {
                 Some(v) => v.get(),
                 None => {
@@ -466,12 +469,13 @@ impl CpuProgram {
             .get(&a.expect("at least the leader"))
             .expect("operands are computed before use")
             .get();
-        let made = quant::qmatmul_q8_siblings(
+        let made = quant::qmatmul_siblings(
             pool,
             self.device.level,
             self.device.threads,
             a,
             &products,
+            dot,
             poll,
         )
         .map_err(|message| ExecError::Kernel {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use tenet_exec::{Liveness, Schedule};
-use tenet_ir::{DType, Graph, NodeId, NormOp, Op, QDot, UnaryOp};
+use tenet_ir::{DType, Graph, NodeId, NormOp, Op, UnaryOp};
 
 /// One step of the plan, in graph order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub(crate) struct Plan {
     /// Graph inputs whose last reader is each step (unused inputs: the first step). Inputs are
     /// the caller's memory, but they stop counting as live there, as in the cost certificate.
     pub input_release: Vec<Vec<NodeId>>,
-    /// `qmatmul_q8` steps that compute their later siblings too ([`siblings`]), with those
+    /// Quantised products that compute their later siblings too ([`siblings`]), with those
     /// siblings, in plan order.
     pub siblings: HashMap<NodeId, Vec<NodeId>>,
 }
@@ -219,21 +219,16 @@ pub(crate) fn plan(graph: &Graph) -> Plan {
     }
 }
 
-/// Runs of `qmatmul_q8` steps that read the same A, with nothing but weights read between them
-/// (attention's q, k and v products; the MLP's gate and up), each sibling's weight a file
-/// weight: the first step of a run computes them all at once (`qgemm_q8_siblings`: A rounded
-/// once, every weight's tiles shared among the threads), and each later step takes its
-/// result. Only weights lie between, so the results made early are ones the certificate counts
+/// Runs of quantised products of one definition (`qmatmul` or `qmatmul_q8`) that read the same
+/// A, with nothing but weights read between them (attention's q, k and v products; the MLP's
+/// gate and up), each sibling's weight a file weight: the first step of a run computes them all
+/// at once (`qgemm_siblings`, `qgemm_q8_siblings`: A prepared once, every weight's tiles shared
+/// among the threads), and each later step takes its result. Only weights lie between, so the results made early are ones the certificate counts
 /// a few source steps later; the memory bound adds them to the first step's scratch.
 fn siblings(graph: &Graph, steps: &[Step]) -> HashMap<NodeId, Vec<NodeId>> {
     let q8_of = |step: &Step| match *step {
         Step::QMatMul(id) => match graph.node(id).op {
-            Op::QMatMul {
-                a,
-                w,
-                dot: QDot::Q8,
-                ..
-            } => Some((id, a, w)),
+            Op::QMatMul { a, w, dot, .. } => Some((id, a, w, dot)),
             _ => None,
         },
         _ => None,
@@ -242,7 +237,7 @@ fn siblings(graph: &Graph, steps: &[Step]) -> HashMap<NodeId, Vec<NodeId>> {
     let mut out = HashMap::new();
     let mut s = 0;
     while s < steps.len() {
-        let Some((leader, a, _)) = q8_of(&steps[s]) else {
+        let Some((leader, a, _, dot)) = q8_of(&steps[s]) else {
             s += 1;
             continue;
         };
@@ -252,7 +247,9 @@ fn siblings(graph: &Graph, steps: &[Step]) -> HashMap<NodeId, Vec<NodeId>> {
             match &steps[next] {
                 Step::Source(id) if is_weight(*id) => {}
                 step => match q8_of(step) {
-                    Some((id, other, w)) if other == a && is_weight(w) => followers.push(id),
+                    Some((id, other, w, d)) if other == a && d == dot && is_weight(w) => {
+                        followers.push(id)
+                    }
                     _ => break,
                 },
             }

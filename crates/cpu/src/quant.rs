@@ -53,14 +53,17 @@ pub(crate) fn qmatmul(
     result.map(|()| t)
 }
 
-/// Sibling `qmatmul_q8` products of one `a` (`products`: each result type, weight and
-/// format) computed together (`qgemm_q8_siblings`), each result the bits of its product alone.
-pub(crate) fn qmatmul_q8_siblings(
+/// Sibling quantised products of one `a` and one definition `dot` (`products`: each result
+/// type, weight and format) computed together (`qgemm_siblings`, `qgemm_q8_siblings`), each
+/// result the bits of its product alone.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qmatmul_siblings(
     pool: &Pool,
     level: SimdLevel,
     threads: usize,
     a: &HostTensor,
     products: &[(&TensorType, &HostTensor, QuantFormat)],
+    dot: QDot,
     poll: Poll<'_>,
 ) -> Result<Vec<HostTensor>, String> {
     let k = *a.shape().last().unwrap_or(&0) as usize;
@@ -78,7 +81,7 @@ pub(crate) fn qmatmul_q8_siblings(
         // A buffer not aligned for f32 (the allocator's choice): each product on its own.
         return products
             .iter()
-            .map(|&(ty, w, f)| qmatmul(pool, level, threads, ty, a, w, f, QDot::Q8, poll))
+            .map(|&(ty, w, f)| qmatmul(pool, level, threads, ty, a, w, f, dot, poll))
             .collect();
     };
     let mut kernel_products = Vec::with_capacity(products.len());
@@ -87,7 +90,11 @@ pub(crate) fn qmatmul_q8_siblings(
         let qw = QWeight::new(format(*f), n, k, w.bytes()).map_err(|e| e.to_string())?;
         kernel_products.push((qw, c, n));
     }
-    qgemm::q8::qgemm_q8_siblings(level, threads, rows, &av, k, &mut kernel_products, poll)
+    let siblings = match dot {
+        QDot::F32 => qgemm::qgemm_siblings,
+        QDot::Q8 => qgemm::q8::qgemm_q8_siblings,
+    };
+    siblings(level, threads, rows, &av, k, &mut kernel_products, poll)
         .map_err(|e| e.to_string())?;
     products
         .iter()

@@ -290,9 +290,14 @@ fn quantised_products_stay_within_the_bound() {
         let graph = g.finish(&[("y", &a.qmatmul(&w, format))]).unwrap();
         check_bound(&graph, 9, &format!("qmatmul {m}×{k} by {n}×{k}"));
     }
-    // Sibling `qmatmul_q8` products (one A, file weights): the first step makes the others'
+    // Sibling quantised products (one A, file weights): the first step makes the others'
     // results before their own steps, which the bound counts.
-    for (m, widths) in [(1u64, [576u64, 192, 192]), (40, [300, 2000, 64])] {
+    for (q8, m, widths) in [
+        (true, 1u64, [576u64, 192, 192]),
+        (true, 40, [300, 2000, 64]),
+        (false, 3, [576, 192, 192]),
+        (false, 40, [300, 2000, 64]),
+    ] {
         let k = 256;
         let g = GraphBuilder::new();
         let a = g.input("a", DType::F32, &[m, k]);
@@ -302,12 +307,21 @@ fn quantised_products_stay_within_the_bound() {
             .enumerate()
             .map(|(i, &n)| {
                 let w = g.weight(file, &format!("w{i}"), DType::U8, &[n, k / 32, 20]);
-                (format!("y{i}"), a.qmatmul_q8(&w, QuantFormat::Q4_1))
+                let y = if q8 {
+                    a.qmatmul_q8(&w, QuantFormat::Q4_1)
+                } else {
+                    a.qmatmul(&w, QuantFormat::Q4_1)
+                };
+                (format!("y{i}"), y)
             })
             .collect();
         let named: Vec<(&str, &_)> = outs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let graph = g.finish(&named).unwrap();
-        check_bound(&graph, 10, &format!("sibling qmatmul_q8 of {m} rows"));
+        check_bound(
+            &graph,
+            10,
+            &format!("sibling products (q8 {q8}) of {m} rows"),
+        );
     }
 }
 

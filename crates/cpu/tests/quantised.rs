@@ -176,12 +176,25 @@ fn quantised_layers_inside_a_graph() {
     assert_same_everywhere(&graph, &inputs, &weights);
 }
 
-/// Attention's q, k and v shape: `qmatmul_q8` products of one A with file weights of different
-/// widths and formats, next to each other in the graph, which the CPU runs as one step
-/// (sibling products); a fourth product of another A after them, and a weight that is
-/// missing, must still be the reference's bits and the reference's error.
+/// Attention's q, k and v shape: quantised products (`qmatmul` or `qmatmul_q8`) of one A with
+/// file weights of different widths and formats, next to each other in the graph, which the
+/// CPU runs as one step (sibling products); a fourth product of another A after them, and a
+/// weight that is missing, must still be the reference's bits and the reference's error.
 #[test]
-fn sibling_q8_products_keep_their_bits() {
+fn sibling_products_keep_their_bits() {
+    for q8 in [false, true] {
+        siblings_case(q8);
+    }
+}
+
+fn siblings_case(q8: bool) {
+    let product = |x: &tenet_ir::Tensor, w: &tenet_ir::Tensor, f: QuantFormat| {
+        if q8 {
+            x.qmatmul_q8(w, f)
+        } else {
+            x.qmatmul(w, f)
+        }
+    };
     let file = WeightsId([9; 32]);
     let k = 128u64;
     let shapes = [
@@ -196,13 +209,11 @@ fn sibling_q8_products_keep_their_bits() {
         .iter()
         .map(|&(name, format, n)| {
             let w = g.weight(file, name, DType::U8, &[n, k / 32, format.block_bytes()]);
-            h.qmatmul_q8(&w, format)
+            product(&h, &w, format)
         })
         .collect();
     let w4 = g.weight(file, "w4", DType::U8, &[64, 2, 20]);
-    let tail = products[0]
-        .slice(2, 0, 64, 1)
-        .qmatmul_q8(&w4, QuantFormat::Q4_1);
+    let tail = product(&products[0].slice(2, 0, 64, 1), &w4, QuantFormat::Q4_1);
     let graph = g
         .finish(&[
             ("q", &products[0]),

@@ -45,6 +45,10 @@
 //! shapes, one thread), at 32 the quantised kernel took 0.63 of the GEMM path's time, at 128
 //! the GEMM path 0.9 of the kernel's.
 //!
+//! Several products of the same rows of A ([`qgemm_siblings`]: attention's q, k and v) can run
+//! as one: A's passes copied once and all the weights' tiles split among the threads together,
+//! so a small weight does not leave a thread idle.
+//!
 //! A run's stop function is asked about every 2¹⁸ multiply-adds (after the piece of a tile
 //! that crosses each multiple), and on the GEMM path between chunks and between GEMM calls,
 //! each writing at most 2¹⁸ outputs.
@@ -406,7 +410,52 @@ pub fn qgemm_polled(
     if let Some((rows, slab)) = gemm_chunks(m, n, k) {
         return by_gemm(level, threads, m, a, a_rs, w, c, c_rs, stop, rows, slab);
     }
-    Ok(quantised(level, threads, m, a, a_rs, w, c, c_rs, stop))
+    let c = SharedC {
+        ptr: c.as_mut_ptr(),
+    };
+    Ok(quantised(level, threads, m, a, a_rs, &[(w, c, c_rs)], stop))
+}
+
+/// Several products of the same rows of A, `C_p = A · dequantize(w_p)^T` (each `C_p` `m × n_p`
+/// at row stride `c_rs_p`), as one where they take the quantised path: A's passes copied once
+/// and the tiles of every weight shared out among the threads together (attention's q, k and
+/// v: a small weight does not keep a thread waiting, and the pool is woken once). Where a
+/// product takes the GEMM path (many rows), each runs on its own. Every output has the bits of
+/// its product alone. `stop` as for [`qgemm_polled`].
+pub fn qgemm_siblings(
+    level: SimdLevel,
+    threads: usize,
+    m: usize,
+    a: &[f32],
+    a_rs: usize,
+    products: &mut [(QWeight<'_>, &mut [f32], usize)],
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<bool, QgemmError> {
+    let mut work = Vec::with_capacity(products.len());
+    let mut first_k = None;
+    for (w, c, c_rs) in products.iter_mut() {
+        if !checked(level, m, a, a_rs, w, c, *c_rs)? {
+            continue;
+        }
+        match first_k {
+            Some(first) if first != w.k => {
+                return Err(QgemmError::SiblingK { first, other: w.k });
+            }
+            _ => first_k = Some(w.k),
+        }
+        if w.k == 0 || gemm_chunks(m, w.n, w.k).is_some() {
+            // Nothing to share: zeros, or the GEMM path's own chunks.
+            if !qgemm_polled(level, threads, m, a, a_rs, *w, c, *c_rs, stop)? {
+                return Ok(false);
+            }
+            continue;
+        }
+        let shared = SharedC {
+            ptr: c.as_mut_ptr(),
+        };
+        work.push((*w, shared, *c_rs));
+    }
+    Ok(quantised(level, threads, m, a, a_rs, &work, stop))
 }
 
 /// The checks every product makes before any work: the level supported, C's rows apart, A's
@@ -584,24 +633,32 @@ struct Pass {
     a: Vec<f32>,
 }
 
+/// One product of the quantised path with work to do: its weight, where its C starts and C's
+/// row stride, and its last tile padded with zero blocks to a whole tile (if partial).
+struct Product<'a> {
+    w: QWeight<'a>,
+    c: SharedC,
+    c_rs: usize,
+    tail: Vec<u8>,
+}
+
 /// The quantised path: tiles of 64 weight rows split across threads; each tile runs every pass
-/// of A's rows while its weights are in L1.
-#[allow(clippy::too_many_arguments)]
+/// of A's rows while its weights are in L1. Several products of the same A (siblings) share the
+/// passes and one split of all their tiles.
 fn quantised(
     level: SimdLevel,
     threads: usize,
     m: usize,
     a: &[f32],
     a_rs: usize,
-    w: QWeight<'_>,
-    c: &mut [f32],
-    c_rs: usize,
+    products: &[(QWeight<'_>, SharedC, usize)],
     stop: &(dyn Fn() -> bool + Sync),
 ) -> bool {
     let kernel = Kernel::for_level(level);
-    let (n, k) = (w.n, w.k);
+    let Some(k) = products.first().map(|p| p.0.k) else {
+        return true;
+    };
     let nb = k / BLOCK;
-    let row_bytes = w.row_bytes();
     // A's rows, a pass at a time, step-major.
     let passes: Vec<Pass> = (0..m)
         .step_by(kernel.max_pass())
@@ -622,24 +679,32 @@ fn quantised(
             }
         })
         .collect();
-    // The last tile's rows padded with zero blocks to a whole tile, if it is partial.
-    let tiles = n.div_ceil(TILE);
-    let tail_rows = n - (tiles - 1) * TILE;
-    let tail: Vec<u8> = if tail_rows < TILE && kernel != Kernel::Portable {
-        let mut t = vec![0u8; TILE * row_bytes];
-        t[..tail_rows * row_bytes]
-            .copy_from_slice(&w.bytes[(tiles - 1) * TILE * row_bytes..][..tail_rows * row_bytes]);
-        t
-    } else {
-        Vec::new()
-    };
-    let work = m.saturating_mul(n).saturating_mul(k);
-    let worth = (work / MIN_WORK_PER_THREAD).max(n * row_bytes / MIN_BYTES_PER_THREAD);
+    // Tile `t` overall is tile `t - first[p]` of product p.
+    let (mut first, mut tiles, mut worth) = (Vec::new(), 0, 0);
+    let products: Vec<Product<'_>> = products
+        .iter()
+        .map(|&(w, c, c_rs)| {
+            let (n, row_bytes) = (w.n, w.row_bytes());
+            let own = n.div_ceil(TILE);
+            let tail_rows = n - (own - 1) * TILE;
+            let tail: Vec<u8> = if tail_rows < TILE && kernel != Kernel::Portable {
+                let mut t = vec![0u8; TILE * row_bytes];
+                t[..tail_rows * row_bytes].copy_from_slice(
+                    &w.bytes[(own - 1) * TILE * row_bytes..][..tail_rows * row_bytes],
+                );
+                t
+            } else {
+                Vec::new()
+            };
+            first.push(tiles);
+            tiles += own;
+            let work = m.saturating_mul(n).saturating_mul(k);
+            worth += (work / MIN_WORK_PER_THREAD).max(n * row_bytes / MIN_BYTES_PER_THREAD);
+            Product { w, c, c_rs, tail }
+        })
+        .collect();
     let threads = threads.clamp(1, worth.clamp(1, tiles));
     let ranges = tile_ranges(threads, tiles);
-    let shared = SharedC {
-        ptr: c.as_mut_ptr(),
-    };
     let stopped = AtomicBool::new(false);
     // Multiply-adds done by all parts: whichever tile takes the count past a multiple of
     // POLL_WORK asks `stop`.
@@ -660,10 +725,13 @@ fn quantised(
             if stopped.load(Ordering::Relaxed) {
                 return;
             }
-            let j0 = t * TILE;
+            let p = first.partition_point(|&f| f <= t) - 1;
+            let Product { w, c, c_rs, tail } = &products[p];
+            let (n, row_bytes, c_rs) = (w.n, w.row_bytes(), *c_rs);
+            let j0 = (t - first[p]) * TILE;
             let cols = TILE.min(n - j0);
             let tile_w: &[u8] = if cols < TILE && !tail.is_empty() {
-                &tail
+                tail
             } else {
                 &w.bytes[j0 * row_bytes..(j0 + cols) * row_bytes]
             };
@@ -671,10 +739,10 @@ fn quantised(
                 if stopped.load(Ordering::Relaxed) {
                     return;
                 }
-                // SAFETY: the part owns columns j0..j0 + cols of every row of C (parts cover
-                // disjoint tiles); `c` spans (m-1)·c_rs + n elements (checked by
-                // `qgemm_polled`), and the pass's rows are below m.
-                let c_at = unsafe { shared.at(pass.first * c_rs + j0) };
+                // SAFETY: the part owns columns j0..j0 + cols of every row of this C (parts
+                // cover disjoint tiles); C spans (m-1)·c_rs + n elements (checked by the
+                // caller), and the pass's rows are below m.
+                let c_at = unsafe { c.at(pass.first * c_rs + j0) };
                 let args = TileArgs {
                     w: tile_w,
                     row_bytes,

@@ -11,7 +11,7 @@ use tenet_ir::testing::Rng;
 use tenet_ir::{DType, GraphBuilder, HostTensor, NoWeights, QDot, QuantFormat as IrFormat};
 use tenet_kernels::SimdLevel;
 use tenet_kernels::qgemm::{
-    GEMM_MIN_ROWS, QWeight, QuantFormat, dequantize, q8, qgemm, qgemm_polled,
+    GEMM_MIN_ROWS, QWeight, QuantFormat, dequantize, q8, qgemm, qgemm_polled, qgemm_siblings,
 };
 
 fn levels() -> Vec<SimdLevel> {
@@ -253,16 +253,21 @@ fn q8_edges() {
 }
 
 /// Sibling products (one A, several weights: attention's q, k and v) computed together give
-/// each product's own bits, whatever the widths (partial tiles, an empty weight) and threads;
-/// weights of different k are refused.
+/// each product's own bits, for both definitions, whatever the widths (partial tiles, an
+/// empty weight), rows (the f32 one's GEMM path from `GEMM_MIN_ROWS`) and threads; weights of
+/// different k are refused.
 #[test]
-fn q8_siblings_give_each_product_its_own_bits() {
+fn siblings_give_each_product_its_own_bits() {
     let mut rng = Rng(7);
-    for format in QuantFormat::ALL {
+    for (dot, format) in [QDot::F32, QDot::Q8]
+        .into_iter()
+        .flat_map(|d| QuantFormat::ALL.map(|f| (d, f)))
+    {
         for (m, widths) in [
             (1, vec![576, 192, 192]),
             (3, vec![70, 0, 9, 130]),
             (5, vec![8]),
+            (GEMM_MIN_ROWS + 1, vec![40, 70]),
         ] {
             let k = 96;
             let a = activations(&mut rng, m * k, false);
@@ -282,14 +287,30 @@ fn q8_siblings_give_each_product_its_own_bits() {
                             (QWeight::new(format, n, k, w).unwrap(), c.as_mut_slice(), n)
                         })
                         .collect();
-                    q8::qgemm_q8_siblings(level, threads, m, &a, k, &mut products, &|| false)
-                        .unwrap();
+                    let never = || false;
+                    match dot {
+                        QDot::F32 => {
+                            qgemm_siblings(level, threads, m, &a, k, &mut products, &never)
+                        }
+                        QDot::Q8 => {
+                            q8::qgemm_q8_siblings(level, threads, m, &a, k, &mut products, &never)
+                        }
+                    }
+                    .unwrap();
                     for ((w, &n), got) in ws.iter().zip(&widths).zip(&outs) {
                         let mut alone = vec![0.0f32; m * n];
                         let qw = QWeight::new(format, n, k, w).unwrap();
-                        q8::qgemm_q8(level, 1, m, &a, k, qw, &mut alone, n).unwrap();
+                        match dot {
+                            QDot::F32 => qgemm(level, 1, m, &a, k, qw, &mut alone, n),
+                            QDot::Q8 => q8::qgemm_q8(level, 1, m, &a, k, qw, &mut alone, n),
+                        }
+                        .unwrap();
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(got), bits(&alone), "{format:?} {level:?} n={n}");
+                        assert_eq!(
+                            bits(got),
+                            bits(&alone),
+                            "{dot:?} {format:?} {level:?} n={n}"
+                        );
                     }
                 }
             }
@@ -312,6 +333,8 @@ fn q8_siblings_give_each_product_its_own_bits() {
     ];
     let refused =
         q8::qgemm_q8_siblings(SimdLevel::Portable, 1, 1, &a, 64, &mut products, &|| false);
+    assert!(refused.is_err(), "{refused:?}");
+    let refused = qgemm_siblings(SimdLevel::Portable, 1, 1, &a, 64, &mut products, &|| false);
     assert!(refused.is_err(), "{refused:?}");
 }
 
