@@ -410,10 +410,15 @@ pub fn qgemm_polled(
     if let Some((rows, slab)) = gemm_chunks(m, n, k) {
         return by_gemm(level, threads, m, a, a_rs, w, c, c_rs, stop, rows, slab);
     }
-    let c = SharedC {
-        ptr: c.as_mut_ptr(),
-    };
-    Ok(quantised(level, threads, m, a, a_rs, &[(w, c, c_rs)], stop))
+    Ok(quantised(
+        level,
+        threads,
+        m,
+        a,
+        a_rs,
+        &[Sibling::new(w, c, c_rs)],
+        stop,
+    ))
 }
 
 /// Several products of the same rows of A, `C_p = A · dequantize(w_p)^T` (each `C_p` `m × n_p`
@@ -434,14 +439,8 @@ pub fn qgemm_siblings(
     let mut work = Vec::with_capacity(products.len());
     let mut first_k = None;
     for (w, c, c_rs) in products.iter_mut() {
-        if !checked(level, m, a, a_rs, w, c, *c_rs)? {
+        if !sibling_checked(level, m, a, a_rs, w, c, *c_rs, &mut first_k)? {
             continue;
-        }
-        match first_k {
-            Some(first) if first != w.k => {
-                return Err(QgemmError::SiblingK { first, other: w.k });
-            }
-            _ => first_k = Some(w.k),
         }
         if w.k == 0 || gemm_chunks(m, w.n, w.k).is_some() {
             // Nothing to share: zeros, or the GEMM path's own chunks.
@@ -450,10 +449,7 @@ pub fn qgemm_siblings(
             }
             continue;
         }
-        let shared = SharedC {
-            ptr: c.as_mut_ptr(),
-        };
-        work.push((*w, shared, *c_rs));
+        work.push(Sibling::new(*w, c, *c_rs));
     }
     Ok(quantised(level, threads, m, a, a_rs, &work, stop))
 }
@@ -482,6 +478,49 @@ fn checked(
     check("A", span(m, k, a_rs), a.len())?;
     check("C", span(m, n, c_rs), c.len())?;
     Ok(true)
+}
+
+/// One of several products of the same A with work to do: its weight, and its C (from the
+/// `&mut` slice it came from, which outlives the product) with C's row stride.
+#[derive(Clone, Copy)]
+struct Sibling<'a> {
+    w: QWeight<'a>,
+    c: SharedC,
+    c_rs: usize,
+}
+
+impl<'a> Sibling<'a> {
+    fn new(w: QWeight<'a>, c: &mut [f32], c_rs: usize) -> Sibling<'a> {
+        let c = SharedC {
+            ptr: c.as_mut_ptr(),
+        };
+        Sibling { w, c, c_rs }
+    }
+}
+
+/// [`checked`] for one of several sibling products of the same A: also that its `k` is that
+/// of the first one with work (`first_k`, set by that one).
+#[allow(clippy::too_many_arguments)]
+fn sibling_checked(
+    level: SimdLevel,
+    m: usize,
+    a: &[f32],
+    a_rs: usize,
+    w: &QWeight<'_>,
+    c: &[f32],
+    c_rs: usize,
+    first_k: &mut Option<usize>,
+) -> Result<bool, QgemmError> {
+    if !checked(level, m, a, a_rs, w, c, c_rs)? {
+        return Ok(false);
+    }
+    match *first_k {
+        Some(first) if first != w.k => Err(QgemmError::SiblingK { first, other: w.k }),
+        _ => {
+            *first_k = Some(w.k);
+            Ok(true)
+        }
+    }
 }
 
 /// `tiles` of weight rows in contiguous ranges for `threads` threads: one part a thread for
@@ -651,11 +690,11 @@ fn quantised(
     m: usize,
     a: &[f32],
     a_rs: usize,
-    products: &[(QWeight<'_>, SharedC, usize)],
+    products: &[Sibling<'_>],
     stop: &(dyn Fn() -> bool + Sync),
 ) -> bool {
     let kernel = Kernel::for_level(level);
-    let Some(k) = products.first().map(|p| p.0.k) else {
+    let Some(k) = products.first().map(|p| p.w.k) else {
         return true;
     };
     let nb = k / BLOCK;
@@ -683,7 +722,7 @@ fn quantised(
     let (mut first, mut tiles, mut worth) = (Vec::new(), 0, 0);
     let products: Vec<Product<'_>> = products
         .iter()
-        .map(|&(w, c, c_rs)| {
+        .map(|&Sibling { w, c, c_rs }| {
             let (n, row_bytes) = (w.n, w.row_bytes());
             let own = n.div_ceil(TILE);
             let tail_rows = n - (own - 1) * TILE;

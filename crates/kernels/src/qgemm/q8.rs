@@ -47,7 +47,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tenet_reference::quant::{Q8Block, quantize_activations};
 
 use super::{
-    BLOCK, QWeight, QgemmError, QuantFormat, SharedC, TILE, checked, f16_to_f32, tile_ranges,
+    BLOCK, QWeight, QgemmError, QuantFormat, Sibling, TILE, f16_to_f32, sibling_checked,
+    tile_ranges,
 };
 use crate::SimdLevel;
 use crate::simd::canonical;
@@ -165,20 +166,10 @@ pub fn qgemm_q8_siblings(
     stop: &(dyn Fn() -> bool + Sync),
 ) -> Result<bool, QgemmError> {
     let mut work = Vec::with_capacity(products.len());
+    let mut first_k = None;
     for (w, c, c_rs) in products.iter_mut() {
-        if checked(level, m, a, a_rs, w, c, *c_rs)? {
-            if let Some(first) = work.first().map(|s: &Sibling<'_>| s.w.k)
-                && first != w.k
-            {
-                return Err(QgemmError::SiblingK { first, other: w.k });
-            }
-            work.push(Sibling {
-                w: *w,
-                c: SharedC {
-                    ptr: c.as_mut_ptr(),
-                },
-                c_rs: *c_rs,
-            });
+        if sibling_checked(level, m, a, a_rs, w, c, *c_rs, &mut first_k)? {
+            work.push(Sibling::new(*w, c, *c_rs));
         }
     }
     let Some(k) = work.first().map(|s| s.w.k) else {
@@ -248,14 +239,6 @@ pub fn qgemm_q8_siblings(
         tenet_sys::parallel::run_parts(ranges.len(), &body);
     }
     Ok(!stopped.load(Ordering::Relaxed))
-}
-
-/// One product of [`qgemm_q8_siblings`] with work to do.
-#[derive(Clone, Copy)]
-struct Sibling<'a> {
-    w: QWeight<'a>,
-    c: SharedC,
-    c_rs: usize,
 }
 
 /// Whether the AVX2 kernel runs at `level` on this CPU (AVX-512 CPUs run it too).
