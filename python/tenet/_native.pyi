@@ -106,6 +106,7 @@ def generate(
     chat: bool = False,
     threads: Optional[int] = None,
     device: str = "cpu",
+    arithmetic: str = "exact",
 ) -> Tuple[str, List[int]]: ...
 
 class NodeConnection:

@@ -46,3 +46,16 @@ def test_greedy_generation_matches_the_reference():
     assert a == b
     with pytest.raises(tenet.TenetError, match="temperature"):
         tenet.generate("x", temperature=-1.0)
+
+
+@pytest.mark.skipif(not fetched("smollm2"), reason="SmolLM2 is not in the model cache")
+def test_q8_arithmetic_gives_its_own_tokens_the_same_at_any_thread_count():
+    prompt = "The capital of France is"
+    _, exact = tenet.generate(prompt, max_tokens=7, return_tokens=True)
+    _, q8 = tenet.generate(prompt, max_tokens=7, return_tokens=True, arithmetic="q8")
+    _, q8_one = tenet.generate(prompt, max_tokens=7, return_tokens=True, arithmetic="q8", threads=1)
+    # The two arithmetics agree on the first five tokens of this prompt and part at the sixth.
+    assert q8[:5] == exact[:5] and q8[5] != exact[5], (q8, exact)
+    assert q8 == q8_one
+    with pytest.raises(tenet.TenetError, match="exact.*q8"):
+        tenet.generate(prompt, arithmetic="q4")

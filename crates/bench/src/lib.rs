@@ -547,7 +547,9 @@ fn smollm2_rows(
         std::sync::Arc::new(SmolLm2::load_with(&gguf, mode).map_err(|e| skipped(e.to_string()))?);
     // The same blocks with `qmatmul_q8` products (llama.cpp's arithmetic): decode rows of its
     // own beside the f32-exact ones.
-    let q8 = SmolLm2::load_with(&gguf, WeightsMode::Q8).map_err(|e| skipped(e.to_string()))?;
+    let q8 = std::sync::Arc::new(
+        SmolLm2::load_with(&gguf, WeightsMode::Q8).map_err(|e| skipped(e.to_string()))?,
+    );
     let weight_bytes: f64 = model
         .weights
         .tensors
@@ -676,7 +678,10 @@ fn smollm2_rows(
     let tokens = if quick { 8 } else { 32 };
     // Prompts of prose (the prefill text's first 16 to 23 tokens), which a model continues
     // rather than ends.
-    let batching = batching_rows(&model, shared, &long, tokens, peak).map_err(skipped)?;
+    // In both arithmetics a node can serve (`exact` is the `quantized` model's).
+    let mut batching =
+        batching_rows(&model, shared.clone(), &long, tokens, peak).map_err(skipped)?;
+    batching.extend(batching_rows(&q8, shared, &long, tokens, peak).map_err(skipped)?);
     progress("running smollm2 on llama.cpp");
     let peer = llamacpp::measure(
         python,
@@ -821,16 +826,17 @@ fn batching_rows(
         llamacpp_bytes: None,
     };
     let n = BATCH_REQUESTS;
+    let mode = model.mode();
     let note = || "no numpy peer for model workloads".to_string();
     Ok(vec![
         row(
-            format!("smollm2 {n} requests × {tokens} tokens, one after another"),
+            format!("smollm2 {n} requests × {tokens} tokens, {mode} weights, one after another"),
             sequential_ms,
             note(),
         ),
         row(
             format!(
-                "smollm2 {n} requests × {tokens} tokens, batched ({:.2}× one after another, peak batch {})",
+                "smollm2 {n} requests × {tokens} tokens, {mode} weights, batched ({:.2}× one after another, peak batch {})",
                 sequential_ms / batched_ms,
                 batcher.stats().peak_batch
             ),

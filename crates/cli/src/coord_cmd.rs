@@ -610,9 +610,15 @@ fn deploy_split(remote: &Remote, dir: &Path, as_json: bool) -> Result<()> {
     })
 }
 
-/// `tenet deploy --model NAME`: upload the bundled model's GGUF file (unless the coordinator
-/// has it) and deploy it as an LLM of that name.
-pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
+/// `tenet deploy --model MODEL`: upload the bundled model's GGUF file (unless the coordinator
+/// has it) and deploy it as the LLM `name` computing with `arithmetic`.
+pub fn deploy_llm(
+    remote: &Remote,
+    model: &str,
+    name: &str,
+    arithmetic: tenet_models::generation::Arithmetic,
+    as_json: bool,
+) -> Result<()> {
     use tenet_models::fetch::{SMOLLM2, cached, find_file};
     use tenet_models::smollm2::GGUF_FILE;
     if model != "smollm2" {
@@ -625,8 +631,9 @@ pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
     runtime()?.block_on(async {
         let hash = client.upload_unless_there(GGUF_FILE, &bytes).await?;
         let body = api::to_vec(&api::DeployLlm {
-            name: model.to_string(),
+            name: name.to_string(),
             weights: hash,
+            arithmetic: Some(arithmetic.name().to_string()),
         })?;
         let llm = client
             .call(Method::POST, "/v1/llms", body, "application/json")
@@ -635,9 +642,12 @@ pub fn deploy_llm(remote: &Remote, model: &str, as_json: bool) -> Result<()> {
             println!("{llm}");
         } else {
             let base = remote.coordinator.trim_end_matches('/');
-            println!("deployed LLM {model} ({hash})");
+            println!("deployed LLM {name}: {model} ({hash}), {arithmetic} arithmetic");
+            if let Ok(d) = api::from_value::<api::LlmDeployed>(&llm) {
+                println!("  generation task {} (its receipts name it)", d.task);
+            }
             println!("  OpenAI-compatible: {base}/v1/chat/completions, {base}/v1/completions, {base}/v1/models");
-            println!("  e.g. openai.OpenAI(base_url=\"{base}/v1\", api_key=KEY).chat.completions.create(model=\"{model}\", messages=[...])");
+            println!("  e.g. openai.OpenAI(base_url=\"{base}/v1\", api_key=KEY).chat.completions.create(model=\"{name}\", messages=[...])");
         }
         Ok(())
     })

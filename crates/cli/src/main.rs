@@ -581,6 +581,17 @@ enum Command {
         /// the model's name, every completion verified across nodes.
         #[arg(long, value_name = "NAME")]
         model: Option<String>,
+        /// With --model: how its linear layers compute, which names the generation task every
+        /// completion runs as and its receipt binds: `exact` (the f32 model's tokens, as
+        /// `tenet generate` gives by default) or `q8` (activations rounded to 8-bit blocks,
+        /// llama.cpp's arithmetic: about twice as fast on a CPU, with tokens of its own, as
+        /// `tenet generate --weights q8` gives).
+        #[arg(long, requires = "model", default_value = "exact")]
+        arithmetic: tenet_models::generation::Arithmetic,
+        /// With --model: the name to serve it under [default: the model's], e.g. to serve
+        /// both arithmetics side by side.
+        #[arg(long, requires = "model", value_name = "NAME")]
+        name: Option<String>,
         /// Print the task as JSON.
         #[arg(long)]
         json: bool,
@@ -758,10 +769,15 @@ fn run(cli: Cli) -> Result<()> {
             graph,
             weights,
             model,
+            arithmetic,
+            name,
             json,
             remote,
         } => match (model, graph) {
-            (Some(model), _) => coord_cmd::deploy_llm(&remote, &model, json),
+            (Some(model), _) => {
+                let name = name.as_deref().unwrap_or(&model);
+                coord_cmd::deploy_llm(&remote, &model, name, arithmetic, json)
+            }
             (None, Some(graph)) => coord_cmd::deploy(&remote, &graph, weights.as_deref(), json),
             (None, None) => anyhow::bail!("say what to deploy: a graph file, or --model NAME"),
         },

@@ -478,19 +478,25 @@ fn bench_json_has_the_documented_keys() {
         5 + minilm.clone().count() + smollm2.len(),
         "{names:?}"
     );
-    // Decode and prefill rows per thread count, and the two batching rows.
+    // Decode and prefill rows per thread count, and two batching rows per arithmetic a node
+    // serves (`quantized` weights for `exact`, and `q8`).
     let batching: Vec<_> = smollm2
         .iter()
         .filter(|r| r["name"].as_str().unwrap().contains(" requests × "))
         .collect();
     if !smollm2.is_empty() {
-        assert_eq!(batching.len(), 2, "{names:?}");
-        assert!(
-            batching[1]["name"]
-                .as_str()
-                .unwrap()
-                .contains(", batched (")
-        );
+        assert_eq!(batching.len(), 4, "{names:?}");
+        for (pair, mode) in batching.chunks(2).zip(["quantized", "q8"]) {
+            let name = |i: usize| pair[i]["name"].as_str().unwrap();
+            assert!(
+                name(0).contains(&format!(", {mode} weights, one after")),
+                "{names:?}"
+            );
+            assert!(
+                name(1).contains(&format!(", {mode} weights, batched (")),
+                "{names:?}"
+            );
+        }
     }
     for r in &batching {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");

@@ -1,7 +1,8 @@
 //! The OpenAI-compatible API through OpenAI's own Python client (tests/openai/client.py):
 //! a coordinator and three nodes on 127.0.0.1, one of them lying, SmolLM2 deployed with
-//! `tenet deploy --model smollm2`; chat completions streamed and not, a completion with a
-//! stop string, seeded sampling, and malformed requests. The text is the model's own (its
+//! `tenet deploy --model smollm2` (and again with `--arithmetic q8` under another name);
+//! chat completions streamed and not, one in `q8`, a completion with a stop string, seeded
+//! sampling, and malformed requests. The text is the model's own (its
 //! greedy tokens decoded locally), the receipt verifies offline against the coordinator's key,
 //! and the liar is slashed.
 //!
@@ -62,6 +63,12 @@ fn the_openai_client_gets_verified_completions_and_the_liar_is_slashed() {
     let want_text = model
         .decode(&want.iter().copied().filter(|&t| t != 2).collect::<Vec<_>>())
         .unwrap();
+    // And in `q8` arithmetic, which the same file deployed with `--arithmetic q8` serves.
+    let q8 = SmolLm2::load_with(&find_file(&dir, GGUF_FILE).unwrap(), WeightsMode::Q8).unwrap();
+    let want_q8 = q8
+        .generate(&q8.encode(prompt).unwrap(), 16, None, &cpu, |_| {})
+        .unwrap();
+    assert_ne!(want_q8, want, "the prompt tells the arithmetics apart");
 
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("coordinator");
@@ -101,15 +108,43 @@ fn the_openai_client_gets_verified_completions_and_the_liar_is_slashed() {
         String::from_utf8_lossy(&deployed.stderr)
     );
 
+    let deployed_q8 = tenet()
+        .args([
+            "deploy",
+            "--model",
+            "smollm2",
+            "--arithmetic",
+            "q8",
+            "--name",
+            "smollm2-q8",
+            "--coordinator",
+            &url,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        deployed_q8.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deployed_q8.stderr)
+    );
+    let q8_task = tenet_proto::Hash(tenet_models::generation::Arithmetic::Q8.task_id());
+    let d: serde_json::Value = serde_json::from_slice(&deployed_q8.stdout).unwrap();
+    assert_eq!(d["arithmetic"], "q8", "{d}");
+    assert_eq!(d["task"], q8_task.to_hex(), "{d}");
+
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai/client.py");
-    let out = Command::new(&python).args([script, &url]).output().unwrap();
+    let out = Command::new(&python)
+        .args([script, &url, "smollm2-q8"])
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "client.py failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["models"], serde_json::json!(["smollm2"]));
+    assert_eq!(v["models"], serde_json::json!(["smollm2", "smollm2-q8"]));
 
     // Not streamed: the model's own tokens and text.
     let chat = &v["chat"];
@@ -125,8 +160,16 @@ fn the_openai_client_gets_verified_completions_and_the_liar_is_slashed() {
     assert_eq!(v["stream"]["finish_reason"], finish);
     assert!(!v["stream"]["jobs"].as_array().unwrap().is_empty());
 
-    // Both receipts verify offline against the coordinator's key.
-    for which in ["chat", "stream"] {
+    // The `q8` deployment: that arithmetic's tokens, under a receipt naming its task.
+    let q8_chat = &v["q8_chat"];
+    let tokens: Vec<u32> = serde_json::from_value(q8_chat["tokens"].clone()).unwrap();
+    assert_eq!(tokens, want_q8);
+    assert_eq!(q8_chat["receipt"]["job"]["task"], q8_task.to_hex());
+    let exact_task = tenet_proto::Hash(tenet_models::generation::Arithmetic::Exact.task_id());
+    assert_eq!(v["chat"]["receipt"]["job"]["task"], exact_task.to_hex());
+
+    // Every receipt verifies offline against the coordinator's key.
+    for which in ["chat", "stream", "q8_chat"] {
         let path = tmp.path().join(format!("{which}-receipt.json"));
         std::fs::write(&path, v[which]["receipt"].to_string()).unwrap();
         let check = tenet()

@@ -398,7 +398,7 @@ impl<L: Ledger + 'static> Coordinator<L> {
         if let Some(f) = lock(&self.facts).get(task) {
             return Ok(f.clone());
         }
-        if task.0 == tenet_models::generation::task_id() {
+        if tenet_models::generation::Arithmetic::of_task(&task.0).is_some() {
             // A generation: what it needs depends on its request, which each node checks
             // against its own limits; its answer is at most the token limit's tokens.
             let vector = |n: u64| {

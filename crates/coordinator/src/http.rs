@@ -1008,14 +1008,25 @@ impl<L: Ledger + 'static> Service<L> {
                     "deploying an LLM",
                     ": ask the admin to run `tenet deploy --model NAME --admin-key KEY`",
                 )?;
-                let d: api::DeployLlm = serde_json::from_slice(&body)
-                    .map_err(|e| bad(format!("expected {{\"name\", \"weights\"}}: {e}")))?;
+                let d: api::DeployLlm = serde_json::from_slice(&body).map_err(|e| {
+                    bad(format!(
+                        "expected {{\"name\", \"weights\", optional \"arithmetic\"}}: {e}"
+                    ))
+                })?;
+                let arithmetic = match &d.arithmetic {
+                    None => tenet_models::generation::Arithmetic::default(),
+                    Some(a) => a.parse().map_err(bad)?,
+                };
                 let _turn = self.core.heavy_turn().await.map_err(dispatch_error)?;
-                let llm = self.llms.register(&d.name, d.weights, self.core.store())?;
+                let llm = self
+                    .llms
+                    .register(&d.name, d.weights, arithmetic, self.core.store())?;
                 api_reply(&api::LlmDeployed {
                     name: llm.name.clone(),
                     weights: llm.weights,
                     context_length: llm.model.config.context,
+                    arithmetic: llm.arithmetic.name().to_string(),
+                    task: Hash(llm.arithmetic.task_id()),
                     endpoint: "/v1/chat/completions".to_string(),
                     nodes_able: self
                         .core

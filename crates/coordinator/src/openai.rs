@@ -33,8 +33,8 @@ use hyper::header::HeaderValue;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tenet_ledger::Ledger;
-use tenet_models::generation::{self, GenerationParams};
-use tenet_models::smollm2::{EOS, FinishReason, SmolLm2, WeightsMode};
+use tenet_models::generation::{self, Arithmetic, GenerationParams};
+use tenet_models::smollm2::{EOS, FinishReason, SmolLm2};
 use tenet_net::serve::{Reply, ReplyBody, error_reply, json_reply};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
@@ -55,6 +55,8 @@ const DEFAULT_SYSTEM: &str = "You are a helpful AI assistant named SmolLM, train
 pub struct Llm {
     pub name: String,
     pub weights: Hash,
+    /// How its linear layers compute: what its generation task names.
+    pub arithmetic: Arithmetic,
     pub created: u64,
     pub model: Arc<SmolLm2>,
     /// Stage weights files built for staged generations, by stage count (see `staged.rs`).
@@ -71,16 +73,19 @@ pub struct Llms {
 struct Entry {
     name: String,
     weights: Hash,
+    /// Absent in files written before there was a choice: `exact`, all there was then.
+    #[serde(default)]
+    arithmetic: Arithmetic,
     created: u64,
 }
 
-fn load(store: &Store, weights: &Hash) -> Result<SmolLm2, String> {
+fn load(store: &Store, weights: &Hash, arithmetic: Arithmetic) -> Result<SmolLm2, String> {
     if store.contains(weights).is_none() {
         return Err(format!(
             "the model's GGUF file {weights} is not here: upload it with PUT /v1/blobs/{weights} first"
         ));
     }
-    SmolLm2::load_with(&store.path(weights), WeightsMode::Quantized)
+    SmolLm2::load_with(&store.path(weights), arithmetic.weights_mode())
         .map_err(|e| format!("{weights} is not a Llama GGUF model this coordinator can serve: {e}"))
 }
 
@@ -101,11 +106,12 @@ impl Llms {
             let entries: Vec<Entry> = serde_json::from_str(&text)
                 .map_err(|e| format!("{} is not a list of LLMs: {e}", path.display()))?;
             for e in entries {
-                match load(store, &e.weights) {
+                match load(store, &e.weights, e.arithmetic) {
                     Ok(model) => {
                         let llm = Llm {
                             name: e.name.clone(),
                             weights: e.weights,
+                            arithmetic: e.arithmetic,
                             created: e.created,
                             model: Arc::new(model),
                             staged: Mutex::default(),
@@ -134,19 +140,27 @@ impl Llms {
         self.lock().values().cloned().collect()
     }
 
-    /// Deploy the GGUF file `weights` (already in `store`) as the LLM `name`, replacing one
-    /// of that name; recorded before this returns.
-    pub fn register(&self, name: &str, weights: Hash, store: &Store) -> Result<Arc<Llm>, ApiError> {
+    /// Deploy the GGUF file `weights` (already in `store`) as the LLM `name` computing with
+    /// `arithmetic`, replacing one of that name; recorded before this returns.
+    pub fn register(
+        &self,
+        name: &str,
+        weights: Hash,
+        arithmetic: Arithmetic,
+        store: &Store,
+    ) -> Result<Arc<Llm>, ApiError> {
         if !valid_name(name) {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
                 format!("an LLM's name is 1-64 of [A-Za-z0-9._:-], not {name:?}"),
             ));
         }
-        let model = load(store, &weights).map_err(|e| ApiError::new(ErrorCode::BadInputs, e))?;
+        let model = load(store, &weights, arithmetic)
+            .map_err(|e| ApiError::new(ErrorCode::BadInputs, e))?;
         let llm = Arc::new(Llm {
             name: name.to_string(),
             weights,
+            arithmetic,
             created: crate::dispatch::now() as u64,
             model: Arc::new(model),
             staged: Mutex::default(),
@@ -158,6 +172,7 @@ impl Llms {
             .map(|l| Entry {
                 name: l.name.clone(),
                 weights: l.weights,
+                arithmetic: l.arithmetic,
                 created: l.created,
             })
             .collect();
@@ -563,7 +578,7 @@ async fn run_job<L: Ledger + 'static>(
         stop: Vec::new(),
     };
     let req = JobRequest {
-        task: Hash(generation::task_id()),
+        task: Hash(asked.llm.arithmetic.task_id()),
         weights: Some(asked.llm.weights),
         inputs: generation::inputs(ids, &params).into_iter().collect(),
         tier: tenet_proto::commit::Tier::Exact,
@@ -754,7 +769,9 @@ pub fn models(llms: &Llms) -> Result<Reply, ApiError> {
         .iter()
         .map(|l| {
             json!({"id": l.name, "object": "model", "created": l.created, "owned_by": "tenet",
-                        "tenet_weights": l.weights, "context_length": l.model.config.context})
+                        "tenet_weights": l.weights, "tenet_arithmetic": l.arithmetic,
+                        "tenet_task": Hash(l.arithmetic.task_id()),
+                        "context_length": l.model.config.context})
         })
         .collect();
     json_reply(&json!({"object": "list", "data": data}))

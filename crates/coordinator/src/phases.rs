@@ -872,8 +872,8 @@ impl<L: Ledger + 'static> Coordinator<L> {
         let spec = spec.clone();
         let memory = self.task_memory();
         tokio::task::spawn_blocking(move || -> Result<Hash, String> {
-            if spec.task.0 == tenet_models::generation::task_id() {
-                return referee_generation(&store, &spec, memory);
+            if let Some(arithmetic) = tenet_models::generation::Arithmetic::of_task(&spec.task.0) {
+                return referee_generation(&store, &spec, arithmetic, memory);
             }
             let (graph, weights, inputs) = load_job(&store, &spec, memory)?;
             // The referee runs on this machine's CPU, the device every other device's exact
@@ -932,9 +932,14 @@ fn load_job(store: &Store, spec: &JobSpec, memory: u64) -> Result<LoadedJob, Str
 }
 
 /// nodes load it, the request decoded on this machine's CPU; the output hash of its tokens.
-fn referee_generation(store: &Store, spec: &JobSpec, memory: u64) -> Result<Hash, String> {
+fn referee_generation(
+    store: &Store,
+    spec: &JobSpec,
+    arithmetic: tenet_models::generation::Arithmetic,
+    memory: u64,
+) -> Result<Hash, String> {
     use tenet_models::generation;
-    use tenet_models::smollm2::{SmolLm2, WeightsMode};
+    use tenet_models::smollm2::SmolLm2;
     let weights = spec
         .weights
         .ok_or("a generation job names its model's GGUF file as its weights")?;
@@ -943,7 +948,7 @@ fn referee_generation(store: &Store, spec: &JobSpec, memory: u64) -> Result<Hash
             "the model {weights} is not in the coordinator's store"
         ));
     }
-    let model = SmolLm2::load_with(&store.path(&weights), WeightsMode::Quantized)
+    let model = SmolLm2::load_with(&store.path(&weights), arithmetic.weights_mode())
         .map_err(|e| e.to_string())?;
     let mut inputs = HashMap::new();
     for (name, h) in &spec.inputs {

@@ -121,10 +121,10 @@ impl<L: Ledger + 'static> Coordinator<L> {
         if self.store.contains(id).is_some() {
             return Ok(());
         }
-        if id.0 == tenet_models::generation::task_id() {
-            // The generation task is one fixed document, deployed wherever it is first used.
+        if let Some(arithmetic) = tenet_models::generation::Arithmetic::of_task(&id.0) {
+            // A generation task is one fixed document, deployed wherever it is first used.
             self.store
-                .put_bytes(tenet_models::generation::TASK_BYTES)
+                .put_bytes(arithmetic.task_bytes())
                 .map_err(|e| DispatchError::Internal(e.to_string()))?;
             return Ok(());
         }

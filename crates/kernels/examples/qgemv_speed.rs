@@ -83,28 +83,34 @@ fn main() {
             copies: (64usize << 20).div_ceil(bytes),
         }
     };
-    // HOT=1: one 576 x 576 Q4_1 weight (207 KB, in L2) many times, both products, m = 1.
-    if std::env::var_os("HOT").is_some() {
+    // HOT=M: one 576 x 576 Q4_1 weight (207 KB, in L2) many times, both products, M rows of
+    // A (HOT=1: one).
+    if let Some(hot) = std::env::var_os("HOT") {
+        let m: usize = hot
+            .to_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1)
+            .max(1);
         let w = weight(QuantFormat::Q4_1, 576, 576, 7);
-        let x: Vec<f32> = (0..576)
+        let x: Vec<f32> = (0..576 * m)
             .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
             .collect();
-        let mut c = vec![0.0f32; 576];
+        let mut c = vec![0.0f32; 576 * m];
         let qw = QWeight::new(QuantFormat::Q4_1, 576, 576, &w).unwrap();
         for round in 0..3 {
             let t = Instant::now();
             for _ in 0..2000 {
-                qgemm(level, 1, 1, &x, 576, qw, &mut c, 576).unwrap();
+                qgemm(level, 1, m, &x, 576, qw, &mut c, 576).unwrap();
             }
             let f = t.elapsed().as_secs_f64() / 2000.0;
             let t = Instant::now();
             for _ in 0..2000 {
-                q8::qgemm_q8(level, 1, 1, &x, 576, qw, &mut c, 576).unwrap();
+                q8::qgemm_q8(level, 1, m, &x, 576, qw, &mut c, 576).unwrap();
             }
             let q = t.elapsed().as_secs_f64() / 2000.0;
             let cyc = |s: f64| s * 3.0e9 / (576.0 * 576.0 / 16.0);
             println!(
-                "hot 576x576 Q4_1 m=1 round {round}: qmatmul {:.1} us ({:.2} cycles/16 weights at 3 GHz), qmatmul_q8 {:.1} us ({:.2})",
+                "hot 576x576 Q4_1 m={m} round {round}: qmatmul {:.1} us ({:.2} cycles/16 weights at 3 GHz), qmatmul_q8 {:.1} us ({:.2})",
                 f * 1e6,
                 cyc(f),
                 q * 1e6,

@@ -2,9 +2,14 @@
 //! its inputs and outputs travel as tensors — so a generation is committed, revealed,
 //! compared, disputed and receipted exactly like any graph job.
 //!
-//! A generation job names the task [`task_id`] (the blake3 hash of [`TASK_BYTES`], a fixed
-//! document, not a graph: nodes recognise the id and never need the blob), the model's GGUF
-//! file as its weights, and three inputs:
+//! A generation job names a generation task (the blake3 hash of a fixed document, not a graph:
+//! nodes recognise the id and never need the blob), the model's GGUF file as its weights, and
+//! three inputs. The task names the arithmetic of the model's linear layers ([`Arithmetic`]):
+//! `exact` ([`TASK_BYTES`], every product the f32 chain of the dequantised weights, the
+//! logits of the f32 model) or `q8` ([`TASK_BYTES_Q8`], activations rounded to 8-bit blocks
+//! and integer block products, llama.cpp's arithmetic, about twice as fast on a CPU). Both are
+//! bit-exact on every node, so either is verified the same way; they give different logits,
+//! which is why the arithmetic is part of what a receipt binds.
 //!
 //! | input | type | meaning |
 //! |---|---|---|
@@ -22,10 +27,13 @@ use std::collections::HashMap;
 
 use tenet_ir::{DType, HostTensor};
 
-use crate::smollm2::{FinishReason, Sampling};
+use crate::smollm2::{FinishReason, Sampling, WeightsMode};
 
-/// The document whose hash names the generation task.
+/// The document whose hash names the generation task with `exact` arithmetic.
 pub const TASK_BYTES: &[u8] = b"tenet-task:generate-v1:llama-gguf\n";
+
+/// The document whose hash names the generation task with `q8` arithmetic.
+pub const TASK_BYTES_Q8: &[u8] = b"tenet-task:generate-v1:llama-gguf:qmatmul_q8\n";
 
 /// The most tokens one generation job may ask for.
 pub const MAX_NEW_TOKENS: u64 = 4096;
@@ -33,9 +41,94 @@ pub const MAX_NEW_TOKENS: u64 = 4096;
 /// The most stop tokens a job may list.
 pub const MAX_STOP_TOKENS: u64 = 16;
 
-/// The generation task's id: blake3 of [`TASK_BYTES`].
+/// The generation task's id with `exact` arithmetic: blake3 of [`TASK_BYTES`].
 pub fn task_id() -> [u8; 32] {
-    *blake3::hash(TASK_BYTES).as_bytes()
+    Arithmetic::Exact.task_id()
+}
+
+/// How a generation task computes the model's linear layers: what its id names, and so what
+/// every node that runs it must reproduce bit for bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Arithmetic {
+    /// `qmatmul`: each weight dequantised exactly, then the f32 fma chain along `k` — the
+    /// logits of the f32 model.
+    #[default]
+    Exact,
+    /// `qmatmul_q8`: activations rounded to 8-bit blocks, exact integer block products, f32
+    /// accumulation across blocks (llama.cpp's arithmetic).
+    Q8,
+}
+
+impl Arithmetic {
+    pub const ALL: [Arithmetic; 2] = [Arithmetic::Exact, Arithmetic::Q8];
+
+    /// `exact` or `q8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arithmetic::Exact => "exact",
+            Arithmetic::Q8 => "q8",
+        }
+    }
+
+    /// The document whose hash names the generation task of this arithmetic.
+    pub fn task_bytes(self) -> &'static [u8] {
+        match self {
+            Arithmetic::Exact => TASK_BYTES,
+            Arithmetic::Q8 => TASK_BYTES_Q8,
+        }
+    }
+
+    /// The id of the generation task of this arithmetic.
+    pub fn task_id(self) -> [u8; 32] {
+        *blake3::hash(self.task_bytes()).as_bytes()
+    }
+
+    /// The arithmetic of the generation task `task`, or `None` when `task` is not one.
+    pub fn of_task(task: &[u8; 32]) -> Option<Arithmetic> {
+        Arithmetic::ALL.into_iter().find(|a| &a.task_id() == task)
+    }
+
+    /// How a model is loaded to compute with this arithmetic (weights kept as blocks).
+    pub fn weights_mode(self) -> WeightsMode {
+        match self {
+            Arithmetic::Exact => WeightsMode::Quantized,
+            Arithmetic::Q8 => WeightsMode::Q8,
+        }
+    }
+}
+
+impl std::fmt::Display for Arithmetic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Arithmetic {
+    type Err = String;
+
+    /// `exact` or `q8`, in any case.
+    fn from_str(s: &str) -> Result<Arithmetic, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "exact" => Ok(Arithmetic::Exact),
+            "q8" => Ok(Arithmetic::Q8),
+            _ => Err(format!(
+                "unknown arithmetic {s:?}: exact (the f32 model's logits) or q8 (8-bit activations, llama.cpp's arithmetic, faster)"
+            )),
+        }
+    }
+}
+
+impl serde::Serialize for Arithmetic {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Arithmetic {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Arithmetic, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// How one generation job continues its `ids`.
@@ -294,12 +387,35 @@ mod tests {
         b.iter().map(|x| format!("{x:02x}")).collect()
     }
 
+    /// Task ids are stored in ledgers and receipts: they never change.
     #[test]
-    fn the_task_id_is_pinned() {
+    fn the_task_ids_are_pinned() {
         assert_eq!(
             hex(task_id()),
             hex(*blake3::hash(b"tenet-task:generate-v1:llama-gguf\n").as_bytes())
         );
+        let pinned = [
+            (
+                Arithmetic::Exact,
+                "3c16cea5ca21172e4054279023d5d06d512f3dff01df9ea7b66a69da08e8580a",
+            ),
+            (
+                Arithmetic::Q8,
+                "6a9999b6bf92ed5d95b2d968201f779f0a89b1b446b55bcae3d5f72257ac12bf",
+            ),
+        ];
+        for (a, id) in pinned {
+            assert_eq!(hex(a.task_id()), id, "{a}");
+            assert_eq!(Arithmetic::of_task(&a.task_id()), Some(a));
+            assert_eq!(a.name().parse::<Arithmetic>(), Ok(a));
+            let json = serde_json::to_string(&a).unwrap();
+            assert_eq!(json, format!("\"{a}\""));
+            assert_eq!(serde_json::from_str::<Arithmetic>(&json).unwrap(), a);
+        }
+        assert_eq!(Arithmetic::of_task(&[0; 32]), None);
+        let err = "q4".parse::<Arithmetic>().unwrap_err();
+        assert!(err.contains("exact") && err.contains("q8"), "{err}");
+        assert!(serde_json::from_str::<Arithmetic>("\"fast\"").is_err());
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use tenet_exec::{Buffer, Device, Program, RunStats};
 use tenet_ir::{Graph, HostTensor, Limits, WeightSource, WeightsId};
-use tenet_models::smollm2::{Batcher, SmolLm2, WeightsMode};
+use tenet_models::generation::Arithmetic;
+use tenet_models::smollm2::{Batcher, SmolLm2};
 use tenet_models::{WeightsError, WeightsFile, check_bindings};
 use tenet_proto::{ApiError, ErrorCode, Hash};
 use tenet_store::Store;
@@ -40,8 +41,8 @@ pub struct Engine {
     weights: Mutex<Lru<WeightsFile>>,
     /// Decoded input tensors by blob address, weighed in bytes.
     tensors: Mutex<Lru<HostTensor>>,
-    /// LLMs loaded for generation jobs, by their GGUF file's address, each with the batcher
-    /// that decodes its requests together.
+    /// LLMs loaded for generation jobs, by their GGUF file's address and arithmetic
+    /// (`llm_key`), each with the batcher that decodes its requests together.
     llms: Mutex<Lru<Llm>>,
 }
 
@@ -54,6 +55,15 @@ pub struct Llm {
 
 /// LLMs kept loaded at once (each holds its file mapped and a worker thread).
 const LLMS_KEPT: u64 = 2;
+
+/// Where the LLM of GGUF file `hash` computing with `arithmetic` is kept: the file's own
+/// address for `exact`, a hash of it and the arithmetic's name otherwise.
+fn llm_key(hash: &Hash, arithmetic: Arithmetic) -> Hash {
+    match arithmetic {
+        Arithmetic::Exact => *hash,
+        other => Hash::of(&[&hash.0[..], other.name().as_bytes()].concat()),
+    }
+}
 
 /// Requests one LLM decodes together at most.
 pub const MAX_BATCH: usize = 8;
@@ -123,9 +133,11 @@ impl Engine {
     }
 
     /// The LLM whose GGUF file is the blob `hash`, loaded with its weights quantised (the
-    /// file's blocks, mapped) and its batcher started; kept for the next job.
-    pub fn llm(&self, hash: &Hash) -> Result<Arc<Llm>, ApiError> {
-        if let Some(l) = self.llms.lock().ok().and_then(|mut c| c.get(hash)) {
+    /// file's blocks, mapped) to compute with `arithmetic`, and its batcher started; kept for
+    /// the next job.
+    pub fn llm(&self, hash: &Hash, arithmetic: Arithmetic) -> Result<Arc<Llm>, ApiError> {
+        let key = llm_key(hash, arithmetic);
+        if let Some(l) = self.llms.lock().ok().and_then(|mut c| c.get(&key)) {
             return Ok(l);
         }
         if self.store.contains(hash).is_none() {
@@ -139,8 +151,8 @@ impl Engine {
         let path = self.store.path(hash);
         // What loading copies or dequantises (quantised matrices stay views of the file) is
         // refused over the job memory limit before anything is allocated.
-        let model = SmolLm2::load_within(&path, WeightsMode::Quantized, self.limits.memory_bytes)
-            .map_err(|e| {
+        let mode = arithmetic.weights_mode();
+        let model = SmolLm2::load_within(&path, mode, self.limits.memory_bytes).map_err(|e| {
             let code = match e {
                 tenet_models::gguf::GgufError::OverBudget { .. } => ErrorCode::ExceedsLimits,
                 _ => ErrorCode::BadInputs,
@@ -162,7 +174,7 @@ impl Engine {
             model,
         });
         if let Ok(mut c) = self.llms.lock() {
-            c.insert(*hash, llm.clone(), 1);
+            c.insert(key, llm.clone(), 1);
         }
         Ok(llm)
     }
@@ -290,7 +302,9 @@ impl Engine {
             || kept(&self.tasks, hash)
             || kept(&self.weights, hash)
             || kept(&self.tensors, hash)
-            || kept(&self.llms, hash)
+            || Arithmetic::ALL
+                .into_iter()
+                .any(|a| kept(&self.llms, &llm_key(hash, a)))
     }
 
     /// The task `hash` if it is already decoded and planned.

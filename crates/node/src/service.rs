@@ -12,6 +12,7 @@ use tenet_exec::Buffer;
 use tenet_ir::HostTensor;
 use tenet_ir::recycle::Recycled;
 use tenet_models::WeightsFile;
+use tenet_models::generation::Arithmetic;
 use tenet_proto::auth::KeyPair;
 use tenet_proto::commit::{
     Commitment, JobSpec, OutputRef, Reveal, Tier, output_hash, valid_job_id,
@@ -478,7 +479,7 @@ impl Node {
         // A generation waits on its model's batcher, which does the work for every generation
         // at once: it takes a blocking thread of its own rather than a worker, so that
         // concurrent generations are decoded together (at most `MAX_GENERATIONS` at a time).
-        if spec.task.0 == tenet_models::generation::task_id() {
+        if let Some(arithmetic) = Arithmetic::of_task(&spec.task.0) {
             let Some(slot) = Reservation::take(&self.generations, 1, MAX_GENERATIONS) else {
                 let e = ApiError::new(
                     ErrorCode::Busy,
@@ -489,7 +490,7 @@ impl Node {
             let node = self.clone();
             return tokio::task::spawn_blocking(move || {
                 let _slot = slot;
-                let outcome = node.execute_generation(spec, &inline, &cancel, limit);
+                let outcome = node.execute_generation(spec, arithmetic, &inline, &cancel, limit);
                 node.record(job_id, outcome)
             })
             .await
@@ -538,7 +539,7 @@ impl Node {
                 ),
             )
         };
-        let generation = spec.task.0 == tenet_models::generation::task_id();
+        let generation = Arithmetic::of_task(&spec.task.0).is_some();
         if !generation && !self.engine.holds(&spec.task) {
             return Err(missing("task".into(), &spec.task));
         }
@@ -765,6 +766,7 @@ impl Node {
     fn execute_generation(
         &self,
         spec: JobSpec,
+        arithmetic: Arithmetic,
         inline: &HashMap<Hash, Vec<u8>>,
         cancel: &AtomicBool,
         limit: Duration,
@@ -778,7 +780,7 @@ impl Node {
                 "a generation job names its model's GGUF file as its weights",
             )
         })?;
-        let llm = self.engine.llm(&weights)?;
+        let llm = self.engine.llm(&weights, arithmetic)?;
         let inputs = self.job_inputs(&spec, inline)?;
         let config = &llm.model.config;
         let (ids, params) = generation::parse_inputs(&inputs, config.vocab, config.context)
@@ -987,7 +989,7 @@ impl Node {
             }
             None => return Err(not_found(format!("no job {id} on this node"))),
         };
-        if spec.task.0 == tenet_models::generation::task_id() {
+        if Arithmetic::of_task(&spec.task.0).is_some() {
             return Err(ApiError::new(
                 ErrorCode::Conflict,
                 "a generation job has no graph to trace",

@@ -1,7 +1,8 @@
 //! Generation jobs (`tenet_models::generation`) on a real node over HTTP: a job naming the
 //! generation task and SmolLM2's GGUF file is committed and revealed like any job, its tokens
-//! are the model's own (bit-identical to decoding locally), concurrent generations are decoded
-//! together with the same tokens, and malformed ones are refused. Needs the model in the
+//! are the model's own (bit-identical to decoding locally, in the arithmetic the task names),
+//! concurrent generations are decoded together with the same tokens, and malformed ones are
+//! refused. Needs the model in the
 //! cache (`tenet models fetch smollm2`); without it the test says it was skipped.
 
 mod common;
@@ -10,15 +11,27 @@ use std::collections::BTreeMap;
 
 use tenet_ir::HostTensor;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
-use tenet_models::generation::{self, GenerationParams};
+use tenet_models::generation::{self, Arithmetic, GenerationParams};
 use tenet_models::smollm2::{FinishReason, GGUF_FILE, SmolLm2, WeightsMode};
 use tenet_net::NodeClient;
 use tenet_proto::commit::{JobSpec, Tier};
 use tenet_proto::wire::RunJob;
 use tenet_proto::{ErrorCode, Hash, tensor};
 
-/// A generation job's wire form: inputs carried inline.
+/// A generation job's wire form with `exact` arithmetic: inputs carried inline.
 fn job(id: &str, weights: Hash, ids: &[u32], params: &GenerationParams, seed: u64) -> RunJob {
+    job_in(Arithmetic::Exact, id, weights, ids, params, seed)
+}
+
+/// A generation job's wire form with `arithmetic`.
+fn job_in(
+    arithmetic: Arithmetic,
+    id: &str,
+    weights: Hash,
+    ids: &[u32],
+    params: &GenerationParams,
+    seed: u64,
+) -> RunJob {
     let mut inputs = BTreeMap::new();
     let mut blobs = BTreeMap::new();
     for (name, t) in generation::inputs(ids, params) {
@@ -30,7 +43,7 @@ fn job(id: &str, weights: Hash, ids: &[u32], params: &GenerationParams, seed: u6
     RunJob {
         job: JobSpec {
             job_id: id.into(),
-            task: Hash(generation::task_id()),
+            task: Hash(arithmetic.task_id()),
             weights: Some(weights),
             inputs,
             tier: Tier::Exact,
@@ -91,6 +104,16 @@ fn a_node_generates_the_models_tokens_as_committed_jobs() {
         .generate(&ids[0], 3, Some(sampling), &cpu, |_| {})
         .unwrap();
     let want5 = local.generate(&ids[0], 5, None, &cpu, |_| {}).unwrap();
+    // The `q8` task's tokens are those of the model loaded in `q8` (about the prompt below,
+    // they part from the exact ones at the sixth token).
+    let local_q8 = SmolLm2::load_with(&gguf, WeightsMode::Q8).unwrap();
+    let want_q8 = local_q8.generate(&ids[0], 7, None, &cpu, |_| {}).unwrap();
+    let want_exact7 = local.generate(&ids[0], 7, None, &cpu, |_| {}).unwrap();
+    assert_ne!(
+        want_q8, want_exact7,
+        "the prompt tells the arithmetics apart"
+    );
+    drop(local_q8);
 
     let data = tempfile::tempdir().unwrap();
     let node = common::open_node(data.path());
@@ -117,6 +140,16 @@ fn a_node_generates_the_models_tokens_as_committed_jobs() {
         let (ga, gb) = tokio::join!(generate(&client, &a), generate(&client, &b));
         assert_eq!(ga, (want[0].clone(), FinishReason::Length));
         assert_eq!(gb, (want[1].clone(), FinishReason::Length));
+
+        // The same prompt as a `q8` job and an `exact` one at once: each its arithmetic's
+        // tokens (the node keeps one model per file and arithmetic).
+        let (q, e) = (
+            job_in(Arithmetic::Q8, "gen-q8", weights, &ids[0], &greedy(7), 0),
+            job("gen-e7", weights, &ids[0], &greedy(7), 0),
+        );
+        let (gq, ge) = tokio::join!(generate(&client, &q), generate(&client, &e));
+        assert_eq!(gq.0, want_q8);
+        assert_eq!(ge.0, want_exact7);
 
         // Sampling is the seeded sampler's: the job's seed, the params' temperature and top_p.
         let sampled = GenerationParams {

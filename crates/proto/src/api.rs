@@ -402,6 +402,11 @@ pub struct StageRun {
 pub struct DeployLlm {
     pub name: String,
     pub weights: Hash,
+    /// How its linear layers compute, which names its generation task: `exact` (the f32
+    /// model's logits; the default) or `q8` (8-bit activations, llama.cpp's arithmetic,
+    /// faster on CPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arithmetic: Option<String>,
 }
 
 /// The answer to an LLM's deploy.
@@ -411,6 +416,10 @@ pub struct LlmDeployed {
     pub weights: Hash,
     /// The most positions (prompt and generated tokens) one generation may take.
     pub context_length: u64,
+    /// `exact` or `q8` (see [`DeployLlm`]).
+    pub arithmetic: String,
+    /// The generation task its completions run as (and their receipts name).
+    pub task: Hash,
     /// Where to call it: the OpenAI-compatible `/v1/chat/completions`.
     pub endpoint: String,
     pub nodes_able: usize,
@@ -936,16 +945,29 @@ mod tests {
         let deploy = DeployLlm {
             name: "smollm2".into(),
             weights: w,
+            arithmetic: None,
         };
         pinned(
             &deploy,
             json!({"name": "smollm2", "weights": w}),
             &format!(r#"{{"name":"smollm2","weights":"{w}"}}"#),
         );
+        let deploy = DeployLlm {
+            arithmetic: Some("q8".into()),
+            ..deploy
+        };
+        pinned(
+            &deploy,
+            json!({"name": "smollm2", "weights": w, "arithmetic": "q8"}),
+            &format!(r#"{{"arithmetic":"q8","name":"smollm2","weights":"{w}"}}"#),
+        );
+        let task = h(b"task");
         let deployed = LlmDeployed {
             name: "smollm2".into(),
             weights: w,
             context_length: 8192,
+            arithmetic: "q8".into(),
+            task,
             endpoint: "/v1/chat/completions".into(),
             nodes_able: 4,
         };
@@ -954,11 +976,13 @@ mod tests {
             json!({
                 "name": "smollm2", "weights": w,
                 "context_length": 8192u64,
+                "arithmetic": "q8",
+                "task": task,
                 "endpoint": "/v1/chat/completions",
                 "nodes_able": 4usize,
             }),
             &format!(
-                r#"{{"context_length":8192,"endpoint":"/v1/chat/completions","name":"smollm2","nodes_able":4,"weights":"{w}"}}"#
+                r#"{{"arithmetic":"q8","context_length":8192,"endpoint":"/v1/chat/completions","name":"smollm2","nodes_able":4,"task":"{task}","weights":"{w}"}}"#
             ),
         );
 

@@ -1,6 +1,6 @@
 """Drives a tenet coordinator with OpenAI's own Python client; prints one JSON object.
 
-Usage: client.py BASE_URL. Every request goes through the `openai` package exactly as a user's
+Usage: client.py BASE_URL [Q8_MODEL]. Every request goes through the `openai` package exactly as a user's
 code would; the Rust test (tests/openai.rs) checks what this prints.
 """
 import json
@@ -43,6 +43,16 @@ sampled = [
     for _ in range(2)
 ]
 out["sampled"] = sampled
+
+if len(sys.argv) > 2:
+    # The same model deployed with `q8` arithmetic under another name.
+    r = client.chat.completions.create(model=sys.argv[2], messages=messages, max_tokens=16)
+    extra = r.model_extra or {}
+    out["q8_chat"] = {
+        "content": r.choices[0].message.content,
+        "tokens": extra.get("tenet_tokens"),
+        "receipt": extra.get("tenet_receipt"),
+    }
 
 c = client.completions.create(model="smollm2", prompt="1, 2, 3, 4,", max_tokens=16, stop=["7"])
 out["completion"] = {"text": c.choices[0].text, "finish_reason": c.choices[0].finish_reason}
