@@ -91,45 +91,31 @@ fn the_openai_client_gets_verified_completions_and_the_liar_is_slashed() {
         }
         nodes.push(spawn_node(dir.to_str().unwrap(), &key, &extra));
     }
-    let deployed = tenet()
-        .args([
-            "deploy",
-            "--model",
-            "smollm2",
-            "--coordinator",
-            &url,
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        deployed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&deployed.stderr)
-    );
-
-    let deployed_q8 = tenet()
-        .args([
-            "deploy",
-            "--model",
-            "smollm2",
-            "--arithmetic",
-            "q8",
-            "--name",
-            "smollm2-q8",
-            "--coordinator",
-            &url,
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        deployed_q8.status.success(),
-        "{}",
-        String::from_utf8_lossy(&deployed_q8.stderr)
-    );
+    // SmolLM2 as `smollm2` (exact) and as `smollm2-q8`; each deploy's answer as JSON.
+    let deploy = |extra: &[&str]| -> serde_json::Value {
+        let out = tenet()
+            .args([
+                "deploy",
+                "--model",
+                "smollm2",
+                "--coordinator",
+                &url,
+                "--json",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let exact = deploy(&[]);
+    assert_eq!(exact["arithmetic"], "exact", "{exact}");
+    let d = deploy(&["--arithmetic", "q8", "--name", "smollm2-q8"]);
     let q8_task = tenet_proto::Hash(tenet_models::generation::Arithmetic::Q8.task_id());
-    let d: serde_json::Value = serde_json::from_slice(&deployed_q8.stdout).unwrap();
     assert_eq!(d["arithmetic"], "q8", "{d}");
     assert_eq!(d["task"], q8_task.to_hex(), "{d}");
 
