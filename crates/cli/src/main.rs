@@ -585,9 +585,9 @@ enum Command {
         /// completion runs as and its receipt binds: `exact` (the f32 model's tokens, as
         /// `tenet generate` gives by default) or `q8` (activations rounded to 8-bit blocks,
         /// llama.cpp's arithmetic: about twice as fast on a CPU, with tokens of its own, as
-        /// `tenet generate --weights q8` gives).
-        #[arg(long, requires = "model", default_value = "exact")]
-        arithmetic: tenet_models::generation::Arithmetic,
+        /// `tenet generate --weights q8` gives) [default: exact].
+        #[arg(long, requires = "model")]
+        arithmetic: Option<tenet_models::generation::Arithmetic>,
         /// With --model: the name to serve it under [default: the model's], e.g. to serve
         /// both arithmetics side by side.
         #[arg(long, requires = "model", value_name = "NAME")]
@@ -776,7 +776,11 @@ fn run(cli: Cli) -> Result<()> {
         } => match (model, graph) {
             (Some(model), _) => {
                 let name = name.as_deref().unwrap_or(&model);
+                let arithmetic = arithmetic.unwrap_or_default();
                 coord_cmd::deploy_llm(&remote, &model, name, arithmetic, json)
+            }
+            (None, _) if arithmetic.is_some() || name.is_some() => {
+                anyhow::bail!("--arithmetic and --name are for an LLM: add --model smollm2")
             }
             (None, Some(graph)) => coord_cmd::deploy(&remote, &graph, weights.as_deref(), json),
             (None, None) => anyhow::bail!("say what to deploy: a graph file, or --model NAME"),

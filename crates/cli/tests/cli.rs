@@ -147,6 +147,13 @@ fn bad_inputs_are_clear_errors() {
     let e = stderr_of_failure(&["inspect", "examples/mlp.safetensors"]);
     assert!(e.contains("pass it with --weights"), "{e}");
 
+    // An LLM's options on a graph's deploy, and an arithmetic there is not (before any
+    // coordinator is asked).
+    let e = stderr_of_failure(&["deploy", "examples/mlp.tg", "--arithmetic", "q8"]);
+    assert!(e.contains("add --model smollm2"), "{e}");
+    let e = stderr_of_failure(&["deploy", "--model", "smollm2", "--arithmetic", "q4"]);
+    assert!(e.contains("exact") && e.contains("q8"), "{e}");
+
     let e = stderr_of_failure(&[
         "inspect",
         "examples/mlp.tg",
