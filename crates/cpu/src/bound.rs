@@ -24,7 +24,8 @@
 //! (`conv.rs`), per block computed at once, the class's weights and products (a depthwise
 //! one: its plane kernel's own, `depthwise::scratch_bytes`), per thread a
 //! packed panel (bounded by an im2col chunk of `conv::chunk_cols` columns), plus the GEMM's
-//! packing; an f32 sum over listed
+//! packing and the weights packed once for all panels of columns
+//! (`gemm::packing_b_scratch_bytes`); an f32 sum over listed
 //! positions, 8 bytes each; a
 //! gather, 16 bytes per index; an op with no fast path
 //! (computed by the reference's code), [`REFERENCE_BYTES_PER_ELEMENT`] per element of its
@@ -203,8 +204,10 @@ fn generic(graph: &Graph, id: NodeId, threads: u64) -> u64 {
             let k = ws[1] * ws[2] * ws[3];
             let cols =
                 crate::conv::chunk_cols(og as usize, k as usize, (ys[2] * ys[3]) as usize) as u64;
+            let packed_a = tenet_kernels::gemm::packing_b_scratch_bytes(og as usize, k as usize);
             return crate::conv::scratch_bytes(xs, ws, ys, window, u64::from(*groups), threads)
-                .saturating_add(threads * packing(og, cols, k));
+                .saturating_add(threads * packing(og, cols, k))
+                .saturating_add(threads.saturating_mul(packed_a));
         }
         Op::Reshape { .. }
         | Op::Permute { .. }

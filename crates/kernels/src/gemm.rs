@@ -187,8 +187,9 @@ pub type RowPart<'r> = &'r (dyn Fn(usize, usize, &mut [f32]) + Sync);
 
 /// `C[m × n] = A[m × k] · B[k × n]` where `pack` writes B's panels (see [`PackB`]): each thread
 /// packs a panel of columns into its own buffer and runs every row of C over it at once, so
-/// the panel is read from L1/L2 right after it was written. The same kernels and chains as
-/// [`sgemm`], so the same bits.
+/// the panel is read from L1/L2 right after it was written. A is packed once for all the
+/// panels (on the calling thread, [`packing_b_scratch_bytes`]) where the level does not read
+/// it in place. The same kernels and chains as [`sgemm`], so the same bits.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm_packing_b(
     level: SimdLevel,
@@ -219,6 +220,13 @@ pub fn sgemm_packing_b(
     let cfg = Config::for_level(level, n);
     (cfg.run_packing)(&cfg, threads, m, n, k, a, pack, stop, c, c_rs, then);
     Ok(())
+}
+
+/// Bytes of the copy of A that [`sgemm_packing_b`] packs once for all its panels of columns
+/// (`m` rows by `k` steps, rows rounded up to any level's panel height), kept by the calling
+/// thread for its next product; a caller's memory bound adds it per thread that may call.
+pub fn packing_b_scratch_bytes(m: usize, k: usize) -> u64 {
+    (m.next_multiple_of(12) * k + ALIGN_FLOATS) as u64 * 4
 }
 
 /// Products with at most this many rows (one decoded token, say) skip packing: packing B would
@@ -618,6 +626,9 @@ thread_local! {
     /// touched, which is most of the packing time of a small product.
     static SCRATCH_A: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     static SCRATCH_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// [`sgemm_packing_b`]'s A, packed once for all its panels of columns.
+    static SCRATCH_PACKED_A: std::cell::Cell<Vec<f32>> =
+        const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Run `f` on this thread's `len`-element scratch buffer (contents unspecified). A nested call
@@ -784,7 +795,18 @@ fn blocked<const MR: usize, const NR: usize>(
                 let part = shared.from(rows.start * c_rs);
                 let a = a.offset_rows(rows.start);
                 let bp = &bp[q0 * NR * k..];
-                block_of_chunk::<MR, NR>(cfg, rows.len(), jc + q0 * NR, cols, k, a, bp, part, c_rs);
+                block_of_chunk::<MR, NR>(
+                    cfg,
+                    rows.len(),
+                    jc + q0 * NR,
+                    cols,
+                    k,
+                    a,
+                    None,
+                    bp,
+                    part,
+                    c_rs,
+                );
                 part
             };
             if owned.len() == 1 {
@@ -865,7 +887,44 @@ fn packing_b<const MR: usize, const NR: usize>(
     };
     let rows_per = m.div_ceil(splits).div_ceil(MR) * MR;
     let splits = m.div_ceil(rows_per);
-    let units = panels * splits;
+    // Every unit runs its rows over a panel of only NR columns, so packing their A in each
+    // (as `block_of_chunk` does alone) copied as many floats as a sixteenth of the
+    // multiply-adds, 12% of RapidOCR rec's time on AVX2: with more than one panel, A is
+    // packed once, as MR-row panels over all k steps, and every unit reads its rows there.
+    // A level that reads a row-major A in place needs none.
+    let prepack = panels > 1 && cfg.direct.filter(|_| a.cs == 1).is_none();
+    let prepacked = if prepack { m.div_ceil(MR) * MR * k } else { 0 };
+    with_scratch(&SCRATCH_PACKED_A, prepacked, |pa| {
+        if prepack {
+            pack_a::<MR>(cfg, pa, a, 0, m, 0, k);
+        }
+        let pa: Option<&[f32]> = prepack.then_some(&*pa);
+        packing_b_units::<MR, NR>(
+            cfg, threads, m, n, k, a, pa, pack, stop, c, c_rs, then, splits, rows_per,
+        );
+    });
+}
+
+/// [`packing_b`]'s units on the threads: `splits` row splits of `rows_per` rows over each
+/// panel of columns; `pa`, A packed once for all of them, or none.
+#[allow(clippy::too_many_arguments)]
+fn packing_b_units<const MR: usize, const NR: usize>(
+    cfg: &Config,
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    pa: Option<&[f32]>,
+    pack: PackB<'_>,
+    stop: Stop<'_>,
+    c: &mut [f32],
+    c_rs: usize,
+    then: Option<RowPart<'_>>,
+    splits: usize,
+    rows_per: usize,
+) {
+    let units = n.div_ceil(NR) * splits;
     let shared = SharedC::new(c);
     let work = tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(units, threads, 1));
     tenet_sys::parallel::run_parts(work.owners(), &|t| {
@@ -898,6 +957,8 @@ fn packing_b<const MR: usize, const NR: usize>(
                         cols,
                         k,
                         a.offset_rows(r0),
+                        // r0 is a multiple of MR (splits and blocks are).
+                        pa.map(|pa| &pa[r0 / MR * MR * k..]),
                         bp,
                         part,
                         c_rs,
@@ -934,6 +995,9 @@ fn packing_b<const MR: usize, const NR: usize>(
 /// of those columns. Every k-block passes over the block's tiles before the next, so the
 /// block's C stays in L2 between the k-blocks that continue its chains. The caller has
 /// claimed these rows and columns of `c`: no other thread touches them meanwhile.
+///
+/// `packed`, when given, is the block's rows of A already packed as `MR`-row panels over all
+/// `k` steps ([`packing_b`]'s, shared by its units); otherwise the block packs its own.
 #[allow(clippy::too_many_arguments)]
 fn block_of_chunk<const MR: usize, const NR: usize>(
     cfg: &Config,
@@ -942,6 +1006,7 @@ fn block_of_chunk<const MR: usize, const NR: usize>(
     nc: usize,
     k: usize,
     a: Strided<'_>,
+    packed: Option<&[f32]>,
     bp: &[f32],
     c: SharedC,
     c_rs: usize,
@@ -950,9 +1015,14 @@ fn block_of_chunk<const MR: usize, const NR: usize>(
     let kc_max = cfg.kc.min(k);
     // A row-major A needs no packing where the level has kernels that read it in place: in
     // MiniLM's products that took the time of a batch from 413–425 to ~400 ms.
-    let direct = cfg.direct.filter(|_| a.cs == 1);
-    // Packed panels for the block: all of them, or only a partial last one.
-    let panels = if direct.is_some() { 1 } else { mc.div_ceil(mr) };
+    let direct = cfg.direct.filter(|_| a.cs == 1 && packed.is_none());
+    // Packed panels for the block: all of them, or only a partial last one (none when the
+    // caller packed them).
+    let panels = match (packed, direct) {
+        (Some(_), _) => 0,
+        (None, Some(_)) => 1,
+        (None, None) => mc.div_ceil(mr),
+    };
     // The scratch tile for edge tiles, allocated at the first.
     let mut tile = Vec::new();
     with_scratch(&SCRATCH_A, panels * mr * kc_max, |ap| {
@@ -962,7 +1032,9 @@ fn block_of_chunk<const MR: usize, const NR: usize>(
             // Full row panels read A in place when the kernel can; a partial one is packed
             // (zero rows below the end) into the first panel of `ap`.
             let full_rows = if direct.is_some() { mc / mr * mr } else { 0 };
-            pack_a::<MR>(cfg, ap, a, full_rows, mc - full_rows, pc, kc);
+            if packed.is_none() {
+                pack_a::<MR>(cfg, ap, a, full_rows, mc - full_rows, pc, kc);
+            }
             let panel_lines = (nr * kc).div_ceil(16);
             let lines_per_tile = panel_lines.div_ceil(mc.div_ceil(mr));
             for jr in (0..nc).step_by(nr) {
@@ -979,8 +1051,14 @@ fn block_of_chunk<const MR: usize, const NR: usize>(
                             (kd, kd, rows_span.as_ptr(), a.rs)
                         }
                         _ => {
-                            let q = if direct.is_some() { 0 } else { ir / mr };
-                            let apanel = &ap[q * mr * kc..][..mr * kc];
+                            let apanel = match packed {
+                                // Panel ir / mr over all k steps; steps pc.. of it.
+                                Some(pa) => &pa[(ir / mr) * mr * k + pc * mr..][..mr * kc],
+                                None => {
+                                    let q = if direct.is_some() { 0 } else { ir / mr };
+                                    &ap[q * mr * kc..][..mr * kc]
+                                }
+                            };
                             (cfg.kernel, cfg.kernel_first, apanel.as_ptr(), 0)
                         }
                     };
