@@ -317,15 +317,14 @@ fn block_product(
         .map_err(|e| e.to_string())?;
         return Ok(());
     }
-    // The classes (a set of valid kernel rows × a set of valid kernel columns), each with its
-    // weights restricted to its valid taps, in the chain's order.
+    // The classes (a set of valid kernel rows × a set of valid kernel columns), each computed
+    // with its weights restricted to its valid taps, in the chain's order.
     struct Class<'c> {
         rtaps: &'c [u32],
         ctaps: &'c [u32],
         ohs: &'c [usize],
         ows: &'c [usize],
         k: usize,
-        weights: Option<Vec<f32>>,
     }
     let mut classes = Vec::new();
     for (rtaps, ohs) in rows {
@@ -342,14 +341,12 @@ fn block_product(
                 }
                 continue;
             }
-            let weights = (k != k_full).then(|| restrict(d, weights, rtaps, ctaps));
             classes.push(Class {
                 rtaps,
                 ctaps,
                 ohs,
                 ows,
                 k,
-                weights,
             });
         }
     }
@@ -371,6 +368,8 @@ fn block_product(
     };
     let mut out = Vec::new();
     let mut segs = Vec::new();
+    // One buffer for the border classes' weights, one class at a time, kept by the thread.
+    let mut restricted = SPARE_WEIGHTS.take();
     for c in &classes {
         let n = c.ohs.len() * c.ows.len();
         let contiguous = c
@@ -413,7 +412,12 @@ fn block_product(
                 }
             }
         };
-        let a = c.weights.as_deref().unwrap_or(weights);
+        let a = if c.k == k_full {
+            weights
+        } else {
+            restrict(d, weights, c.rtaps, c.ctaps, &mut restricted);
+            &restricted
+        };
         // Every tap in bounds: each output row's positions read the input in place through
         // one table of tap offsets, no packing — at a column stride, from a copy of the input
         // split by column phase, where each tap's columns are again a run — and the products,
@@ -520,55 +524,32 @@ fn block_product(
             }
         }
     }
-    keep_spares(classes.into_iter().filter_map(|c| c.weights));
+    if restricted.capacity() <= KEPT_FLOATS {
+        SPARE_WEIGHTS.set(restricted);
+    }
     Ok(())
 }
 
-/// Buffers of class weights a thread keeps for its next convolution (at most this many, each
-/// at most [`KEPT_FLOATS`]), so that the border classes of every call do not fault in fresh
-/// pages: in a virtual machine that cost 4 µs a page, more than the copy itself.
-const KEPT_BUFFERS: usize = 4;
-/// The largest class-weights buffer a thread keeps (4 MiB).
+/// The largest buffer of class weights a thread keeps for its next convolution (4 MiB), so
+/// that the border classes of every call do not fault in fresh pages: in a virtual machine
+/// that cost 4 µs a page, more than the copy itself.
 const KEPT_FLOATS: usize = 1 << 20;
 
 thread_local! {
-    static SPARE_WEIGHTS: std::cell::RefCell<Vec<Vec<f32>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static SPARE_WEIGHTS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Hand class-weights buffers back for this thread's next convolution.
-fn keep_spares(buffers: impl IntoIterator<Item = Vec<f32>>) {
-    SPARE_WEIGHTS.with_borrow_mut(|spare| {
-        for b in buffers {
-            if spare.len() < KEPT_BUFFERS && b.capacity() <= KEPT_FLOATS {
-                spare.push(b);
-            }
-        }
-    });
-}
-
-/// The weights of a class whose valid taps are `rtaps × ctaps`: per output channel, per input
-/// channel, each valid kernel row's valid columns — the chain's order. A kernel row's valid
-/// columns are consecutive (the taps in bounds of one output form a run), so each is one
-/// copy, into a buffer this thread kept from an earlier call when it has one: this runs for
-/// every border class on every call, and fresh buffers copied element by element took 0.43 ms
-/// of a 0.8 ms convolution (480→60 channels, 1×3 over 1×40 positions, Zen 3).
-fn restrict(d: &Dims, weights: &[f32], rtaps: &[u32], ctaps: &[u32]) -> Vec<f32> {
+/// Into `a`, the weights of a class whose valid taps are `rtaps × ctaps`: per output channel,
+/// per input channel, each valid kernel row's valid columns — the chain's order. A kernel
+/// row's valid columns are consecutive (the taps in bounds of one output form a run), so
+/// each is one copy: this runs for every border class on every call, and fresh buffers
+/// copied element by element took 0.43 ms of a 0.8 ms convolution (480→60 channels, 1×3
+/// over 1×40 positions, Zen 3).
+fn restrict(d: &Dims, weights: &[f32], rtaps: &[u32], ctaps: &[u32], a: &mut Vec<f32>) {
     let run = ctaps.len();
     let consecutive = ctaps.windows(2).all(|w| w[1] == w[0] + 1);
-    let n = d.og * d.cg * rtaps.len() * run;
-    let mut a = SPARE_WEIGHTS
-        .with_borrow_mut(|spare| {
-            // The smallest kept buffer that holds it, else the largest (grown).
-            let fits = (0..spare.len())
-                .filter(|&i| spare[i].capacity() >= n)
-                .min_by_key(|&i| spare[i].capacity());
-            fits.or_else(|| (0..spare.len()).max_by_key(|&i| spare[i].capacity()))
-                .map(|i| spare.swap_remove(i))
-        })
-        .unwrap_or_default();
     a.clear();
-    a.resize(n, 0.0);
+    a.resize(d.og * d.cg * rtaps.len() * run, 0.0);
     let mut to = a.chunks_exact_mut(run);
     for kernel in weights.chunks_exact(d.kh * d.kw).take(d.og * d.cg) {
         for &i in rtaps {
@@ -586,7 +567,6 @@ fn restrict(d: &Dims, weights: &[f32], rtaps: &[u32], ctaps: &[u32]) -> Vec<f32>
             }
         }
     }
-    a
 }
 
 /// Where an input element lies in the plane the in-place product reads: the input itself at

@@ -445,22 +445,7 @@ impl CpuProgram {
                     let Op::Weight { file, tensor } = &g.node(w).op else {
                         unreachable!("the planner groups only products of file weights")
                     };
-                    let t =
-                        weights
-                            .weight(file, tensor)
-                            .ok_or_else(|| RunError::MissingWeight {
-                                file: file.to_hex(),
-                                tensor: tensor.clone(),
-                            })?;
-                    if t.ty() != &g.node(w).ty {
-                        return Err(RunError::WeightType {
-                            tensor: tensor.clone(),
-                            expected: g.node(w).ty.clone(),
-                            actual: t.ty().clone(),
-                        }
-                        .into());
-                    }
-                    t
+                    file_weight(weights, file, tensor, &g.node(w).ty)?
                 }
             };
             products.push((&node.ty, weight, format));
@@ -550,21 +535,7 @@ impl CpuProgram {
                 let v = match &node.op {
                     Op::Input { name } => Val::Borrowed(inputs[name].borrow()),
                     Op::Weight { file, tensor } => {
-                        let w = weights.weight(file, tensor).ok_or_else(|| {
-                            RunError::MissingWeight {
-                                file: file.to_hex(),
-                                tensor: tensor.clone(),
-                            }
-                        })?;
-                        if w.ty() != &node.ty {
-                            return Err(RunError::WeightType {
-                                tensor: tensor.clone(),
-                                expected: node.ty.clone(),
-                                actual: w.ty().clone(),
-                            }
-                            .into());
-                        }
-                        Val::Borrowed(w)
+                        Val::Borrowed(file_weight(weights, file, tensor, &node.ty)?)
                     }
                     op => Val::Owned(eval_op(*id, op, &node.ty, &[], seed)?),
                 };
@@ -960,6 +931,31 @@ impl CpuProgram {
 
 /// f32 views of the operands a fused group reads from outside itself, kept alive for its pass,
 /// where `val` has them (`None`: supplied some other way).
+/// Weight `tensor` of `file` from `weights`, of type `ty` as the graph says: a missing one or
+/// one of another type is the reference's error.
+fn file_weight<'w>(
+    weights: &'w dyn WeightSource,
+    file: &tenet_ir::WeightsId,
+    tensor: &str,
+    ty: &tenet_ir::TensorType,
+) -> Result<&'w HostTensor, ExecError> {
+    let w = weights
+        .weight(file, tensor)
+        .ok_or_else(|| RunError::MissingWeight {
+            file: file.to_hex(),
+            tensor: tensor.to_string(),
+        })?;
+    if w.ty() != ty {
+        return Err(RunError::WeightType {
+            tensor: tensor.to_string(),
+            expected: ty.clone(),
+            actual: w.ty().clone(),
+        }
+        .into());
+    }
+    Ok(w)
+}
+
 fn externals<'v>(
     g: &Graph,
     ids: &[NodeId],

@@ -899,95 +899,72 @@ fn packing_b<const MR: usize, const NR: usize>(
             pack_a::<MR>(cfg, pa, a, 0, m, 0, k);
         }
         let pa: Option<&[f32]> = prepack.then_some(&*pa);
-        packing_b_units::<MR, NR>(
-            cfg, threads, m, n, k, a, pa, pack, stop, c, c_rs, then, splits, rows_per,
-        );
-    });
-}
-
-/// [`packing_b`]'s units on the threads: `splits` row splits of `rows_per` rows over each
-/// panel of columns; `pa`, A packed once for all of them, or none.
-#[allow(clippy::too_many_arguments)]
-fn packing_b_units<const MR: usize, const NR: usize>(
-    cfg: &Config,
-    threads: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Strided<'_>,
-    pa: Option<&[f32]>,
-    pack: PackB<'_>,
-    stop: Stop<'_>,
-    c: &mut [f32],
-    c_rs: usize,
-    then: Option<RowPart<'_>>,
-    splits: usize,
-    rows_per: usize,
-) {
-    let units = n.div_ceil(NR) * splits;
-    let shared = SharedC::new(c);
-    let work = tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(units, threads, 1));
-    tenet_sys::parallel::run_parts(work.owners(), &|t| {
-        with_scratch(&SCRATCH_B, NR * k, |bp| {
-            let mut packed = None;
-            // Unit `u`: rows of split `u % splits` over panel `u / splits`; false once the
-            // caller asks to stop.
-            let mut unit = |u: usize| {
-                if stop() {
-                    return false;
-                }
-                let q = u / splits;
-                let (first, cols) = (q * NR, NR.min(n - q * NR));
-                if packed != Some(q) {
-                    if cols < NR {
-                        bp.fill(0.0);
+        let units = panels * splits;
+        let shared = SharedC::new(c);
+        let work =
+            tenet_sys::parallel::Stealing::new(&tenet_sys::parallel::ranges(units, threads, 1));
+        tenet_sys::parallel::run_parts(work.owners(), &|t| {
+            with_scratch(&SCRATCH_B, NR * k, |bp| {
+                let mut packed = None;
+                // Unit `u`: rows of split `u % splits` over panel `u / splits`; false once the
+                // caller asks to stop.
+                let mut unit = |u: usize| {
+                    if stop() {
+                        return false;
                     }
-                    pack(first, cols, NR, bp);
-                    packed = Some(q);
-                }
-                let split = (u % splits) * rows_per..((u % splits + 1) * rows_per).min(m);
-                for r0 in split.clone().step_by(cfg.mc) {
-                    let mc = cfg.mc.min(split.end - r0);
-                    let part = shared.from(r0 * c_rs);
-                    // This thread claimed the unit: these rows, columns first..first + cols.
-                    block_of_chunk::<MR, NR>(
-                        cfg,
-                        mc,
-                        first,
-                        cols,
-                        k,
-                        a.offset_rows(r0),
-                        // r0 is a multiple of MR (splits and blocks are).
-                        pa.map(|pa| &pa[r0 / MR * MR * k..]),
-                        bp,
-                        part,
-                        c_rs,
-                    );
-                }
-                if let Some(f) = then {
-                    for i in split {
-                        // SAFETY: this thread claimed the unit and has finished its tiles; no
-                        // other unit touches these elements.
-                        f(i, first, unsafe {
-                            shared.from(i * c_rs + first).rows(1, cols, 0)
-                        });
+                    let q = u / splits;
+                    let (first, cols) = (q * NR, NR.min(n - q * NR));
+                    if packed != Some(q) {
+                        if cols < NR {
+                            bp.fill(0.0);
+                        }
+                        pack(first, cols, NR, bp);
+                        packed = Some(q);
                     }
-                }
-                true
-            };
-            while let Some(r) = work.take_front(t, 1) {
-                if !r.into_iter().all(&mut unit) {
-                    return;
-                }
-            }
-            for v in (1..work.owners()).map(|d| (t + d) % work.owners()) {
-                while let Some(u) = work.steal_back(v) {
-                    if !unit(u) {
+                    let split = (u % splits) * rows_per..((u % splits + 1) * rows_per).min(m);
+                    for r0 in split.clone().step_by(cfg.mc) {
+                        let mc = cfg.mc.min(split.end - r0);
+                        let part = shared.from(r0 * c_rs);
+                        // This thread claimed the unit: these rows, columns first..first + cols.
+                        block_of_chunk::<MR, NR>(
+                            cfg,
+                            mc,
+                            first,
+                            cols,
+                            k,
+                            a.offset_rows(r0),
+                            // r0 is a multiple of MR (splits and blocks are).
+                            pa.map(|pa| &pa[r0 / MR * MR * k..]),
+                            bp,
+                            part,
+                            c_rs,
+                        );
+                    }
+                    if let Some(f) = then {
+                        for i in split {
+                            // SAFETY: this thread claimed the unit and has finished its tiles; no
+                            // other unit touches these elements.
+                            f(i, first, unsafe {
+                                shared.from(i * c_rs + first).rows(1, cols, 0)
+                            });
+                        }
+                    }
+                    true
+                };
+                while let Some(r) = work.take_front(t, 1) {
+                    if !r.into_iter().all(&mut unit) {
                         return;
                     }
                 }
-            }
-        })
+                for v in (1..work.owners()).map(|d| (t + d) % work.owners()) {
+                    while let Some(u) = work.steal_back(v) {
+                        if !unit(u) {
+                            return;
+                        }
+                    }
+                }
+            })
+        });
     });
 }
 

@@ -48,7 +48,10 @@ pub fn task_id() -> [u8; 32] {
 
 /// How a generation task computes the model's linear layers: what its id names, and so what
 /// every node that runs it must reproduce bit for bit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Arithmetic {
     /// `qmatmul`: each weight dequantised exactly, then the f32 fma chain along `k` — the
     /// logits of the f32 model.
@@ -115,19 +118,6 @@ impl std::str::FromStr for Arithmetic {
                 "unknown arithmetic {s:?}: exact (the f32 model's logits) or q8 (8-bit activations, llama.cpp's arithmetic, faster)"
             )),
         }
-    }
-}
-
-impl serde::Serialize for Arithmetic {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Arithmetic {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Arithmetic, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
