@@ -151,9 +151,15 @@ impl Graph {
 }
 
 fn limit(what: impl Into<String>, value: u64, limit: u64) -> Result<(), ValidationError> {
+    limit_of(|| what.into(), value, limit)
+}
+
+/// [`limit`] with the description built only for the error: a graph checks several limits a
+/// node, and formatting each description eagerly was a fifth of building a model's graph.
+fn limit_of(what: impl FnOnce() -> String, value: u64, limit: u64) -> Result<(), ValidationError> {
     if value > limit {
         Err(ValidationError::Limit {
-            what: what.into(),
+            what: what(),
             value,
             limit,
         })
@@ -173,8 +179,8 @@ pub(crate) fn check_node(
     let id = NodeId(index as u32);
     let op_name = node.op.name();
     let operands = node.op.operands();
-    limit(
-        format!("operand count of node {id} ({op_name})"),
+    limit_of(
+        || format!("operand count of node {id} ({op_name})"),
         operands.len() as u64,
         limits.max_operands as u64,
     )?;
@@ -188,22 +194,22 @@ pub(crate) fn check_node(
         }
     }
     let ty = &node.ty;
-    limit(
-        format!("rank of node {id}"),
+    limit_of(
+        || format!("rank of node {id}"),
         ty.rank() as u64,
         limits.max_rank as u64,
     )?;
     for &d in &ty.shape {
-        limit(format!("a dimension of node {id}"), d, limits.max_dim)?;
+        limit_of(|| format!("a dimension of node {id}"), d, limits.max_dim)?;
     }
-    limit(
-        format!("element count of node {id}"),
+    limit_of(
+        || format!("element count of node {id}"),
         ty.numel().unwrap_or(u64::MAX),
         limits.max_elements,
     )?;
     if let Op::Constant { data } = &node.op {
-        limit(
-            format!("size of constant {id} in bytes"),
+        limit_of(
+            || format!("size of constant {id} in bytes"),
             data.len() as u64,
             limits.max_constant_bytes,
         )?;

@@ -288,6 +288,16 @@ impl HostTensor {
 
     /// All elements as f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
+        if self.ty.dtype == DType::F32 {
+            // Whole words at a time: a decode step downloads its logits (49,152 of them, 8
+            // times that for a batch) through here, and the element-wise path's bounds checks
+            // and dispatch cost more than the copy.
+            return self
+                .bytes()
+                .chunks_exact(4)
+                .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                .collect();
+        }
         (0..self.numel()).map(|i| self.get_f32(i)).collect()
     }
 

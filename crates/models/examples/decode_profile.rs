@@ -4,12 +4,14 @@
 //! `cargo run --release -p tenet-models --example decode_profile [THREADS] [BATCH] [MODE]`
 //! (default 2 threads, one sequence, `quantized` weights; a batch of more runs the batched
 //! decode graph with every member at position 10; MODE is a `WeightsMode`: `q8` for
-//! `qmatmul_q8`); needs the model in the cache (`tenet models fetch smollm2`).
+//! `qmatmul_q8`); needs the model in the cache (`tenet models fetch smollm2`). The last run's
+//! slowest steps are listed with their shapes. `BUILD_ONLY=1` instead times building and
+//! compiling a 20-token prefill graph (what admitting a request costs before any arithmetic).
 use std::collections::HashMap;
 use tenet_exec::Device;
 use tenet_models::fetch::{SMOLLM2, cached, find_file};
 use tenet_models::smollm2::{
-    GGUF_FILE, SmolLm2, WeightsMode, llama_decode_batch_graph, llama_decode_graph,
+    GGUF_FILE, SmolLm2, WeightsMode, llama_decode_batch_graph, llama_decode_graph, llama_graph,
 };
 
 fn main() {
@@ -33,6 +35,18 @@ fn main() {
         g.nodes().len(),
         built.elapsed().as_secs_f64() * 1e3
     );
+    if std::env::var_os("BUILD_ONLY").is_some() {
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            let g = llama_graph(&m.config, m.weights.id, 0, 20, true).unwrap();
+            std::hint::black_box(dev.compile(&g).unwrap());
+        }
+        println!(
+            "a 20-token prefill graph built and compiled: {:.2} ms",
+            t.elapsed().as_secs_f64() * 1e3 / 200.0
+        );
+        return;
+    }
     let compile = std::time::Instant::now();
     let p = dev.compile(&g).unwrap();
     println!(
@@ -69,6 +83,17 @@ fn main() {
     let start = std::time::Instant::now();
     for i in 0..runs + 5 {
         let (_, stats) = p.run_with_stats(&inputs, &m.weights, 0).unwrap();
+        if i == runs + 4 {
+            println!("slowest steps of the last run:");
+            for (id, kind, ns) in &stats.slowest {
+                let node = g.node(*id);
+                println!(
+                    "  {kind:<10} {:>8.3} ms  {:?}",
+                    *ns as f64 / 1e6,
+                    node.ty.shape
+                );
+            }
+        }
         if i >= 5 {
             for s in stats.time_by_kind {
                 let e = total.entry(s.kind).or_default();

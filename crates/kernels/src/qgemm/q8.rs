@@ -68,6 +68,9 @@ const MIN_BYTES_PER_THREAD: usize = 96 << 10;
 pub struct Rounded {
     k: usize,
     blocks: Vec<Q8Block>,
+    /// Each block's `d · Q` (Q4_1's second step), rounded once here rather than once for
+    /// every group of 8 weight rows that meets the block.
+    dq: Vec<f32>,
 }
 
 impl Rounded {
@@ -78,6 +81,16 @@ impl Rounded {
     /// Row `i`'s block `b`.
     pub fn at(&self, i: usize, b: usize) -> &Q8Block {
         &self.blocks[i * self.blocks() + b]
+    }
+
+    /// Row `i`'s block `b`'s `d · Q`.
+    fn dq(&self, i: usize, b: usize) -> f32 {
+        self.dq[i * self.blocks() + b]
+    }
+
+    fn new(k: usize, blocks: Vec<Q8Block>) -> Rounded {
+        let dq = blocks.iter().map(|b| b.d * b.sum as f32).collect();
+        Rounded { k, blocks, dq }
     }
 }
 
@@ -100,20 +113,22 @@ pub fn quantize_rows(level: SimdLevel, m: usize, k: usize, a: &[f32], a_rs: usiz
             // SAFETY: AVX2 is present (checked above); each chunk is a whole block.
             .map(|x| unsafe { avx2::quantize_block(x.as_ptr()) })
             .collect();
-        return Rounded { k, blocks };
+        return Rounded::new(k, blocks);
     }
     let _ = level;
     let blocks = rows
         .flat_map(|row| row.chunks_exact(BLOCK))
         .map(quantize_activations)
         .collect();
-    Rounded { k, blocks }
+    Rounded::new(k, blocks)
 }
 
-/// Bytes [`qgemm_q8`] allocates for `m` rows of `k`: the rounded rows.
+/// Bytes [`qgemm_q8`] allocates for `m` rows of `k`: the rounded rows (each block and its
+/// `d · Q`).
 pub fn scratch_bytes(m: usize, k: usize) -> u64 {
     let nb = (k / BLOCK) as u64;
-    (m as u64).saturating_mul(nb * std::mem::size_of::<Q8Block>() as u64)
+    let block = (std::mem::size_of::<Q8Block>() + std::mem::size_of::<f32>()) as u64;
+    (m as u64).saturating_mul(nb * block)
 }
 
 /// `C = qmatmul_q8(A, w)`: `A` is `m × k` row-major at row stride `a_rs`, `C` `m × n` at row
@@ -586,11 +601,20 @@ mod avx2 {
         let ahead = w.at.wrapping_add(AHEAD * 8 * w.row_bytes);
         let lines = (8 * w.row_bytes).div_ceil(64);
         let mut acc = [_mm256_setzero_ps(); P];
+        // The group's lines spread evenly over the block steps: step b fetches lines
+        // `b · lines / nb ..` up to the next step's first, kept as a running quotient rather
+        // than two divisions a step.
+        let mut line = 0;
+        let mut carry = 0;
         for b in 0..nb {
             if i0 == 0 {
-                for line in b * lines / nb..(b + 1) * lines / nb {
+                carry += lines;
+                let end = line + carry / nb;
+                carry %= nb;
+                while line < end {
                     // Prefetching never faults, wherever the address points.
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
+                    line += 1;
                 }
             }
             let at = w.at.wrapping_add(b * bb);
@@ -635,7 +659,7 @@ mod avx2 {
                 *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), *a);
                 if F == Q4_1 {
                     // `d · Q` rounded once, as the reference's step.
-                    let dq = xb.d * xb.sum as f32;
+                    let dq = r.dq(i0 + p, b);
                     *a = _mm256_fmadd_ps(m_w, _mm256_set1_ps(dq), *a);
                 }
             }
