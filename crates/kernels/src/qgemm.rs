@@ -326,6 +326,12 @@ const MIN_BYTES_PER_THREAD: usize = 96 << 10;
 /// fewer of them.
 const PARTS_PER_THREAD: usize = 2;
 
+/// Rows of A from which [`tile_ranges`] takes a product as bound by arithmetic.
+const COMPUTE_BOUND_ROWS: usize = 4;
+
+/// Parts a thread's share of a product bound by arithmetic is cut into, at most.
+const COMPUTE_BOUND_PARTS: usize = 8;
+
 /// Floats of dequantised weight the GEMM path holds at once (2 MiB).
 const CHUNK_FLOATS: usize = 1 << 19;
 
@@ -523,12 +529,20 @@ fn sibling_checked(
     }
 }
 
-/// `tiles` of weight rows in contiguous ranges for `threads` threads: one part a thread for
-/// small products (a part's first tile is read cold: nothing prefetched it), larger ones up to
-/// [`PARTS_PER_THREAD`], of at least 4 tiles, claimed one at a time.
-fn tile_ranges(threads: usize, tiles: usize) -> Vec<std::ops::Range<usize>> {
+/// `tiles` of weight rows in contiguous ranges for `threads` threads, claimed one at a time,
+/// for a product with `m` rows of A. Reading the weight bounds a product of few rows: one
+/// part a thread for small ones (a part's first tile is read cold: nothing prefetched it),
+/// larger ones up to [`PARTS_PER_THREAD`], of at least 4 tiles. Arithmetic bounds one of
+/// [`COMPUTE_BOUND_ROWS`] rows or more, and a cold first tile costs little next to it: parts
+/// of a tile or more, up to [`COMPUTE_BOUND_PARTS`] a thread, so that a thread the host
+/// slows, or an odd count of tiles (SmolLM2's q, k and v together: 15, which the first rule
+/// cuts into 3 parts of 5, one thread getting two: two thirds of their one-thread time
+/// instead of half) leaves less of the work to one thread.
+fn tile_ranges(threads: usize, tiles: usize, m: usize) -> Vec<std::ops::Range<usize>> {
     let parts = if threads == 1 {
         1
+    } else if m >= COMPUTE_BOUND_ROWS {
+        tiles.clamp(threads, threads * COMPUTE_BOUND_PARTS)
     } else {
         (tiles / 4).clamp(threads, threads * PARTS_PER_THREAD)
     };
@@ -743,7 +757,7 @@ fn quantised(
         })
         .collect();
     let threads = threads.clamp(1, worth.clamp(1, tiles));
-    let ranges = tile_ranges(threads, tiles);
+    let ranges = tile_ranges(threads, tiles, m);
     let stopped = AtomicBool::new(false);
     // Multiply-adds done by all parts: whichever tile takes the count past a multiple of
     // POLL_WORK asks `stop`.

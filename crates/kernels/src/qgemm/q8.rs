@@ -203,7 +203,7 @@ pub fn qgemm_q8_siblings(
     }
     let worth = (bytes / MIN_BYTES_PER_THREAD).max(1);
     let threads = threads.clamp(1, worth.min(tiles));
-    let ranges = tile_ranges(threads, tiles);
+    let ranges = tile_ranges(threads, tiles, m);
     let stopped = AtomicBool::new(false);
     let done = AtomicUsize::new(0);
     let body = |part: usize| {
