@@ -781,16 +781,9 @@ async fn the_event_log_records_requests_and_job_phases_and_sigterm_stops_cleanly
 
 #[test]
 fn the_node_benchmark_runs_and_reports_every_workload() {
-    let out = common::tenet()
-        .args(["bench", "node", "--quick", "--json", "--threads", "1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut bench = common::tenet();
+    bench.args(["bench", "node", "--quick", "--json", "--threads", "1"]);
+    let report = common::json_of(bench, "");
     let rows = report["rows"].as_array().unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     for expected in [

@@ -93,24 +93,17 @@ fn the_openai_client_gets_verified_completions_and_the_liar_is_slashed() {
     }
     // SmolLM2 as `smollm2` (exact) and as `smollm2-q8`; each deploy's answer as JSON.
     let deploy = |extra: &[&str]| -> serde_json::Value {
-        let out = tenet()
-            .args([
-                "deploy",
-                "--model",
-                "smollm2",
-                "--coordinator",
-                &url,
-                "--json",
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        let mut c = tenet();
+        c.args([
+            "deploy",
+            "--model",
+            "smollm2",
+            "--coordinator",
+            &url,
+            "--json",
+        ])
+        .args(extra);
+        common::json_of(c, "")
     };
     let exact = deploy(&[]);
     assert_eq!(exact["arithmetic"], "exact", "{exact}");
@@ -120,16 +113,9 @@ fn the_openai_client_gets_verified_completions_and_the_liar_is_slashed() {
     assert_eq!(d["task"], q8_task.to_hex(), "{d}");
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai/client.py");
-    let out = Command::new(&python)
-        .args([script, &url, "smollm2-q8"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut client = Command::new(&python);
+    client.args([script, &url, "smollm2-q8"]);
+    let v = common::json_of(client, "client.py failed: ");
     assert_eq!(v["models"], serde_json::json!(["smollm2", "smollm2-q8"]));
 
     // Not streamed: the model's own tokens and text.

@@ -38,6 +38,18 @@ pub fn tenet() -> Command {
     c
 }
 
+/// Run `command`, which must succeed (else panic with `what` and its standard error), and
+/// parse what it printed as JSON.
+pub fn json_of(mut command: Command, what: &str) -> serde_json::Value {
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Start `tenet ARGS` (a node or coordinator) and return it with the first line it prints
 /// (`… listening on http://…`); panics with its standard error if it does not start.
 pub fn spawn_tenet<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> (Proc, String) {
