@@ -61,6 +61,40 @@ fn strided_copy_par(
     });
 }
 
+/// Below this many output bytes a concatenation runs on one thread. Lower than a strided
+/// copy's threshold: a batched decode step stacks its members' caches (a few hundred KB a
+/// layer, read from memory) and nothing else runs meanwhile.
+const PARALLEL_CONCAT_BYTES: usize = 128 << 10;
+
+/// `out` = `runs` one after another (their lengths sum to `out.len()`), cut into equal byte
+/// ranges across up to `threads` threads.
+fn concat_runs(threads: usize, runs: &[&[u8]], out: &mut [u8]) {
+    if threads < 2 || out.len() < PARALLEL_CONCAT_BYTES {
+        let mut at = 0;
+        for run in runs {
+            out[at..at + run.len()].copy_from_slice(run);
+            at += run.len();
+        }
+        return;
+    }
+    // Each piece a multiple of 64 bytes, so no two threads write one cache line.
+    let pieces = tenet_sys::parallel::ranges(out.len(), threads, 64);
+    tenet_sys::parallel::for_each_piece(out, &pieces, |bytes, piece| {
+        let mut at = 0;
+        for run in runs {
+            let (start, end) = (at.max(bytes.start), (at + run.len()).min(bytes.end));
+            if start < end {
+                piece[start - bytes.start..end - bytes.start]
+                    .copy_from_slice(&run[start - at..end - at]);
+            }
+            at += run.len();
+            if at >= bytes.end {
+                break;
+            }
+        }
+    });
+}
+
 /// Output element `i` (row-major over `shape`) is source element `base + Σ idx[d]·step[d]`;
 /// `out` holds exactly the output's bytes.
 fn strided_copy(
@@ -387,18 +421,17 @@ pub(crate) fn eval(
         Op::Concat { axis, .. } => {
             let a = *axis as usize;
             let outer = ty.shape[..a].iter().product::<u64>() as usize;
-            copied(pool, ty, |out| {
-                let mut at = 0;
-                for o in 0..outer {
-                    for part in operands {
-                        // Operand rows along and after the axis are contiguous in both.
+            // Operand rows along and after the axis are contiguous in both: the output is
+            // these runs of bytes one after another.
+            let runs: Vec<&[u8]> = (0..outer)
+                .flat_map(|o| {
+                    operands.iter().map(move |part| {
                         let block = part.shape()[a..].iter().product::<u64>() as usize * size;
-                        out[at..at + block]
-                            .copy_from_slice(&part.bytes()[o * block..(o + 1) * block]);
-                        at += block;
-                    }
-                }
-            })
+                        &part.bytes()[o * block..(o + 1) * block]
+                    })
+                })
+                .collect();
+            copied(pool, ty, |out| concat_runs(threads, &runs, out))
         }
         Op::Pad { pads, value, .. } => {
             let fill = &value.to_le_bytes()[..size];
@@ -483,6 +516,26 @@ mod tests {
                 strided_copy_par(threads, &src, 4, base, out_shape, step, &mut split);
                 assert!(split == one, "{threads} threads, shape {out_shape:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_concatenation_split_across_threads_moves_the_same_bytes() {
+        // Runs of uneven lengths (not multiples of a cache line), past the threshold.
+        let runs: Vec<Vec<u8>> = (0..9)
+            .map(|r| {
+                (0..(r * 7919 + 20_001))
+                    .map(|i| (i * 31 + r) as u8)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[u8]> = runs.iter().map(Vec::as_slice).collect();
+        let want: Vec<u8> = runs.concat();
+        assert!(want.len() >= PARALLEL_CONCAT_BYTES, "big enough to split");
+        for threads in [1, 2, 3, 7] {
+            let mut got = vec![0u8; want.len()];
+            concat_runs(threads, &refs, &mut got);
+            assert!(got == want, "{threads} threads");
         }
     }
 }
