@@ -130,6 +130,9 @@ pub(crate) fn step_scratch(graph: &Graph, step: &Step, threads: u64) -> u64 {
         Step::QMatMul(id) => qmatmul(graph, *id, threads),
         Step::Dequantize(_) => 0,
         Step::Generic(id) => generic(graph, *id, threads),
+        Step::Conv { node, epilogue } => {
+            generic(graph, *node, threads).saturating_add(group(graph, epilogue, threads))
+        }
     }
 }
 

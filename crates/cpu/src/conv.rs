@@ -35,7 +35,7 @@ use tenet_kernels::depthwise::{
     DepthwisePlane, depthwise_plane, scratch_bytes as depthwise_scratch_bytes,
 };
 use tenet_kernels::gemm::{
-    OffsetPanel, SMALL_M, Strided, sgemm, sgemm_offsets, sgemm_packing_b, sgemm_then,
+    GroupEpilogue, OffsetPanel, SMALL_M, Strided, sgemm, sgemm_offsets, sgemm_packing_b, sgemm_then,
 };
 use tenet_kernels::vmath::gather_strided;
 use tenet_reference::math::canonical;
@@ -77,7 +77,14 @@ struct Dims {
     groups: usize,
 }
 
-/// Run `conv2d` when it is f32; `None` leaves it to the reference's code.
+/// Work on a final part of a convolution's output (an activation after it):
+/// `f(range, values)` gets the output's elements `range` (flat, row-major), bias added, on the
+/// thread that computed them, while they are in cache. Every element is passed exactly once.
+pub(crate) type Epilogue<'a> = &'a (dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync);
+
+/// Run `conv2d` when it is f32, `epilogue` over its output as it becomes final; `None` leaves
+/// it to the reference's code.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn eval(
     pool: &Pool,
     level: SimdLevel,
@@ -86,6 +93,7 @@ pub(crate) fn eval(
     operands: &[&HostTensor],
     threads: usize,
     poll: Poll<'_>,
+    epilogue: Option<Epilogue<'_>>,
 ) -> Option<Result<HostTensor, String>> {
     let Op::Conv2d { window, groups, .. } = op else {
         return None;
@@ -122,6 +130,7 @@ pub(crate) fn eval(
             bias.as_deref(),
             out,
             poll,
+            epilogue,
         );
     });
     Some(result.map(|()| t))
@@ -176,6 +185,7 @@ fn run(
     bias: Option<&[f32]>,
     out: &mut [f32],
     poll: Poll<'_>,
+    epilogue: Option<Epilogue<'_>>,
 ) -> Result<(), String> {
     let p = d.oh * d.ow;
     let block = d.og * p;
@@ -205,8 +215,15 @@ fn run(
         let image = &x[(n * d.c + g * d.cg) * d.h * d.w..][..d.cg * d.h * d.w];
         let weights = &w[g * d.og * d.cg * d.kh * d.kw..][..d.og * d.cg * d.kh * d.kw];
         let bias = bias.map(|b| &b[g * d.og..(g + 1) * d.og]);
+        // Block b's elements, as the epilogue numbers them, start at b · block.
+        let then = |range: std::ops::Range<usize>, values: &mut [f32]| {
+            if let Some(e) = epilogue {
+                e(b * block + range.start..b * block + range.end, values);
+            }
+        };
+        let then = epilogue.is_some().then_some(&then as Epilogue<'_>);
         let r = block_product(
-            level, threads, d, win, image, weights, bias, &rows, &cols, dst, poll,
+            level, threads, d, win, image, weights, bias, &rows, &cols, dst, poll, then,
         );
         if let Err(e) = r {
             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -244,6 +261,7 @@ fn block_product(
     cols: &[(Vec<u32>, Vec<usize>)],
     dst: &mut [f32],
     poll: Poll<'_>,
+    epilogue: Option<Epilogue<'_>>,
 ) -> Result<(), String> {
     let p = d.oh * d.ow;
     let k_full = d.cg * d.kh * d.kw;
@@ -251,8 +269,16 @@ fn block_product(
         Some(b) => canonical(v + b[o]),
         None => v,
     };
+    // The epilogue over the block's elements from `start` (flat within the block).
+    let fin = |start: usize, values: &mut [f32]| {
+        if let Some(e) = epilogue {
+            e(start..start + values.len(), values);
+        }
+    };
     if d.cg == 1 && d.og == 1 {
         depthwise(level, d, win, image, weights, bias.map(|b| b[0]), dst, poll);
+        // One plane: still in cache.
+        fin(0, dst);
         return Ok(());
     }
     // A pointwise convolution: the input is already the im2col matrix.
@@ -267,11 +293,14 @@ fn block_product(
         // bias goes on in one pass over the (small) result (24→4 over 240×320 at 2 threads
         // on Zen 3: 0.44 ms, where packed panels took 0.93).
         let then = |first: usize, rows: &mut [f32]| {
-            for (i, row) in rows.chunks_mut(p).enumerate() {
-                for v in row {
-                    *v = add_bias(first + i, *v);
+            if bias.is_some() {
+                for (i, row) in rows.chunks_mut(p).enumerate() {
+                    for v in row {
+                        *v = add_bias(first + i, *v);
+                    }
                 }
             }
+            fin(first * p, rows);
         };
         sgemm_then(
             level,
@@ -283,7 +312,7 @@ fn block_product(
             Strided::row_major(image, p),
             dst,
             p,
-            bias.is_some().then_some(&then as _),
+            (bias.is_some() || epilogue.is_some()).then_some(&then as _),
         )
         .map_err(|e| e.to_string())?;
         return Ok(());
@@ -315,6 +344,9 @@ fn block_product(
             bias.is_some().then_some(&then as _),
         )
         .map_err(|e| e.to_string())?;
+        // The product's parts are a panel of columns (a few dozen values a row): too short
+        // to run the epilogue on each, so it runs over the block after.
+        finish_block(threads, dst, &fin);
         return Ok(());
     }
     // The classes (a set of valid kernel rows × a set of valid kernel columns), each computed
@@ -350,6 +382,11 @@ fn block_product(
             });
         }
     }
+    // The interior (every tap in bounds) last: when its product finishes an output row, the
+    // row's border positions are final too, so the epilogue runs on the whole row in cache.
+    classes.sort_by_key(|c| c.k == k_full);
+    // Output rows whose epilogue has run (with the interior's product).
+    let mut finished_rows = vec![false; d.oh];
     let (sh, sw) = (win.stride[0] as usize, win.stride[1] as usize);
     let (dh, dw) = (win.dilation[0] as usize, win.dilation[1] as usize);
     let (pt, pl) = (win.padding[0] as usize, win.padding[1] as usize);
@@ -430,6 +467,14 @@ fn block_product(
         {
             let layout = Layout::new(d, win);
             let phased = (sw > 1).then(|| split_phases(level, d, &layout, image));
+            // Rows of C are output channels, its columns the plane's positions; a group is an
+            // output row, whose every other position an earlier class has computed.
+            let spans: Vec<(usize, usize)> = c
+                .ohs
+                .iter()
+                .map(|&oh| (oh * d.ow, (oh + 1) * d.ow))
+                .collect();
+            let then = |o: usize, col: usize, values: &mut [f32]| fin(o * p + col, values);
             let done = sgemm_offsets(
                 level,
                 threads,
@@ -442,10 +487,17 @@ fn block_product(
                 dst,
                 p,
                 bias,
+                epilogue.is_some().then_some(GroupEpilogue {
+                    spans: &spans,
+                    f: &then,
+                }),
                 poll,
             )
             .map_err(|e| e.to_string())?;
             if done {
+                for &oh in c.ohs {
+                    finished_rows[oh] = true;
+                }
                 if poll() {
                     return Ok(()); // stopped part way: the run gives up
                 }
@@ -527,7 +579,32 @@ fn block_product(
     if restricted.capacity() <= KEPT_FLOATS {
         SPARE_WEIGHTS.set(restricted);
     }
+    if epilogue.is_some() && !poll() {
+        if finished_rows.iter().any(|&f| f) {
+            // The rows the interior's product did not finish (the top and bottom borders).
+            for (oh, _) in finished_rows.iter().enumerate().filter(|(_, f)| !**f) {
+                for o in 0..d.og {
+                    let at = o * p + oh * d.ow;
+                    fin(at, &mut dst[at..at + d.ow]);
+                }
+            }
+        } else {
+            finish_block(threads, dst, &fin);
+        }
+    }
     Ok(())
+}
+
+/// Run `fin` (the epilogue from a block's element `start`) over the whole block `dst`, split
+/// across `threads`, in pieces that stay in cache.
+fn finish_block(threads: usize, dst: &mut [f32], fin: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    const PIECE: usize = 1 << 14;
+    let ranges = tenet_sys::parallel::ranges(dst.len(), threads.max(1), PIECE);
+    tenet_sys::parallel::for_each_piece(dst, &ranges, |range, part| {
+        for (i, piece) in part.chunks_mut(PIECE).enumerate() {
+            fin(range.start + i * PIECE, piece);
+        }
+    });
 }
 
 /// The largest buffer of class weights a thread keeps for its next convolution (4 MiB), so

@@ -474,6 +474,7 @@ impl CpuProgram {
         match step {
             Step::Source(_) => "source",
             Step::Gemm { .. } => "gemm",
+            Step::Conv { .. } => "conv2d",
             Step::Fused(_) => "fused",
             Step::Rows { .. } => "rows",
             Step::Attention { .. } => "attention",
@@ -576,6 +577,7 @@ impl CpuProgram {
                     &operands,
                     threads,
                     poll,
+                    None,
                 ) {
                     convolved.map_err(|message| ExecError::Kernel { node: *id, message })?
                 } else {
@@ -613,6 +615,32 @@ impl CpuProgram {
                 epilogue,
             } => {
                 let t = self.gemm(*id, [*a_permuted, *b_permuted], epilogue, val, pool, poll)?;
+                (*epilogue.last().unwrap_or(id), Val::Owned(t))
+            }
+            Step::Conv { node: id, epilogue } => {
+                let node = g.node(*id);
+                let operands: Vec<&HostTensor> =
+                    node.op.operands().iter().map(|&o| val(o)).collect();
+                // The epilogue's other operands (a scale, a shift); the output is in place.
+                let externals =
+                    externals(g, epilogue, &|o| if o == *id { None } else { Some(val(o)) });
+                let group = fused::members_in_place(g, epilogue, &|o| &externals[&o][..], *id);
+                let level = self.device.level;
+                let then = |range: std::ops::Range<usize>, values: &mut [f32]| {
+                    fused::eval_in_place(level, &group, range, values)
+                };
+                let t = conv::eval(
+                    pool,
+                    level,
+                    &node.op,
+                    &node.ty,
+                    &operands,
+                    threads,
+                    poll,
+                    Some(&then),
+                )
+                .expect("the planner folds only f32 convolutions")
+                .map_err(|message| ExecError::Kernel { node: *id, message })?;
                 (*epilogue.last().unwrap_or(id), Val::Owned(t))
             }
             Step::Attention {

@@ -601,11 +601,71 @@ fn eval(
     let last_in_place = in_place && reads_prior_once_in_place(&members[last]);
     let copy_prior =
         in_place && !last_in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
-    // Scratch no longer than the range: a tiny tensor gets tiny buffers.
+    // Scratch no longer than the range (a tiny tensor gets tiny buffers), kept by the thread
+    // for its next call: an epilogue runs once for every finished run of a product's or a
+    // convolution's output, often a few hundred values, and fresh buffers each time cost more
+    // than the arithmetic.
     let chunk = CHUNK.min(range.len());
-    let mut bufs: Vec<Vec<f32>> = vec![vec![0.0; chunk]; group.slots];
-    let mut scratch = [Vec::with_capacity(chunk), Vec::with_capacity(chunk)];
-    let mut prior = Vec::with_capacity(if copy_prior { chunk } else { 0 });
+    let Scratch {
+        mut bufs,
+        mut scratch,
+        mut prior,
+    } = SCRATCH.take();
+    bufs.resize_with(bufs.len().max(group.slots), Vec::new);
+    for b in &mut bufs[..group.slots] {
+        if b.len() < chunk {
+            b.resize(chunk, 0.0);
+        }
+    }
+    let done = eval_with(
+        level,
+        group,
+        range,
+        out,
+        (in_place, last_in_place, copy_prior),
+        stores,
+        poll,
+        &mut bufs,
+        &mut scratch,
+        &mut prior,
+    );
+    SCRATCH.set(Scratch {
+        bufs,
+        scratch,
+        prior,
+    });
+    done
+}
+
+/// Buffers [`eval`] keeps between calls on a thread (at most `CHUNK` values each).
+#[derive(Default)]
+struct Scratch {
+    bufs: Vec<Vec<f32>>,
+    scratch: [Vec<f32>; 2],
+    prior: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
+/// [`eval`] with its buffers: `bufs` holds a slot of at least a chunk for each of the
+/// group's slots.
+#[allow(clippy::too_many_arguments)]
+fn eval_with(
+    level: SimdLevel,
+    group: &Group<'_>,
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+    (in_place, last_in_place, copy_prior): (bool, bool, bool),
+    stores: Stores,
+    poll: Poll<'_>,
+    bufs: &mut [Vec<f32>],
+    scratch: &mut [Vec<f32>; 2],
+    prior: &mut Vec<f32>,
+) -> bool {
+    let members = &group.members;
+    let last = members.len() - 1;
     let mut start = range.start;
     let mut since_poll = 0usize;
     while start < range.end {
@@ -617,7 +677,7 @@ fn eval(
         }
         // Until the last member writes the chunk, its prior values are still in place.
         let before_last: &[f32] = if copy_prior || !in_place {
-            &prior
+            prior
         } else {
             &out[o..o + len]
         };
@@ -628,13 +688,13 @@ fn eval(
             compute(
                 level,
                 member,
-                &bufs,
+                bufs,
                 before_last,
                 start,
                 &mut dst[..len],
                 false,
                 Stores::Cached,
-                &mut scratch,
+                scratch,
             );
             bufs[s] = dst;
             since_poll += len;
@@ -648,13 +708,13 @@ fn eval(
         compute(
             level,
             &members[last],
-            &bufs,
-            &prior,
+            bufs,
+            prior,
             start,
             &mut out[o..o + len],
             last_in_place,
             stores,
-            &mut scratch,
+            scratch,
         );
         start += len;
         since_poll += len;

@@ -42,6 +42,11 @@ pub(crate) enum Step {
         softmax: Box<Step>,
         out: Box<Step>,
     },
+    /// An f32 `conv2d` (`conv.rs`) with `epilogue`, an elementwise group that alone reads its
+    /// output (an activation), applied in place to each part of the output as soon as it is
+    /// final, while it is still in cache; the group's last node is this step's result. (A
+    /// convolution without one is a [`Step::Generic`] step.)
+    Conv { node: NodeId, epilogue: Vec<NodeId> },
     /// A `qmatmul` (block-quantised weight, f32 activations and result) on the kernels'
     /// quantised product (`tenet_kernels::qgemm`): `a`'s batch axes flatten into rows, since
     /// the weight has none.
@@ -70,7 +75,7 @@ impl Step {
                 softmax.nodes(f);
                 out.nodes(f);
             }
-            Step::Gemm { node, epilogue, .. } => {
+            Step::Gemm { node, epilogue, .. } | Step::Conv { node, epilogue } => {
                 f(*node);
                 epilogue.iter().copied().for_each(f);
             }
@@ -397,9 +402,10 @@ fn attention_fits(
     is_softmax && a == p && scores_private && feeds_softmax && probs_private && same_batch
 }
 
-/// Move each fused group that alone reads a GEMM's product (of the same shape) into that GEMM
-/// as its epilogue. Only sources may lie between the two, and the GEMM moves to the group's
-/// place, after them: the epilogue may read them (a bias weight).
+/// Move each fused group that alone reads a GEMM's product or an f32 convolution's output (of
+/// the same shape) into that step as its epilogue. Only sources may lie between the two, and
+/// the GEMM or convolution moves to the group's place, after them: the epilogue may read them
+/// (a bias weight).
 fn fold_epilogues(
     graph: &Graph,
     steps: Vec<Step>,
@@ -412,35 +418,64 @@ fn fold_epilogues(
             out.push(step);
             continue;
         };
+        // The group alone reads `node`, whose value has the group's type.
+        let feeds_only = |node: NodeId| {
+            let (n, last) = (node.index(), ids[ids.len() - 1]);
+            !is_output[n]
+                && !users[n].is_empty()
+                && users[n].iter().all(|u| ids.iter().any(|m| m.index() == *u))
+                && graph.node(node).ty == graph.node(last).ty
+        };
         let gemm = last_computing(&out, 1)
             .first()
             .copied()
             .filter(|&g| match &out[g] {
-                Step::Gemm { node, epilogue, .. } => {
-                    let (n, last) = (node.index(), ids[ids.len() - 1]);
-                    epilogue.is_empty()
-                        && !is_output[n]
-                        && !users[n].is_empty()
-                        && users[n].iter().all(|u| ids.iter().any(|m| m.index() == *u))
-                        && graph.node(*node).ty == graph.node(last).ty
+                // A group after an epilogue (split from it by a source between them, say: the
+                // 6 of HardSwish's `/ 6`) continues it.
+                Step::Gemm { node, epilogue, .. } | Step::Conv { node, epilogue } => {
+                    feeds_only(*epilogue.last().unwrap_or(node))
                 }
+                Step::Generic(node) => f32_conv(graph, *node) && feeds_only(*node),
                 _ => false,
             });
         match gemm.map(|g| out.remove(g)) {
+            Some(Step::Generic(node)) => out.push(Step::Conv {
+                node,
+                epilogue: ids,
+            }),
+            Some(Step::Conv { node, mut epilogue }) => {
+                epilogue.extend(ids);
+                out.push(Step::Conv { node, epilogue });
+            }
             Some(Step::Gemm {
                 node,
                 a_permuted,
                 b_permuted,
-                ..
-            }) => out.push(Step::Gemm {
-                node,
-                a_permuted,
-                b_permuted,
-                epilogue: ids,
-            }),
-            Some(_) => unreachable!("checked to be a GEMM step"),
+                mut epilogue,
+            }) => {
+                epilogue.extend(ids);
+                out.push(Step::Gemm {
+                    node,
+                    a_permuted,
+                    b_permuted,
+                    epilogue,
+                })
+            }
+            Some(_) => unreachable!("checked to be a GEMM or convolution step"),
             None => out.push(Step::Fused(ids)),
         }
     }
     out
+}
+
+/// Whether `id` is a convolution `conv.rs` computes (f32 operands and result).
+fn f32_conv(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    matches!(node.op, Op::Conv2d { .. })
+        && node.ty.dtype == DType::F32
+        && node
+            .op
+            .operands()
+            .iter()
+            .all(|&o| graph.node(o).ty.dtype == DType::F32)
 }

@@ -353,8 +353,8 @@ fn attention_folded_into_one_step_keeps_the_bits() {
     }
 }
 
-/// The graph's elementwise groups all ran as GEMM epilogues (no step of their own).
-fn assert_every_group_in_a_gemm(
+/// The graph's elementwise groups all ran as GEMM or convolution epilogues (no step of their own).
+fn assert_every_group_folded(
     graph: &Graph,
     inputs: &HashMap<String, HostTensor>,
     weights: &Weights,
@@ -367,7 +367,7 @@ fn assert_every_group_in_a_gemm(
         .1;
     assert!(
         profile.time_by_kind.iter().all(|t| t.kind != "fused"),
-        "every elementwise group ran inside its GEMM: {:?}",
+        "every elementwise group ran inside its GEMM or convolution: {:?}",
         profile.time_by_kind
     );
 }
@@ -409,7 +409,7 @@ fn epilogues_rewriting_the_product_in_place_keep_the_bits() {
     c[4] = f32::INFINITY;
     c[5] = f32::NAN;
     inputs.insert("col".into(), HostTensor::from_f32(&[70, 1], &c).unwrap());
-    assert_every_group_in_a_gemm(&graph, &inputs, &weights);
+    assert_every_group_folded(&graph, &inputs, &weights);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
 
@@ -446,7 +446,7 @@ fn epilogues_folded_into_gemm_keep_the_bits() {
         ])
         .unwrap();
     let (inputs, weights) = random_io(&graph, 41);
-    assert_every_group_in_a_gemm(&graph, &inputs, &weights);
+    assert_every_group_folded(&graph, &inputs, &weights);
     assert_same_everywhere(&graph, &inputs, &weights, 0);
 }
 
@@ -649,14 +649,24 @@ fn convolutions_on_the_gemm_keep_the_bits() {
             true,
         ), // pointwise to a few channels: the few-rows path, the bias after
     ];
-    for (i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)) in
-        cases.into_iter().enumerate()
+    for ((i, (xs, [o, kh, kw], stride, padding, dilation, groups, bias)), activated) in cases
+        .into_iter()
+        .enumerate()
+        .flat_map(|case| [(case, 0), (case, 1), (case, 2)])
     {
         let g = GraphBuilder::new();
         let x = g.input("x", DType::F32, &xs);
         let w = g.input("w", DType::F32, &[o, xs[1] / groups as u64, kh, kw]);
         let b = bias.then(|| g.input("b", DType::F32, &[o]));
         let y = x.conv2d(&w, b.as_ref(), stride, padding, dilation, groups);
+        // With an activation that alone reads the output, computed as each part of the output
+        // is final (`Step::Conv`): HardSwish (the output read twice), or a per-channel scale.
+        let (zero, six) = (g.scalar(DType::F32, 0.0), g.scalar(DType::F32, 6.0));
+        let y = match activated {
+            1 => &y * &(&y + 3.0).maximum(&zero).minimum(&six) / 6.0,
+            2 => &y * &g.input("s", DType::F32, &[1, o, 1, 1]),
+            _ => y,
+        };
         let graph = g.finish(&[("y", &y)]).unwrap();
         let (mut inputs, weights) = random_io(&graph, 31 + i as u64);
         // Special values: −0 inputs and weights, an infinite weight, a NaN input.
@@ -671,6 +681,9 @@ fn convolutions_on_the_gemm_keep_the_bits() {
                 v[at] = *s;
             }
             inputs.insert(name.into(), HostTensor::from_f32(t.shape(), &v).unwrap());
+        }
+        if activated > 0 {
+            assert_every_group_folded(&graph, &inputs, &weights);
         }
         assert_same_everywhere(&graph, &inputs, &weights, 0);
     }

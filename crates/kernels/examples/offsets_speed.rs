@@ -81,6 +81,7 @@ fn main() {
                         &mut c,
                         n,
                         None,
+                        None,
                         &|| false,
                     )
                     .unwrap();

@@ -17,7 +17,7 @@ use crate::simd::canonical;
 mod few_rows_avx2;
 mod offsets;
 
-pub use offsets::{OffsetPanel, sgemm_offsets};
+pub use offsets::{GroupEpilogue, OffsetPanel, sgemm_offsets};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GemmError {

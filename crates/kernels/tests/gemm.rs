@@ -307,7 +307,7 @@ fn epilogues_see_every_finished_row_once() {
 /// product's value plus the row's bias, made canonical.
 #[test]
 fn offsets_products_keep_the_bits() {
-    use tenet_kernels::gemm::{OffsetPanel, sgemm_offsets};
+    use tenet_kernels::gemm::{GroupEpilogue, OffsetPanel, sgemm_offsets};
     for (case, &(m, k, width)) in [(24, 27, 70), (13, 1100, 64), (5, 300, 33), (8, 9, 16)]
         .iter()
         .enumerate()
@@ -370,8 +370,29 @@ fn offsets_products_keep_the_bits() {
                 }
             })
             .collect();
+        // An epilogue whose result shows a misplaced or repeated call: each value doubled
+        // plus its own index in C.
+        let epilogue = |i: usize, col: usize, values: &mut [f32]| {
+            for (j, v) in values.iter_mut().enumerate() {
+                *v = *v * 2.0 + (i * width + col + j) as f32;
+            }
+        };
+        let after = |c: &[f32]| -> Vec<f32> {
+            let mut c = c.to_vec();
+            for (i, row) in c.chunks_mut(width).enumerate() {
+                epilogue(i, 0, row);
+            }
+            c
+        };
         for level in levels() {
-            for (threads, biased) in [(1, false), (2, false), (1, true), (2, true)] {
+            for (threads, biased, then) in [
+                (1, false, false),
+                (2, false, false),
+                (1, true, false),
+                (2, true, false),
+                (1, false, true),
+                (2, true, true),
+            ] {
                 let mut c = vec![f32::NAN; m * width];
                 let done = sgemm_offsets(
                     level,
@@ -385,6 +406,11 @@ fn offsets_products_keep_the_bits() {
                     &mut c,
                     width,
                     biased.then_some(&bias[..]),
+                    // The group's span: its panels' columns, all of C's row.
+                    then.then_some(GroupEpilogue {
+                        spans: &[(0, width)],
+                        f: &epilogue,
+                    }),
                     &|| false,
                 )
                 .unwrap();
@@ -395,10 +421,12 @@ fn offsets_products_keep_the_bits() {
                 );
                 if done {
                     let want = if biased { &with_bias } else { &want };
-                    let same = c.iter().zip(want).all(|(p, q)| p.to_bits() == q.to_bits());
+                    let want = if then { after(want) } else { want.clone() };
+                    let same = c.iter().zip(&want).all(|(p, q)| p.to_bits() == q.to_bits());
                     assert!(
                         same,
-                        "{level:?} threads={threads} bias={biased} m={m} k={k} width={width}"
+                        "{level:?} threads={threads} bias={biased} epilogue={then} m={m} k={k} \
+                         width={width}"
                     );
                 }
             }
@@ -426,6 +454,7 @@ fn offsets_products_keep_the_bits() {
                     &[too_far.to_vec()],
                     &mut c,
                     width,
+                    None,
                     None,
                     &|| false,
                 )

@@ -6,7 +6,7 @@
 //! fma chains as every other path, so the same bits. AVX-512 (8 × 48 and 8 × 16 tiles) and AVX2
 //! (6 × 16 tiles, three to a 48-column panel); elsewhere the caller packs.
 
-use super::{GemmError, SimdLevel, Stop, Strided, check, span};
+use super::{GemmError, RowPart, SimdLevel, Stop, Strided, check, span};
 
 /// `width` (16 or 48) consecutive columns of C from `c_col`, whose `B(p, j)` is
 /// `x[start + offsets[p] + j]`.
@@ -17,9 +17,22 @@ pub struct OffsetPanel {
     pub width: usize,
 }
 
+/// An epilogue for [`sgemm_offsets`]: once every panel of group `g` is done on row `i` of C,
+/// `f(i, start, values)` gets that row's columns `spans[g] = (start, end)` — the group's own
+/// columns, and any around them the caller has already made final (a convolution's border
+/// positions) — while they are in cache. The caller keeps the spans of different groups
+/// apart and writes nothing inside a group's span while the product runs.
+#[derive(Clone, Copy)]
+pub struct GroupEpilogue<'a> {
+    pub spans: &'a [(usize, usize)],
+    pub f: RowPart<'a>,
+}
+
 /// `C[m × ·] = A[m × k] · B` over the panels of `groups`, plus `bias[i]` on row `i` once each
 /// chain is complete (made canonical after, as the reference's bias add is); panels of one
 /// group may overlap (they write the same values to the same columns) and run on one thread.
+/// `then`, where given, runs on each group's span of every row once the group is done there
+/// ([`GroupEpilogue`]).
 /// `Ok(false)` when the level has no such kernel (nothing was written: the caller computes it
 /// another way).
 #[allow(clippy::too_many_arguments)]
@@ -35,6 +48,7 @@ pub fn sgemm_offsets(
     c: &mut [f32],
     c_rs: usize,
     bias: Option<&[f32]>,
+    then: Option<GroupEpilogue<'_>>,
     stop: Stop<'_>,
 ) -> Result<bool, GemmError> {
     if !matches!(level, SimdLevel::Avx512 | SimdLevel::Avx2) || !level.supported() {
@@ -73,6 +87,15 @@ pub fn sgemm_offsets(
         }
     }
     check("C", span(m, c_rs, c_rs, 1), c.len())?;
+    if let Some(e) = then {
+        check("epilogue spans", Some(groups.len()), e.spans.len())?;
+        if let Some(&(start, end)) = e.spans.iter().find(|(s, e)| s > e || *e > c_rs) {
+            return Err(GemmError::OverlappingRows {
+                rs: c_rs,
+                n: end.max(start),
+            });
+        }
+    }
     if let Some(b) = bias {
         check("bias", Some(m), b.len())?;
     }
@@ -80,18 +103,18 @@ pub fn sgemm_offsets(
     {
         if level == SimdLevel::Avx512 {
             run::<8>(
-                level, threads, m, k, a, x, offsets, groups, c, c_rs, bias, stop,
+                level, threads, m, k, a, x, offsets, groups, c, c_rs, bias, then, stop,
             );
         } else {
             run::<6>(
-                level, threads, m, k, a, x, offsets, groups, c, c_rs, bias, stop,
+                level, threads, m, k, a, x, offsets, groups, c, c_rs, bias, then, stop,
             );
         }
         Ok(true)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (threads, bias, stop);
+        let _ = (threads, bias, then, stop);
         Ok(false)
     }
 }
@@ -112,6 +135,7 @@ fn run<const MR: usize>(
     c: &mut [f32],
     c_rs: usize,
     bias: Option<&[f32]>,
+    then: Option<GroupEpilogue<'_>>,
     stop: Stop<'_>,
 ) {
     // AVX-512's 8 × 48 tiles over whole depths (up to 1024 steps, measured on Zen 4); AVX2's
@@ -239,6 +263,17 @@ fn run<const MR: usize>(
                             )
                         };
                     }
+                }
+            }
+            if let Some(then) = then {
+                let (start, end) = then.spans[g];
+                for i in row_range {
+                    // SAFETY: this unit alone owns these rows of this group's span (groups'
+                    // spans are apart, the caller writes none meanwhile, and splits own
+                    // different rows), and every panel of the group is done on them; columns
+                    // start..end ≤ c_rs of row i < m lie inside C (checked by the caller).
+                    let values = unsafe { shared.from(i * c_rs + start).rows(1, end - start, 0) };
+                    (then.f)(i, start, values);
                 }
             }
             true
