@@ -353,6 +353,55 @@ fn row_dot(format: QuantFormat, row: &[u8], r: &Rounded, i: usize) -> f32 {
     canonical(acc)
 }
 
+/// The passes over `m` rows of A: `(first row, rows)`, [`PASS`] rows at a time, then 4, 2
+/// and 1 — each a count the SIMD kernels compile a pass for, so that its accumulators stay in
+/// registers.
+fn passes(m: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut i0 = 0;
+    std::iter::from_fn(move || {
+        let rows = match m - i0 {
+            0 => return None,
+            left if left >= PASS => PASS,
+            left if left >= 4 => 4,
+            left if left >= 2 => 2,
+            _ => 1,
+        };
+        i0 += rows;
+        Some((i0 - rows, rows))
+    })
+}
+
+/// A group's `lines` cache lines spread evenly over `steps` block steps, for prefetching:
+/// step b takes lines `b · lines / steps ..` up to the next step's first, kept as a running
+/// quotient rather than two divisions a step.
+struct Spread {
+    lines: usize,
+    steps: usize,
+    line: usize,
+    carry: usize,
+}
+
+impl Spread {
+    fn new(lines: usize, steps: usize) -> Spread {
+        Spread {
+            lines,
+            steps: steps.max(1),
+            line: 0,
+            carry: 0,
+        }
+    }
+
+    /// The lines of the next step.
+    fn next_step(&mut self) -> std::ops::Range<usize> {
+        self.carry += self.lines;
+        let end = self.line + self.carry / self.steps;
+        self.carry %= self.steps;
+        let lines = self.line..end;
+        self.line = end;
+        lines
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -362,7 +411,7 @@ mod avx2 {
 
     use tenet_reference::quant::Q8Block;
 
-    use super::{BLOCK, PASS, QuantFormat, Rounded};
+    use super::{BLOCK, PASS, QuantFormat, Rounded, Spread, passes};
     use crate::simd::canonical8;
 
     /// Groups of 8 weight rows ahead that the kernel prefetches.
@@ -508,9 +557,9 @@ mod avx2 {
         // SAFETY: the caller's, passed on.
         unsafe {
             match format {
-                QuantFormat::Q4_0 => kernel::<Q4_0, PASS>(rows, row_bytes, cols, r, m, c, c_rs),
-                QuantFormat::Q4_1 => kernel::<Q4_1, PASS>(rows, row_bytes, cols, r, m, c, c_rs),
-                QuantFormat::Q8_0 => kernel::<Q8_0, PASS>(rows, row_bytes, cols, r, m, c, c_rs),
+                QuantFormat::Q4_0 => kernel::<Q4_0>(rows, row_bytes, cols, r, m, c, c_rs),
+                QuantFormat::Q4_1 => kernel::<Q4_1>(rows, row_bytes, cols, r, m, c, c_rs),
+                QuantFormat::Q8_0 => kernel::<Q8_0>(rows, row_bytes, cols, r, m, c, c_rs),
             }
         }
     }
@@ -569,14 +618,12 @@ mod avx2 {
         _mm256_madd_epi16(s, _mm256_set1_epi16(1))
     }
 
-    /// [`tile`] for format `F`: each group of 8 weight rows times the rows of A in passes of
-    /// `P`, then of 4, 2 and 1 (each pass's count a constant, so its accumulators stay in
-    /// registers).
+    /// [`tile`] for format `F`: each group of 8 weight rows times the rows of A in [`passes`].
     ///
     /// # Safety
     /// As [`tile`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn kernel<const F: u8, const P: usize>(
+    unsafe fn kernel<const F: u8>(
         rows: &[u8],
         row_bytes: usize,
         cols: usize,
@@ -593,23 +640,14 @@ mod avx2 {
             };
             // SAFETY: row i of C has columns g..g + 8 < cols from `c.add(i * c_rs)`.
             let c = c.wrapping_add(g);
-            let mut i0 = 0;
-            while i0 < m {
-                let left = m - i0;
+            for (i0, rows) in passes(m) {
                 // SAFETY: the caller's, for rows g..g + 8 of the weight and i0.. of A and C.
                 unsafe {
-                    if left >= P {
-                        pass::<F, P>(group, r, i0, c, c_rs);
-                        i0 += P;
-                    } else if left >= 4 {
-                        pass::<F, 4>(group, r, i0, c, c_rs);
-                        i0 += 4;
-                    } else if left >= 2 {
-                        pass::<F, 2>(group, r, i0, c, c_rs);
-                        i0 += 2;
-                    } else {
-                        pass::<F, 1>(group, r, i0, c, c_rs);
-                        i0 += 1;
+                    match rows {
+                        PASS => pass::<F, PASS>(group, r, i0, c, c_rs),
+                        4 => pass::<F, 4>(group, r, i0, c, c_rs),
+                        2 => pass::<F, 2>(group, r, i0, c, c_rs),
+                        _ => pass::<F, 1>(group, r, i0, c, c_rs),
                     }
                 }
             }
@@ -649,22 +687,13 @@ mod avx2 {
             _ => (34, 2),
         };
         let ahead = w.at.wrapping_add(AHEAD * 8 * w.row_bytes);
-        let lines = (8 * w.row_bytes).div_ceil(64);
+        let mut spread = Spread::new((8 * w.row_bytes).div_ceil(64), nb);
         let mut acc = [_mm256_setzero_ps(); P];
-        // The group's lines spread evenly over the block steps: step b fetches lines
-        // `b · lines / nb ..` up to the next step's first, kept as a running quotient rather
-        // than two divisions a step.
-        let mut line = 0;
-        let mut carry = 0;
         for b in 0..nb {
             if i0 == 0 {
-                carry += lines;
-                let end = line + carry / nb;
-                carry %= nb;
-                while line < end {
+                for line in spread.next_step() {
                     // Prefetching never faults, wherever the address points.
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                    line += 1;
                 }
             }
             let at = w.at.wrapping_add(b * bb);

@@ -15,11 +15,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{Rounded, avx2::Q4_0, avx2::Q4_1, avx2::Q8_0};
+use super::{PASS, Rounded, Spread, avx2::Q4_0, avx2::Q4_1, avx2::Q8_0, passes};
 use crate::simd::canonical16;
-
-/// Rows of A one pass carries (one 16-lane accumulator each).
-const PASS: usize = 8;
 
 /// Groups of 16 weight rows ahead that the kernel prefetches.
 const AHEAD: usize = 1;
@@ -59,9 +56,7 @@ pub(super) unsafe fn tile(
     }
 }
 
-/// [`tile`] for format `F`: each group of 16 weight rows times the rows of A in passes of
-/// [`PASS`], then 4, 2 and 1 (each pass's count a constant, so its accumulators stay in
-/// registers).
+/// [`tile`] for format `F`: each group of 16 weight rows times the rows of A in [`passes`].
 ///
 /// # Safety
 /// As [`tile`].
@@ -88,23 +83,14 @@ unsafe fn kernel<const F: u8>(
             offsets,
         };
         let c = c.wrapping_add(g);
-        let mut i0 = 0;
-        while i0 < m {
-            let left = m - i0;
+        for (i0, rows) in passes(m) {
             // SAFETY: the caller's, for rows g..g + 16 of the weight and i0.. of A and C.
             unsafe {
-                if left >= PASS {
-                    pass::<F, PASS>(group, r, i0, c, c_rs);
-                    i0 += PASS;
-                } else if left >= 4 {
-                    pass::<F, 4>(group, r, i0, c, c_rs);
-                    i0 += 4;
-                } else if left >= 2 {
-                    pass::<F, 2>(group, r, i0, c, c_rs);
-                    i0 += 2;
-                } else {
-                    pass::<F, 1>(group, r, i0, c, c_rs);
-                    i0 += 1;
+                match rows {
+                    PASS => pass::<F, PASS>(group, r, i0, c, c_rs),
+                    4 => pass::<F, 4>(group, r, i0, c, c_rs),
+                    2 => pass::<F, 2>(group, r, i0, c, c_rs),
+                    _ => pass::<F, 1>(group, r, i0, c, c_rs),
                 }
             }
         }
@@ -223,19 +209,13 @@ unsafe fn pass<const F: u8, const P: usize>(
         _ => 34,
     };
     let ahead = w.at.wrapping_add(AHEAD * 16 * w.row_bytes);
-    let lines = (16 * w.row_bytes).div_ceil(64);
+    let mut spread = Spread::new((16 * w.row_bytes).div_ceil(64), nb);
     let mut acc = [_mm512_setzero_ps(); P];
-    let mut line = 0;
-    let mut carry = 0;
     for b in 0..nb {
         if i0 == 0 {
-            carry += lines;
-            let end = line + carry / nb;
-            carry %= nb;
-            while line < end {
+            for line in spread.next_step() {
                 // Prefetching never faults, wherever the address points.
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line) as *const i8);
-                line += 1;
             }
         }
         let at = w.at.wrapping_add(b * bb);
