@@ -629,6 +629,8 @@ fn eval(
         &mut scratch,
         &mut prior,
     );
+    // A thread keeps buffers for the common groups only (at most `KEPT_SLOTS` chunks).
+    bufs.truncate(KEPT_SLOTS);
     SCRATCH.set(Scratch {
         bufs,
         scratch,
@@ -636,6 +638,9 @@ fn eval(
     });
     done
 }
+
+/// Chunk buffers a thread keeps between calls of [`eval`] (256 KiB).
+const KEPT_SLOTS: usize = 32;
 
 /// Buffers [`eval`] keeps between calls on a thread (at most `CHUNK` values each).
 #[derive(Default)]

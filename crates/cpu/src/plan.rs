@@ -431,9 +431,10 @@ fn fold_epilogues(
             .copied()
             .filter(|&g| match &out[g] {
                 // A group after an epilogue (split from it by a source between them, say: the
-                // 6 of HardSwish's `/ 6`) continues it.
+                // 6 of HardSwish's `/ 6`) continues it, up to a group's most members.
                 Step::Gemm { node, epilogue, .. } | Step::Conv { node, epilogue } => {
-                    feeds_only(*epilogue.last().unwrap_or(node))
+                    epilogue.len() + ids.len() <= MAX_GROUP
+                        && feeds_only(*epilogue.last().unwrap_or(node))
                 }
                 Step::Generic(node) => f32_conv(graph, *node) && feeds_only(*node),
                 _ => false,
