@@ -337,7 +337,12 @@ pub(crate) mod x86 {
         // The reference scales by 2^k in two exact-power steps, p·2^⌊k/2⌋ then ·2^⌈k/2⌉. With
         // k ∈ [−150, 128] (the clamp) and p ∈ (0.7, 1.5) the first product is a normal number,
         // hence exact, so the result is p·2^k rounded once — which is what vscalefps computes.
-        let y = _mm512_scalef_ps(p, k);
+        // At or below the clamp the reference's result is +0 (exp(−104) underflows whole). Those
+        // lanes are not scaled but zeroed: a scaling that underflows takes a microcode assist
+        // on Intel cores (~150 cycles an instruction), and attention's masked scores, −∞, made
+        // a softmax over mostly masked rows 11× slower.
+        let zero = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, _mm512_set1_ps(EXP_CLAMP.0));
+        let y = _mm512_maskz_scalef_ps(!zero, p, k);
         _mm512_mask_blend_ps(nan_mask, y, _mm512_set1_ps(NAN))
     }
 
@@ -366,7 +371,12 @@ pub(crate) mod x86 {
         let bias = _mm256_set1_epi32(127);
         let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k1, bias)));
         let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k2, bias)));
+        // At or below the clamp the result is +0 (see `exp16`): those lanes skip the second,
+        // underflowing scaling (a microcode assist on Intel cores) and are zeroed after.
+        let zero = _mm256_cmp_ps::<_CMP_LE_OQ>(x, _mm256_set1_ps(EXP_CLAMP.0));
+        let s2 = _mm256_blendv_ps(s2, _mm256_set1_ps(1.0), zero);
         let y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+        let y = _mm256_andnot_ps(zero, y);
         _mm256_blendv_ps(y, _mm256_set1_ps(NAN), nan_mask)
     }
 

@@ -108,6 +108,11 @@ fn vector_exp_matches_the_scalar_definition_everywhere() {
         88.73,
         -87.3,
         -103.9,
+        // The clamp, where the kernels zero a lane instead of scaling it, and its neighbours.
+        -104.0,
+        f32::from_bits((-104.0f32).to_bits() - 1),
+        f32::from_bits((-104.0f32).to_bits() + 1),
+        -1e30,
         1e-40,
     ]);
     let mut rng = Rng(9);
