@@ -472,6 +472,20 @@ fn compute(
         }
         Kind::Binary(op) => {
             let Some(arith) = arith_of(*op) else {
+                if matches!(op, BinaryOp::Max | BinaryOp::Min) {
+                    // With a single value on either side (max and min are symmetric), it is
+                    // read as a value, not filled into a buffer.
+                    let scalar = match (&m.srcs[0], &m.srcs[1]) {
+                        (Src::Scalar(v), other) | (other, Src::Scalar(v)) => Some((*v, other)),
+                        _ => None,
+                    };
+                    if let Some((v, other)) = scalar {
+                        let a = operand(other, done, prior, start, len, s0);
+                        let max = *op == BinaryOp::Max;
+                        tenet_kernels::vmath::minmax_scalar_slice(level, max, a, v, dst);
+                        return;
+                    }
+                }
                 let a = operand(&m.srcs[0], done, prior, start, len, s0);
                 let b = operand(&m.srcs[1], done, prior, start, len, s1);
                 if matches!(op, BinaryOp::Max | BinaryOp::Min) {

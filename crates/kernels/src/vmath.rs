@@ -142,33 +142,65 @@ pub fn minmax_slice(level: SimdLevel, max: bool, a: &[f32], b: &[f32], out: &mut
     }
 }
 
-/// [`minmax_slice`]'s loop: equal operands (±0 included) combine their bits — AND keeps +0
-/// for max, OR keeps −0 for min, and equal non-zero values are the same bits either way.
+/// [`minmax_slice`] with one operand a single value: `out[i] = max(a[i], s)` (`min` when `max`
+/// is false), the same rules (both are symmetric in their operands). A clip (HardSwish's
+/// `max(x + 3, 0)`, `min(·, 6)`) no longer fills a buffer with the value first.
+pub fn minmax_scalar_slice(level: SimdLevel, max: bool, a: &[f32], s: f32, out: &mut [f32]) {
+    assert!(a.len() == out.len(), "operand and output differ in length");
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` returned a level this CPU has.
+        SimdLevel::Avx512 => unsafe { x86::minmax_scalar_avx512(max, a, s, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { x86::minmax_scalar_avx2(max, a, s, out) },
+        _ => minmax_scalar_lanes(max, a, s, out),
+    }
+}
+
+/// One element of [`minmax_slice`]: equal operands (±0 included) combine their bits — AND
+/// keeps +0 for max, OR keeps −0 for min, and equal non-zero values are the same bits either
+/// way.
+#[inline(always)]
+fn minmax_one<const MAX: bool>(p: f32, q: f32) -> f32 {
+    let (pick, eq) = if MAX {
+        (
+            if p > q { p } else { q },
+            f32::from_bits(p.to_bits() & q.to_bits()),
+        )
+    } else {
+        (
+            if p < q { p } else { q },
+            f32::from_bits(p.to_bits() | q.to_bits()),
+        )
+    };
+    let r = if p == q { eq } else { pick };
+    if p.is_nan() || q.is_nan() {
+        math::NAN
+    } else {
+        r
+    }
+}
+
+/// [`minmax_slice`]'s loop.
 #[inline(always)]
 fn minmax_lanes(max: bool, a: &[f32], b: &[f32], out: &mut [f32]) {
     let it = out.iter_mut().zip(a.iter().zip(b));
     if max {
-        it.for_each(|(o, (&p, &q))| {
-            let pick = if p > q { p } else { q };
-            let eq = f32::from_bits(p.to_bits() & q.to_bits());
-            let r = if p == q { eq } else { pick };
-            *o = if p.is_nan() || q.is_nan() {
-                math::NAN
-            } else {
-                r
-            };
-        });
+        it.for_each(|(o, (&p, &q))| *o = minmax_one::<true>(p, q));
     } else {
-        it.for_each(|(o, (&p, &q))| {
-            let pick = if p < q { p } else { q };
-            let eq = f32::from_bits(p.to_bits() | q.to_bits());
-            let r = if p == q { eq } else { pick };
-            *o = if p.is_nan() || q.is_nan() {
-                math::NAN
-            } else {
-                r
-            };
-        });
+        it.for_each(|(o, (&p, &q))| *o = minmax_one::<false>(p, q));
+    }
+}
+
+/// [`minmax_scalar_slice`]'s loop.
+#[inline(always)]
+fn minmax_scalar_lanes(max: bool, a: &[f32], s: f32, out: &mut [f32]) {
+    let it = out.iter_mut().zip(a);
+    if max {
+        it.for_each(|(o, &p)| *o = minmax_one::<true>(p, s));
+    } else {
+        it.for_each(|(o, &p)| *o = minmax_one::<false>(p, s));
     }
 }
 
@@ -311,6 +343,8 @@ pub(crate) mod x86 {
         (op: Arith, acc: &mut [f32], s: f32, side: ScalarSide));
     compiled_per_level!(minmax_lanes => minmax_avx512, minmax_avx2
         (max: bool, a: &[f32], b: &[f32], out: &mut [f32]));
+    compiled_per_level!(minmax_scalar_lanes => minmax_scalar_avx512, minmax_scalar_avx2
+        (max: bool, a: &[f32], s: f32, out: &mut [f32]));
     compiled_per_level!(relu_lanes => relu_avx512, relu_avx2 (x: &[f32], out: &mut [f32]));
 
     use tenet_reference::math::{EXP_CLAMP, EXP_TAYLOR, LN2_HI, LN2_LO, LOG2E, NAN, ROUND_SHIFT};

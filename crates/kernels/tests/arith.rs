@@ -8,7 +8,7 @@ use tenet_ir::testing::{Rng, random_tensor};
 use tenet_ir::{DType, TensorType};
 use tenet_kernels::vmath::{
     Arith, ScalarSide, arith_assign, arith_scalar_assign, arith_scalar_slice, arith_slice,
-    minmax_slice, relu_slice,
+    minmax_scalar_slice, minmax_slice, relu_slice,
 };
 use tenet_kernels::{SimdLevel, streaming};
 
@@ -34,6 +34,26 @@ fn check_minmax_relu(a: &[f32], b: &[f32]) {
             minmax_slice(level, max, a, b, &mut got);
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{level:?} {op:?} len {}", a.len());
+        }
+        // One side a single value, on either side of the reference's op (the kernel is the
+        // same for both: the definition is symmetric).
+        let singles = [0.0, -0.0, 6.0, -3.5, f32::INFINITY, f32::NAN, 1e-40];
+        for s in b.first().copied().into_iter().chain(singles) {
+            for scalar_left in [false, true] {
+                let want: Vec<u32> = a
+                    .iter()
+                    .map(|&p| {
+                        let (x, y) = if scalar_left { (s, p) } else { (p, s) };
+                        bits(tenet_reference::binary_f32(op, x, y))
+                    })
+                    .collect();
+                for level in SimdLevel::ALL.into_iter().filter(|l| l.supported()) {
+                    let mut got = vec![0.0f32; a.len()];
+                    minmax_scalar_slice(level, max, a, s, &mut got);
+                    let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{level:?} {op:?} with {s:e} len {}", a.len());
+                }
+            }
         }
     }
     let want: Vec<u32> = a
