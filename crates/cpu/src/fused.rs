@@ -610,46 +610,23 @@ fn eval(
     stores: Stores,
     poll: Poll<'_>,
 ) -> bool {
-    let members = &group.members;
-    let last = members.len() - 1;
-    let last_in_place = in_place && reads_prior_once_in_place(&members[last]);
-    let copy_prior =
-        in_place && !last_in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
     // Scratch no longer than the range (a tiny tensor gets tiny buffers), kept by the thread
     // for its next call: an epilogue runs once for every finished run of a product's or a
     // convolution's output, often a few hundred values, and fresh buffers each time cost more
     // than the arithmetic.
     let chunk = CHUNK.min(range.len());
-    let Scratch {
-        mut bufs,
-        mut scratch,
-        mut prior,
-    } = SCRATCH.take();
+    let mut kept = SCRATCH.take();
+    let bufs = &mut kept.bufs;
     bufs.resize_with(bufs.len().max(group.slots), Vec::new);
     for b in &mut bufs[..group.slots] {
         if b.len() < chunk {
             b.resize(chunk, 0.0);
         }
     }
-    let done = eval_with(
-        level,
-        group,
-        range,
-        out,
-        (in_place, last_in_place, copy_prior),
-        stores,
-        poll,
-        &mut bufs,
-        &mut scratch,
-        &mut prior,
-    );
+    let done = eval_with(level, group, range, out, in_place, stores, poll, &mut kept);
     // A thread keeps buffers for the common groups only (at most `KEPT_SLOTS` chunks).
-    bufs.truncate(KEPT_SLOTS);
-    SCRATCH.set(Scratch {
-        bufs,
-        scratch,
-        prior,
-    });
+    kept.bufs.truncate(KEPT_SLOTS);
+    SCRATCH.set(kept);
     done
 }
 
@@ -668,7 +645,7 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
 }
 
-/// [`eval`] with its buffers: `bufs` holds a slot of at least a chunk for each of the
+/// [`eval`] with its buffers: `kept.bufs` holds a slot of at least a chunk for each of the
 /// group's slots.
 #[allow(clippy::too_many_arguments)]
 fn eval_with(
@@ -676,15 +653,21 @@ fn eval_with(
     group: &Group<'_>,
     range: std::ops::Range<usize>,
     out: &mut [f32],
-    (in_place, last_in_place, copy_prior): (bool, bool, bool),
+    in_place: bool,
     stores: Stores,
     poll: Poll<'_>,
-    bufs: &mut [Vec<f32>],
-    scratch: &mut [Vec<f32>; 2],
-    prior: &mut Vec<f32>,
+    kept: &mut Scratch,
 ) -> bool {
+    let Scratch {
+        bufs,
+        scratch,
+        prior,
+    } = kept;
     let members = &group.members;
     let last = members.len() - 1;
+    let last_in_place = in_place && reads_prior_once_in_place(&members[last]);
+    let copy_prior =
+        in_place && !last_in_place && members[last].srcs.iter().any(|s| matches!(s, Src::Prior));
     let mut start = range.start;
     let mut since_poll = 0usize;
     while start < range.end {
